@@ -1,0 +1,186 @@
+"""`LLMAgent`: a chat-templated policy behind a generation backend that reports exact tokens.
+
+The transformers backend batches token-id prompts (left-padded), samples with
+`model.generate`, and returns for each prompt the sampled token ids (through the
+end-of-turn token, inclusive) and their sampling log-probabilities. Nothing on this
+path re-tokenizes generated text.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
+
+from textgym.models import load_model
+from textgym.types import Message
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample a response.
+
+    Attributes:
+        temperature: softmax temperature; 0 means greedy decoding.
+        top_p: nucleus sampling mass in (0, 1]; 1 disables it.
+        top_k: keep the k most likely tokens; 0 disables it.
+        max_new_tokens: response budget per turn, in tokens.
+    """
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_new_tokens: int = 256
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0 or self.max_new_tokens < 1:
+            raise ValueError("top_k must be >= 0 and max_new_tokens >= 1")
+
+
+@dataclass
+class Generation:
+    """One sampled response.
+
+    Attributes:
+        token_ids: [N] the sampled ids, ending with the end-of-turn id when `finish_reason == "stop"`.
+        logprobs: [N] float32, `log_softmax(logits / T)` of each sampled id (T = 1 when greedy).
+        finish_reason: "stop" (end-of-turn token sampled) or "length" (hit max_new_tokens).
+    """
+
+    token_ids: list[int]
+    logprobs: torch.Tensor
+    finish_reason: Literal["stop", "length"]
+
+
+class TransformersBackend:
+    """In-process generation with a Hugging Face causal LM (the trainable policy itself).
+
+    Args:
+        model: the policy; generation runs under `torch.no_grad()` in eval mode.
+        tokenizer: its tokenizer (pad and EOS ids are taken from it).
+        batch_size: prompts per `generate` call (bounds activation memory).
+    """
+
+    def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, batch_size: int = 64):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.batch_size = batch_size
+        eos = model.generation_config.eos_token_id if model.generation_config is not None else None
+        eos_ids = set([eos] if isinstance(eos, int) else (eos or []))
+        eos_ids.add(int(tokenizer.eos_token_id))  # type: ignore[arg-type]
+        self.eos_ids = sorted(eos_ids)
+        self.pad_id = int(tokenizer.pad_token_id)  # type: ignore[arg-type]
+
+    @torch.no_grad()
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
+        """Sample one response per prompt (prompts given as token ids)."""
+        out: list[Generation] = []
+        for i in range(0, len(prompts), self.batch_size):
+            out += self._generate_batch(prompts[i : i + self.batch_size], params)
+        return out
+
+    def _generate_batch(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
+        device = next(self.model.parameters()).device
+        P = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), P), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(prompts), P), dtype=torch.long)
+        for i, p in enumerate(prompts):
+            ids[i, P - len(p) :] = torch.tensor(p, dtype=torch.long)
+            mask[i, P - len(p) :] = 1
+        greedy = params.temperature == 0
+        config = GenerationConfig(
+            do_sample=not greedy,
+            temperature=None if greedy else params.temperature,
+            top_p=None if greedy or params.top_p >= 1 else params.top_p,
+            top_k=None if greedy or params.top_k == 0 else params.top_k,
+            max_new_tokens=params.max_new_tokens,
+            eos_token_id=self.eos_ids,
+            pad_token_id=self.pad_id,
+            bos_token_id=None,
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            res = self.model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), generation_config=config)
+        finally:
+            self.model.train(was_training)
+        new = res.sequences[:, P:].cpu()  # [B, N]
+        logits = torch.stack(res.logits, dim=1).float()  # [B, N, V] raw (pre-processor) logits
+        if not greedy:
+            logits = logits / params.temperature
+        lp = torch.log_softmax(logits, dim=-1).gather(-1, new.to(logits.device)[..., None])[..., 0].cpu()
+        gens = []
+        eos = torch.tensor(self.eos_ids)
+        for i in range(new.shape[0]):
+            is_eos = torch.isin(new[i], eos).nonzero()
+            if len(is_eos):
+                n, reason = int(is_eos[0]) + 1, "stop"
+            else:
+                n, reason = new.shape[1], "length"
+            gens.append(Generation(new[i, :n].tolist(), lp[i, :n].clone(), reason))  # type: ignore[arg-type]
+        return gens
+
+
+class LLMAgent:
+    """A policy that answers chat messages: chat template + generation backend.
+
+    Args:
+        model: a Hugging Face causal LM.
+        tokenizer: its tokenizer, with a chat template.
+        backend: "transformers" (in-process; the only backend in this version).
+        batch_size: prompts per generation call.
+
+    Raises:
+        ValueError: on an unknown backend or a tokenizer without a chat template.
+    """
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        backend: str = "transformers",
+        batch_size: int = 64,
+    ):
+        if backend != "transformers":
+            raise ValueError(f"unknown backend {backend!r}; available: ['transformers']")
+        if tokenizer.chat_template is None:
+            raise ValueError("the tokenizer has no chat_template")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.backend = TransformersBackend(model, tokenizer, batch_size)
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, **kwargs: Any) -> LLMAgent:
+        """Load a local HF folder (see `textgym.models.load_model` for the errors it raises)."""
+        model, tok = load_model(path)
+        return cls(model, tok, **kwargs)
+
+    def encode_prompt(self, messages: list[Message]) -> list[int]:
+        """Render `messages` with the chat template (generation prompt added) into token ids."""
+        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+        return list(ids)  # type: ignore[arg-type]
+
+    def decode(self, token_ids: list[int]) -> str:
+        """Decode generated ids to the text an environment receives (end-of-turn id dropped)."""
+        if token_ids and token_ids[-1] in self.backend.eos_ids:
+            token_ids = token_ids[:-1]
+        return self.tokenizer.decode(token_ids, skip_special_tokens=False)
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
+        """Sample one response per token-id prompt."""
+        return self.backend.generate(prompts, params)
+
+    def act(self, messages: list[Message], params: SamplingParams | None = None) -> str:
+        """Reply to one conversation (greedy by default) and return the text."""
+        params = params or SamplingParams(temperature=0.0)
+        (gen,) = self.generate([self.encode_prompt(messages)], params)
+        return self.decode(gen.token_ids)

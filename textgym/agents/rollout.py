@@ -1,0 +1,172 @@
+"""Run episodes of text environments with an `LLMAgent` and record them as `Trajectory`s.
+
+All active episodes advance in lockstep: one batched generation per turn. The first
+prompt is rendered by the chat template; each later observation is appended as the
+template's incremental rendering (`observation_tokens`), so the token sequence is
+exactly what the policy saw and sampled — no generated text is ever re-tokenized.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import gymnasium as gym
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from textgym.agents.llm_agent import LLMAgent, SamplingParams
+from textgym.agents.trajectory import Trajectory
+from textgym.types import Message
+
+_PROBE = "\x00textgym-probe\x00"
+
+
+def observation_tokens(
+    tokenizer: PreTrainedTokenizerBase, observation: list[Message], ended_with_eos: bool, eos_id: int
+) -> list[int]:
+    """Token ids that follow an assistant turn when the environment answers with `observation`.
+
+    Renders a probe conversation with and without the new messages and keeps the
+    difference: the template's closing of the assistant turn (minus the end-of-turn
+    token when the policy already sampled it), the observation, and the next
+    generation prompt.
+
+    Raises:
+        ValueError: if the chat template rewrites earlier turns (the rendering with the
+            observation does not extend the rendering without it).
+    """
+    base: list[Message] = [{"role": "user", "content": _PROBE}, {"role": "assistant", "content": _PROBE}]
+    before = tokenizer.apply_chat_template(base, tokenize=False)
+    after = tokenizer.apply_chat_template(base + observation, tokenize=False, add_generation_prompt=True)
+    assert isinstance(before, str) and isinstance(after, str)
+    if not after.startswith(before):
+        raise ValueError("the chat template rewrites history; multi-turn token bookkeeping needs a prefix-stable template")
+    closing = before[before.rindex(_PROBE) + len(_PROBE) :]
+    ids = tokenizer(closing + after[len(before) :], add_special_tokens=False)["input_ids"]
+    if ended_with_eos and ids and ids[0] == eos_id:
+        ids = ids[1:]
+    return list(ids)
+
+
+@dataclass
+class _Episode:
+    env: gym.Env
+    task_index: int
+    group: int
+    messages: list[Message]
+    token_ids: list[int]
+    prompt_length: int
+    loss_mask: list[float] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    token_rewards: list[float] = field(default_factory=list)
+    reward: float = 0.0
+    terms: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    turns: int = 0
+    done: bool = False
+    terminated: bool = False
+    truncated: bool = False
+    info: dict = field(default_factory=dict)
+    finish_reason: str = "stop"
+
+
+def rollout(
+    agent: LLMAgent,
+    envs: list[gym.Env],
+    task_indices: list[int],
+    params: SamplingParams,
+    *,
+    group_size: int = 1,
+    max_turns: int = 16,
+    env_id: str = "",
+) -> list[Trajectory]:
+    """Run `group_size` episodes of each task in `task_indices` and return their trajectories.
+
+    Args:
+        agent: the policy.
+        envs: at least `len(task_indices) * group_size` environment instances (reused; reset here).
+        task_indices: tasks to pose, via `reset(options={"task_index": i})`.
+        params: sampling parameters for every turn.
+        group_size: samples per task (G); trajectory `group` is the task's position in `task_indices`.
+        max_turns: safety cap on agent turns per episode (environments normally end
+            themselves or through `TimeLimit`); an episode cut here is marked truncated.
+        env_id: recorded in each trajectory.
+
+    Returns:
+        `len(task_indices) * group_size` trajectories, grouped: rows g*G .. g*G+G-1 share task g.
+
+    Raises:
+        ValueError: if there are fewer envs than episodes.
+    """
+    n = len(task_indices) * group_size
+    if len(envs) < n:
+        raise ValueError(f"need {n} environments for {len(task_indices)} tasks x {group_size} samples, got {len(envs)}")
+    tok = agent.tokenizer
+    eos_id = int(tok.eos_token_id)  # type: ignore[arg-type]
+    episodes: list[_Episode] = []
+    for g, ti in enumerate(task_indices):
+        prompt_ids: list[int] | None = None
+        for _ in range(group_size):
+            env = envs[len(episodes)]
+            obs, _ = env.reset(options={"task_index": ti})
+            if prompt_ids is None:
+                prompt_ids = agent.encode_prompt(obs)
+            ep = _Episode(env, ti, g, list(obs), list(prompt_ids), len(prompt_ids))
+            ep.loss_mask = [0.0] * len(prompt_ids)
+            ep.logprobs = [0.0] * len(prompt_ids)
+            ep.token_rewards = [0.0] * len(prompt_ids)
+            episodes.append(ep)
+
+    active = episodes
+    while active:
+        gens = agent.generate([ep.token_ids for ep in active], params)
+        for ep, gen in zip(active, gens, strict=True):
+            text = agent.decode(gen.token_ids)
+            ep.token_ids += gen.token_ids
+            ep.loss_mask += [1.0] * len(gen.token_ids)
+            ep.logprobs += gen.logprobs.tolist()
+            ep.token_rewards += [0.0] * len(gen.token_ids)
+            ep.messages.append({"role": "assistant", "content": text})
+            obs, reward, terminated, truncated, info = ep.env.step(text)
+            ep.turns += 1
+            ep.token_rewards[-1] += float(reward)
+            ep.reward += float(reward)
+            for k, v in info.items():
+                if k.startswith("reward/"):
+                    ep.terms[k] += float(v)
+            ep.info = info
+            ep.finish_reason = gen.finish_reason
+            ep.terminated, ep.truncated = bool(terminated), bool(truncated)
+            if terminated or truncated or ep.turns >= max_turns:
+                ep.done = True
+                ep.truncated = ep.truncated or (not terminated and ep.turns >= max_turns)
+                continue
+            env_ids = observation_tokens(tok, list(obs), gen.finish_reason == "stop", eos_id)
+            ep.messages += list(obs)
+            ep.token_ids += env_ids
+            ep.loss_mask += [0.0] * len(env_ids)
+            ep.logprobs += [0.0] * len(env_ids)
+            ep.token_rewards += [0.0] * len(env_ids)
+        active = [ep for ep in active if not ep.done]
+
+    return [
+        Trajectory(
+            token_ids=torch.tensor(ep.token_ids, dtype=torch.long),
+            loss_mask=torch.tensor(ep.loss_mask, dtype=torch.float32),
+            logprobs=torch.tensor(ep.logprobs, dtype=torch.float32),
+            token_rewards=torch.tensor(ep.token_rewards, dtype=torch.float32),
+            prompt_length=ep.prompt_length,
+            messages=ep.messages,
+            reward=ep.reward,
+            reward_terms=dict(ep.terms),
+            task_index=ep.task_index,
+            task_id=str(ep.info.get("task_id", "")),
+            env_id=env_id,
+            group=ep.group,
+            terminated=ep.terminated,
+            truncated=ep.truncated,
+            info=ep.info,
+            finish_reason=ep.finish_reason,
+        )
+        for ep in episodes
+    ]

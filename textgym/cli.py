@@ -1,0 +1,274 @@
+"""The `textgym` command line (typer). Every command has `--help`.
+
+Exit codes: 0 success; 1 some input lines failed (score/verify) or a run failed;
+2 bad usage or configuration (nothing was written).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+import yaml
+from rich.console import Console
+from rich.table import Table
+
+app = typer.Typer(
+    help="textgym: text environments, verifiers and RL trainers for LLM agents.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+model_app = typer.Typer(help="Build models locally.", no_args_is_help=True)
+verify_app = typer.Typer(help="Run a verifier on completions from a file.", no_args_is_help=True)
+app.add_typer(model_app, name="model")
+app.add_typer(verify_app, name="verify")
+console = Console()
+err_console = Console(stderr=True)
+
+
+def _fail(message: str, code: int = 2) -> None:
+    err_console.print(f"[bold red]error:[/] {message}", markup=True, highlight=False)
+    raise typer.Exit(code)
+
+
+def _parse_kwargs(items: list[str] | None) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for item in items or []:
+        if "=" not in item:
+            _fail(f"--env-kwargs expects key=value, got {item!r}")
+        k, v = item.split("=", 1)
+        out[k.strip()] = yaml.safe_load(v) if v.strip() else ""
+    return out
+
+
+def _make_env(env_id: str, kwargs: dict[str, Any]) -> Any:
+    import gymnasium as gym
+
+    import textgym  # noqa: F401
+
+    if env_id not in gym.registry:
+        known = sorted(k for k in gym.registry if k.startswith("textgym/"))
+        _fail(f"unknown environment {env_id!r}; registered: {', '.join(known)}")
+    try:
+        return gym.make(env_id, **kwargs)
+    except (TypeError, ValueError) as e:
+        _fail(f"{env_id} rejects --env-kwargs {kwargs}: {e}")
+
+
+def _read_jsonl(path: Path) -> list[tuple[int, dict[str, Any] | str]]:
+    """Lines of a JSONL file as (line number, object) or (line number, error message)."""
+    if not path.is_file():
+        _fail(f"input file {str(path)!r} not found")
+    rows: list[tuple[int, dict[str, Any] | str]] = []
+    with path.open(encoding="utf-8", errors="replace") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+                rows.append((n, obj if isinstance(obj, dict) else f"line {n}: expected a JSON object"))
+            except json.JSONDecodeError as e:
+                rows.append((n, f"line {n}: invalid JSON ({e.msg})"))
+    return rows
+
+
+@app.command("envs")
+def envs_cmd() -> None:
+    """List the registered textgym environment ids with a one-line description."""
+    import importlib
+
+    import gymnasium as gym
+
+    import textgym  # noqa: F401
+
+    table = Table("id", "description")
+    for env_id, spec in sorted(gym.registry.items()):
+        if not env_id.startswith("textgym/"):
+            continue
+        mod, _, cls = str(spec.entry_point).partition(":")
+        doc = (getattr(importlib.import_module(mod), cls).__doc__ or "").strip().splitlines()
+        table.add_row(env_id, doc[0] if doc else "")
+    console.print(table)
+
+
+@model_app.command("init")
+def model_init(
+    preset: Annotated[str, typer.Option(help="Model size: tiny (~1.6M), small (~20M) or 0.5b.")] = "tiny",
+    out: Annotated[Path, typer.Option(help="Output folder (a Hugging Face model folder).")] = Path("models/tiny"),
+    seed: Annotated[int, typer.Option(help="Seed of the random initialisation.")] = 0,
+) -> None:
+    """Build a Qwen2-style causal LM with a byte-level tokenizer and chat template, and save it."""
+    from textgym.models import PRESETS, count_parameters, init_model, load_model
+
+    if preset not in PRESETS:
+        _fail(f"unknown preset {preset!r}; choose one of {sorted(PRESETS)}")
+    path = init_model(preset, out, seed=seed)
+    model, _ = load_model(path)
+    console.print(f"saved {preset} model ({count_parameters(model):,} parameters) to {path}")
+
+
+@app.command("train")
+def train_cmd(
+    config: Annotated[Path, typer.Argument(help="YAML run config (see configs/).")],
+    overrides: Annotated[list[str] | None, typer.Argument(help="Overrides such as grpo.steps=10.")] = None,
+    resume: Annotated[bool, typer.Option(help="Continue the run directory from its newest checkpoint.")] = False,
+    overwrite: Annotated[bool, typer.Option(help="Delete an existing run directory first.")] = False,
+) -> None:
+    """Train per the config: optional SFT, then GRPO, with a before/after evaluation."""
+    from textgym.config import ConfigError, load_config
+    from textgym.pipeline import run
+
+    try:
+        cfg = load_config(config, overrides or [])
+        summary = run(cfg, resume=resume, overwrite=overwrite, echo=console.print)
+    except ConfigError as e:
+        _fail(str(e))
+        return
+    if "accuracy_before" in summary:
+        table = Table(title=f"{cfg.name}: {summary['eval_env']} {summary['eval_env_kwargs']}, n={summary['n_eval']}")
+        table.add_column("")
+        table.add_column("before", justify="right")
+        table.add_column("after", justify="right")
+        table.add_row("accuracy", f"{summary['accuracy_before']:.3f}", f"{summary['accuracy_after']:.3f}")
+        table.add_row("mean reward", f"{summary['mean_reward_before']:.3f}", f"{summary['mean_reward_after']:.3f}")
+        console.print(table)
+    console.print(f"wall time {summary['wall_time_s']:.0f}s · summary in {cfg.run_dir / 'summary.json'}")
+
+
+@app.command("eval")
+def eval_cmd(
+    model: Annotated[Path, typer.Option(help="Local Hugging Face model folder.")],
+    env: Annotated[str, typer.Option(help="Environment id, e.g. textgym/Arithmetic-v0.")],
+    env_kwargs: Annotated[list[str] | None, typer.Option("--env-kwargs", help="key=value, repeatable.")] = None,
+    n: Annotated[int, typer.Option(min=1, help="Number of tasks (task_index 0..n-1).")] = 100,
+    samples: Annotated[int, typer.Option(min=1, help="Samples per task (pass@k for k=1 and k=samples).")] = 1,
+    temperature: Annotated[float, typer.Option(min=0.0, help="0 = greedy.")] = 0.0,
+    max_new_tokens: Annotated[int, typer.Option(min=1, help="Response budget in tokens.")] = 256,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+) -> None:
+    """Evaluate a model on an environment: accuracy, mean reward, pass@k."""
+    from textgym.agents import LLMAgent, SamplingParams
+    from textgym.evaluation import evaluate
+
+    kwargs = _parse_kwargs(env_kwargs)
+    probe = _make_env(env, kwargs)
+    n_tasks = len(probe.unwrapped.tasks)
+    if n > n_tasks:
+        _fail(f"--n {n} exceeds the {n_tasks} tasks of {env} {kwargs}")
+    try:
+        agent = LLMAgent.from_pretrained(model)
+    except (FileNotFoundError, ValueError) as e:
+        _fail(str(e))
+        return
+    if samples > 1 and temperature == 0.0:
+        err_console.print("note: --samples > 1 with greedy decoding gives identical samples; set --temperature")
+    res = evaluate(agent, env, kwargs, n=n, samples=samples,
+                   params=SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens))
+    if as_json:
+        print(json.dumps(res.summary()))
+        return
+    table = Table(title=f"{env} {kwargs or ''} · {model}")
+    for col in ("n", "samples", "accuracy", "mean reward", *[f"pass@{k}" for k in res.pass_at], "resp. tokens", "tokens/s"):
+        table.add_column(col, justify="right")
+    table.add_row(str(res.n), str(res.samples), f"{res.accuracy:.3f}", f"{res.mean_reward:.3f}",
+                  *[f"{v:.3f}" for v in res.pass_at.values()], f"{res.mean_response_tokens:.1f}", f"{res.tokens_per_s:.0f}")
+    console.print(table)
+
+
+@app.command("score")
+def score_cmd(
+    env: Annotated[str, typer.Option(help="Environment id.")],
+    input: Annotated[Path, typer.Option("--input", help='JSONL: {"task_index": i, "completion": "..."} per line.')],
+    env_kwargs: Annotated[list[str] | None, typer.Option("--env-kwargs", help="key=value, repeatable.")] = None,
+) -> None:
+    """Score completions produced elsewhere: one JSON line out per line in, in order."""
+    e = _make_env(env, _parse_kwargs(env_kwargs))
+    failed = 0
+    for n, row in _read_jsonl(input):
+        out: dict[str, Any] = {"line": n}
+        if isinstance(row, str):
+            out["error"] = row
+        elif not isinstance(row.get("task_index"), int) or "completion" not in row:
+            out["error"] = f"line {n}: needs an integer 'task_index' and a 'completion'"
+        else:
+            out["task_index"] = row["task_index"]
+            try:
+                e.reset(options={"task_index": row["task_index"]})
+            except ValueError as exc:
+                out["error"] = f"line {n}: {exc}"
+            else:
+                _, reward, _, _, info = e.step(row["completion"])
+                out["reward"] = float(reward)
+                out.update({k: v for k, v in info.items() if k.startswith("reward/")})
+                if "error" in info:
+                    out["reason"] = info["error"]
+        failed += "error" in out
+        print(json.dumps(out, ensure_ascii=False), flush=True)
+    if failed:
+        raise typer.Exit(1)
+
+
+@verify_app.command("math")
+def verify_math_cmd(
+    input: Annotated[Path, typer.Option("--input", help='JSONL: {"completion": "...", "answer": "..."} per line.')],
+    timeout_s: Annotated[float, typer.Option(min=0.5, help="Seconds allowed per comparison.")] = 10.0,
+) -> None:
+    """Check math answers: reward 1.0/0.0 and the extracted answer, one JSON line per input line."""
+    from textgym.types import Task
+    from textgym.verifiers.math import MathVerifier
+
+    v = MathVerifier(timeout_s=timeout_s)
+    failed = 0
+    for n, row in _read_jsonl(input):
+        out: dict[str, Any] = {"line": n}
+        if isinstance(row, str):
+            out["error"] = row
+        elif not isinstance(row.get("completion"), str) or not isinstance(row.get("answer"), str | int | float):
+            out["error"] = f"line {n}: needs a string 'completion' and an 'answer'"
+        elif not str(row["answer"]).strip():
+            out["error"] = f"line {n}: empty 'answer'"
+        else:
+            s = v(row["completion"], Task(task_id=str(n), prompt="", answer=str(row["answer"])))
+            out.update({"reward": s.reward, "extracted": s.details.get("extracted"), "parsed": s.details.get("parsed")})
+            if "error" in s.details:
+                out["reason"] = s.details["error"]
+        failed += "error" in out
+        print(json.dumps(out, ensure_ascii=False), flush=True)
+    if failed:
+        raise typer.Exit(1)
+
+
+@app.command("plot")
+def plot_cmd(
+    run_dir: Annotated[Path, typer.Argument(help="A run directory (runs/NAME) or one stage of it (runs/NAME/grpo).")],
+) -> None:
+    """Write PNG training curves (reward, accuracy, KL, response length, loss) for each stage."""
+    from textgym.plotting import plot_run
+
+    if not run_dir.is_dir():
+        _fail(f"run directory {str(run_dir)!r} not found")
+    written = plot_run(run_dir)
+    if not written:
+        _fail(f"no metrics.jsonl under {run_dir}", code=1)
+    for p in written:
+        console.print(f"wrote {p}")
+
+
+def main() -> None:
+    """Entry point of the `textgym` console script."""
+    import os
+
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+    app(prog_name="textgym")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

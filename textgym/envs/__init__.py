@@ -1,0 +1,24 @@
+"""textgym environments, registered with Gymnasium under `textgym/...` ids on import."""
+
+from gymnasium.envs.registration import register
+
+from textgym.envs.arithmetic import ArithmeticEnv, ArithmeticTasks
+from textgym.envs.base import SingleTurnEnv, TextEnv, math_rubric
+from textgym.envs.math_qa import GSM8KEnv, MATH500Env
+from textgym.envs.spaces import ChatMessages, UnicodeText
+
+register(id="textgym/Arithmetic-v0", entry_point="textgym.envs.arithmetic:ArithmeticEnv")
+register(id="textgym/GSM8K-v0", entry_point="textgym.envs.math_qa:GSM8KEnv")
+register(id="textgym/MATH500-v0", entry_point="textgym.envs.math_qa:MATH500Env")
+
+__all__ = [
+    "ArithmeticEnv",
+    "ArithmeticTasks",
+    "ChatMessages",
+    "GSM8KEnv",
+    "MATH500Env",
+    "SingleTurnEnv",
+    "TextEnv",
+    "UnicodeText",
+    "math_rubric",
+]

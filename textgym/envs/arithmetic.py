@@ -1,0 +1,196 @@
+"""`textgym/Arithmetic-v0`: generated arithmetic problems with an exact integer answer."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from fractions import Fraction
+from functools import lru_cache
+from typing import Any, overload
+
+import numpy as np
+
+from textgym.envs.base import SingleTurnEnv, math_rubric
+from textgym.types import Task
+
+_PRECEDENCE = {"+": 1, "-": 1, "*": 2, "/": 2}
+STREAM_LENGTH = sys.maxsize
+"""`len()` of the train split: the stream is unbounded, every index is a valid task."""
+
+
+def evaluate(numbers: Sequence[int], ops: Sequence[str]) -> Fraction:
+    """Evaluate `n0 op0 n1 op1 n2 ...` with the usual precedence (× ÷ before + −), exactly.
+
+    Raises:
+        ZeroDivisionError: when a divisor is 0.
+    """
+    # Shunting-yard over a flat infix expression without parentheses.
+    values: list[Fraction] = [Fraction(numbers[0])]
+    pending: list[str] = []
+    for op, n in zip(ops, numbers[1:], strict=True):
+        while pending and _PRECEDENCE[pending[-1]] >= _PRECEDENCE[op]:
+            _apply(values, pending.pop())
+        pending.append(op)
+        values.append(Fraction(n))
+    while pending:
+        _apply(values, pending.pop())
+    return values[0]
+
+
+def _apply(values: list[Fraction], op: str) -> None:
+    b, a = values.pop(), values.pop()
+    values.append(a + b if op == "+" else a - b if op == "-" else a * b if op == "*" else a / b)
+
+
+class ArithmeticTasks(Sequence[Task]):
+    """Seeded generator of arithmetic tasks, indexable like a dataset.
+
+    Task *i* of a split is a pure function of `(generator_seed, split, i)`. The test
+    split holds `n_test` distinct problems; the train split is an unbounded stream
+    (`len == sys.maxsize`) that never poses a test problem (rejection sampling), so
+    the test split is held out.
+
+    Args:
+        split: "train" or "test".
+        operators: the operator characters to draw from, a subset of "+-*/".
+        digits: operands are uniform integers in `[0, 10**digits)`.
+        n_terms: operands per expression (2 = one operation; 3+ = multi-step, usual precedence).
+        n_test: size of the held-out test split.
+        generator_seed: seed of the task generator (independent of the env's reset seed).
+
+    Raises:
+        ValueError: on an empty/unknown operator set, digits outside 1..9, n_terms < 2,
+            or a test split larger than the problem space allows.
+    """
+
+    def __init__(
+        self,
+        split: str = "train",
+        operators: str = "+-",
+        digits: int = 2,
+        n_terms: int = 2,
+        n_test: int = 500,
+        generator_seed: int = 0,
+    ):
+        if split not in ("train", "test"):
+            raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+        if not operators or set(operators) - set(_PRECEDENCE):
+            raise ValueError(f"operators must be a non-empty subset of '+-*/', got {operators!r}")
+        if not 1 <= digits <= 9:
+            raise ValueError(f"digits must be in 1..9, got {digits}")
+        if n_terms < 2:
+            raise ValueError(f"n_terms must be >= 2, got {n_terms}")
+        space = (10**digits) ** n_terms * len(operators) ** (n_terms - 1)
+        if not 1 <= n_test <= space // 4:
+            raise ValueError(f"n_test must be in 1..{space // 4} for this problem space, got {n_test}")
+        self.split, self.operators, self.digits = split, operators, digits
+        self.n_terms, self.n_test, self.generator_seed = n_terms, n_test, generator_seed
+        self._test: list[Task] = []
+        seen: set[str] = set()
+        j = 0
+        while len(self._test) < n_test:
+            expr, ans = self._draw(np.random.default_rng([generator_seed, 0, j]))
+            j += 1
+            if expr not in seen:
+                seen.add(expr)
+                self._test.append(self._task("test", len(self._test), expr, ans))
+        self._test_exprs = frozenset(seen)
+
+    def _draw(self, rng: np.random.Generator) -> tuple[str, int]:
+        for _ in range(1000):
+            nums = [int(x) for x in rng.integers(0, 10**self.digits, size=self.n_terms)]
+            ops = [self.operators[int(k)] for k in rng.integers(0, len(self.operators), size=self.n_terms - 1)]
+            try:
+                value = evaluate(nums, ops)
+            except ZeroDivisionError:
+                continue
+            if value.denominator == 1:
+                expr = str(nums[0]) + "".join(f"{o}{n}" for o, n in zip(ops, nums[1:], strict=True))
+                return expr, int(value)
+        raise RuntimeError("could not draw an integer-valued problem in 1000 tries")
+
+    def _task(self, split: str, i: int, expr: str, ans: int) -> Task:
+        return Task(
+            task_id=f"arithmetic/{split}/{i}",
+            prompt=f"Compute {expr}.",
+            answer=str(ans),
+            solution=f"\\boxed{{{ans}}}",
+            metadata={"expression": expr},
+        )
+
+    def __len__(self) -> int:
+        return STREAM_LENGTH if self.split == "train" else self.n_test
+
+    @overload
+    def __getitem__(self, i: int) -> Task: ...
+    @overload
+    def __getitem__(self, i: slice) -> Sequence[Task]: ...
+    def __getitem__(self, i: int | slice) -> Task | Sequence[Task]:
+        """Return task `i` (negative indices count from the end of the test split)."""
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(len(self)))]
+        if self.split == "test":
+            return self._test[i]
+        if not 0 <= i < STREAM_LENGTH:
+            raise IndexError(i)
+        return self._train_task(i)
+
+    def _train_task(self, i: int) -> Task:
+        rng = np.random.default_rng([self.generator_seed, 1, i])
+        while True:
+            expr, ans = self._draw(rng)
+            if expr not in self._test_exprs:
+                return self._task("train", i, expr, ans)
+
+
+@lru_cache(maxsize=32)
+def _cached_tasks(split: str, operators: str, digits: int, n_terms: int, n_test: int, seed: int) -> ArithmeticTasks:
+    return ArithmeticTasks(split, operators, digits, n_terms, n_test, seed)
+
+
+class ArithmeticEnv(SingleTurnEnv):
+    """Generated arithmetic, one question per episode.
+
+    ## Description
+    "Compute 37+58." with a configurable operator set, operand size and number of
+    terms (multi-step expressions use the usual precedence). The generator is seeded
+    (`generator_seed`); the `test` split is a fixed held-out set of `n_test` distinct
+    problems that the unbounded `train` stream never poses.
+
+    ## Action Space
+    `UnicodeText`: the agent's reply, any string.
+
+    ## Observation Space
+    `ChatMessages`: after `reset`, one user message (plus a system message when
+    `system_prompt` is set); after `step`, the empty list.
+
+    ## Rewards
+    `correct_weight · correct + format_weight · format` where `correct` is 1.0 when the
+    final answer (`\\boxed{}`, `<answer>`, ... see `textgym.verifiers.math`) equals the
+    gold integer by math-verify, and `format` is 1.0 when a final-answer marker is
+    present. Defaults: 1.0 and 0.0 (format is logged only).
+
+    ## Episode End
+    Terminates after one step.
+
+    ## Version History
+    - v0: initial version.
+    """
+
+    def __init__(
+        self,
+        split: str = "train",
+        operators: str = "+-",
+        digits: int = 2,
+        n_terms: int = 2,
+        n_test: int = 500,
+        generator_seed: int = 0,
+        instruction: str = "Put the final answer in \\boxed{}.",
+        correct_weight: float = 1.0,
+        format_weight: float = 0.0,
+        **kwargs: Any,
+    ):
+        tasks = _cached_tasks(split, operators, digits, n_terms, n_test, generator_seed)
+        super().__init__(
+            tasks, math_rubric(correct_weight, format_weight), instruction=instruction, **kwargs
+        )

@@ -1,0 +1,199 @@
+"""Base classes of textgym environments: task selection, action checks, rubric scoring.
+
+A `TextEnv` owns a sequence of `Task`s. `reset(options={"task_index": i})` poses task
+*i*; without it the task index is drawn from `self.np_random`, so the same seed gives
+the same task. Actions are text; observations are lists of chat messages.
+`SingleTurnEnv` scores the one action with a `Rubric` and terminates.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, SupportsFloat
+
+import gymnasium as gym
+
+from textgym.envs.spaces import ChatMessages, UnicodeText
+from textgym.types import Message, Task
+from textgym.verifiers.base import Rubric, RubricTerm
+from textgym.verifiers.format import FormatVerifier
+from textgym.verifiers.math import MathVerifier
+
+DEFAULT_MAX_ACTION_CHARS = 100_000
+"""Actions longer than this many characters are scored `invalid_action_reward` without verification."""
+
+
+class TextEnv(gym.Env[list[Message], str]):
+    """A Gymnasium environment whose actions are text and whose observations are chat messages.
+
+    Subclasses implement `initial_messages(task)` and `respond(action)`; the base class
+    selects tasks, checks actions and keeps the transcript for `render()`.
+
+    Args:
+        tasks: the task set; `len(env.unwrapped.tasks)` is the task count.
+        system_prompt: prepended as a `system` message to the first observation when set.
+        max_action_chars: longer actions are rejected with `invalid_action_reward` (characters).
+        invalid_action_reward: reward for an action that is not a usable string.
+        render_mode: None or "ansi" (`render()` returns the transcript as text).
+    """
+
+    metadata: dict[str, Any] = {"render_modes": ["ansi"], "render_fps": 1}
+
+    def __init__(
+        self,
+        tasks: Sequence[Task],
+        *,
+        system_prompt: str | None = None,
+        max_action_chars: int = DEFAULT_MAX_ACTION_CHARS,
+        invalid_action_reward: float = 0.0,
+        render_mode: str | None = None,
+    ):
+        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+            raise ValueError(f"render_mode must be one of {self.metadata['render_modes']}, got {render_mode!r}")
+        if max_action_chars <= 0:
+            raise ValueError(f"max_action_chars must be positive, got {max_action_chars}")
+        self.tasks = tasks
+        self.system_prompt = system_prompt
+        self.max_action_chars = int(max_action_chars)
+        self.invalid_action_reward = float(invalid_action_reward)
+        self.render_mode = render_mode
+        self.observation_space = ChatMessages()
+        self.action_space = UnicodeText()
+        self.task: Task | None = None
+        self.task_index: int | None = None
+        self._transcript: list[Message] = []
+        self._done = False
+
+    # -- hooks -------------------------------------------------------------------------
+    def initial_messages(self, task: Task) -> list[Message]:
+        """Return the messages that pose `task` (without the system prompt)."""
+        raise NotImplementedError
+
+    def respond(self, action: str) -> tuple[list[Message], float, bool, dict[str, Any]]:
+        """React to a valid action: return (observation, reward, terminated, info)."""
+        raise NotImplementedError
+
+    def invalid_action(self, reason: str) -> tuple[list[Message], float, bool, dict[str, Any]]:
+        """React to an unusable action (wrong type, empty, too long). Single-turn default: end, score 0."""
+        return [], self.invalid_action_reward, True, {"error": reason}
+
+    # -- gymnasium API -----------------------------------------------------------------
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[list[Message], dict[str, Any]]:
+        """Start an episode on task `options["task_index"]`, or a task drawn from `np_random`.
+
+        Raises:
+            ValueError: if `task_index` is not an int in `[0, len(tasks))`, or `options` has unknown keys.
+        """
+        super().reset(seed=seed)
+        options = dict(options or {})
+        unknown = set(options) - {"task_index"}
+        if unknown:
+            raise ValueError(f"unknown reset option(s) {sorted(unknown)}; supported: ['task_index']")
+        n = len(self.tasks)
+        if "task_index" in options:
+            index = options["task_index"]
+            if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < n:
+                raise ValueError(f"task_index must be an int in [0, {n}), got {index!r}")
+        else:
+            index = int(self.np_random.integers(n))
+        self.task_index = index
+        self.task = self.tasks[index]
+        obs = ([{"role": "system", "content": self.system_prompt}] if self.system_prompt else [])
+        obs += self.initial_messages(self.task)
+        self._transcript = [dict(m) for m in obs]
+        self._done = False
+        return obs, self._base_info()
+
+    def step(self, action: str) -> tuple[list[Message], SupportsFloat, bool, bool, dict[str, Any]]:
+        """Apply the agent's text. Unusable actions are scored, never raised on.
+
+        Raises:
+            RuntimeError: if called before `reset()` or after the episode ended.
+        """
+        if self.task is None:
+            raise RuntimeError("call reset() before step()")
+        if self._done:
+            raise RuntimeError("the episode has ended; call reset() to start a new one")
+        reason = self._check_action(action)
+        if reason is None:
+            self._transcript.append({"role": "assistant", "content": action})
+            obs, reward, terminated, extra = self.respond(action)
+        else:
+            self._transcript.append({"role": "assistant", "content": repr(action)[:200]})
+            obs, reward, terminated, extra = self.invalid_action(reason)
+        self._transcript += [dict(m) for m in obs]
+        self._done = terminated
+        info = self._base_info()
+        info.update(extra)
+        return obs, float(reward), terminated, False, info
+
+    def render(self) -> str | None:  # type: ignore[override]
+        """Return the transcript as text when `render_mode == "ansi"`."""
+        if self.render_mode != "ansi":
+            return None
+        return "\n".join(f"[{m['role']}] {m['content']}" for m in self._transcript)
+
+    # -- helpers -----------------------------------------------------------------------
+    def _check_action(self, action: Any) -> str | None:
+        if not isinstance(action, str):
+            return f"action must be a str, got {type(action).__name__}"
+        if not action.strip():
+            return "empty action"
+        if len(action) > self.max_action_chars:
+            return f"action too long: {len(action)} chars > max_action_chars={self.max_action_chars}"
+        return None
+
+    def _base_info(self) -> dict[str, Any]:
+        assert self.task is not None
+        return {"task_id": self.task.task_id, "task_index": self.task_index, "answer": self.task.answer}
+
+
+class SingleTurnEnv(TextEnv):
+    """One question, one answer: the action is scored by a `Rubric` and the episode terminates.
+
+    `info` after `step` holds every rubric term as `"reward/<name>"` and the terms'
+    details under `"details"`; an unusable action scores `invalid_action_reward` with
+    every term 0.0 and the reason in `info["error"]`.
+    """
+
+    def __init__(self, tasks: Sequence[Task], rubric: Rubric, *, instruction: str = "", **kwargs: Any):
+        super().__init__(tasks, **kwargs)
+        self.rubric = rubric
+        self.instruction = instruction
+
+    def initial_messages(self, task: Task) -> list[Message]:
+        """One user message: the task's prompt followed by the env's instruction."""
+        content = f"{task.prompt} {self.instruction}" if self.instruction else task.prompt
+        return [{"role": "user", "content": content}]
+
+    def respond(self, action: str) -> tuple[list[Message], float, bool, dict[str, Any]]:
+        """Score the action with the rubric and end the episode."""
+        assert self.task is not None
+        score = self.rubric(action, self.task)
+        info: dict[str, Any] = {k: v for k, v in score.details.items() if k.startswith("reward/")}
+        info["details"] = {k: v for k, v in score.details.items() if not k.startswith("reward/")}
+        errors = [d["error"] for d in info["details"].values() if isinstance(d, dict) and "error" in d]
+        if errors:
+            info["error"] = "; ".join(errors)
+        return [], score.reward, True, info
+
+    def invalid_action(self, reason: str) -> tuple[list[Message], float, bool, dict[str, Any]]:
+        """Score 0 on every term and end the episode, saying why."""
+        obs, reward, terminated, info = super().invalid_action(reason)
+        info.update({f"reward/{t.name}": 0.0 for t in self.rubric.terms})
+        return obs, reward, terminated, info
+
+
+def math_rubric(correct_weight: float = 1.0, format_weight: float = 0.0, timeout_s: float = 10.0) -> Rubric:
+    """Rubric of math envs: `correct` (math-verify equivalence) and `format` (answer marker present).
+
+    With the default `format_weight=0.0` the format term is a logged metric only.
+    """
+    return Rubric(
+        [
+            RubricTerm("correct", MathVerifier(timeout_s=timeout_s), correct_weight),
+            RubricTerm("format", FormatVerifier(), format_weight),
+        ]
+    )

@@ -1,0 +1,1 @@
+"""Trainers: pure losses and advantage estimators, and one file per algorithm (SFT, GRPO)."""

@@ -1,0 +1,283 @@
+"""What every trainer shares: the logprob forward, task sampling, optimizer, metrics and checkpoints.
+
+Run directory of one stage (DESIGN.md, "Run directory"):
+
+    <stage_dir>/config.yaml        the resolved stage config
+    <stage_dir>/metrics.jsonl      one JSON object per logged step
+    <stage_dir>/tb/                TensorBoard events
+    <stage_dir>/checkpoints/step_<N>/  model (safetensors) + tokenizer, optimizer.pt,
+                                   scheduler.pt, state.json (step, data cursor), rng.pt
+    <stage_dir>/final/             the trained model as a plain HF folder
+
+Checkpoints are written to a temporary folder and renamed into place, so a killed
+run never leaves a half-written checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.optim.lr_scheduler import LambdaLR
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from textgym.agents.trajectory import RolloutBatch
+from textgym.config import OptimConfig
+from textgym.trainers.losses import entropy_from_logits
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python's, numpy's and torch's global RNGs."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def resolve_device(device: str) -> torch.device:
+    """Map "auto" to cuda when available, else cpu; pass other strings through."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def sequence_logprobs(
+    model: PreTrainedModel, batch: RolloutBatch, temperature: float = 1.0, with_entropy: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probabilities of the response tokens of `batch` under `model`.
+
+    Only the last L + 1 positions' logits are materialised (`logits_to_keep`), and
+    log-softmax is computed as `gather(logits) − logsumexp(logits)` to avoid a second
+    [B, L, V] tensor.
+
+    Args:
+        model: a causal LM.
+        batch: the padded batch (`RolloutBatch` layout: prompt width P, response width L).
+        temperature: logits are divided by it (the sampling temperature; 0 is treated as 1).
+        with_entropy: also return the per-token entropy (no grad).
+
+    Returns:
+        logprobs [B, L] (0 where the batch has padding — mask it), entropy [B, L] or None.
+    """
+    L = batch.loss_mask.shape[1]
+    out = model(
+        input_ids=batch.input_ids,
+        attention_mask=batch.attention_mask,
+        position_ids=batch.position_ids,
+        logits_to_keep=L + 1,
+        use_cache=False,
+    )
+    logits = out.logits[:, :-1].float()  # [B, L, V]: position P-1+t predicts token P+t
+    if temperature and temperature != 1.0:
+        logits = logits / temperature
+    targets = batch.input_ids[:, batch.prompt_width :]  # [B, L]
+    logprobs = logits.gather(-1, targets[..., None])[..., 0] - torch.logsumexp(logits, dim=-1)
+    entropy = None
+    if with_entropy:
+        with torch.no_grad():
+            entropy = entropy_from_logits(logits.detach())
+    return logprobs, entropy
+
+
+class TaskSampler:
+    """Deterministic stream of task indices with a resumable cursor.
+
+    Finite task sets are walked in a fresh permutation per epoch (seeded by
+    `(seed, epoch)`); an unbounded stream (`n >= 2**62`, e.g. generated Arithmetic)
+    is walked in order 0, 1, 2, ...
+
+    Attributes:
+        cursor: number of indices handed out so far (the data cursor saved in checkpoints).
+    """
+
+    def __init__(self, n: int, seed: int):
+        if n < 1:
+            raise ValueError("cannot sample from an empty task set")
+        self.n, self.seed, self.cursor = n, seed, 0
+        self._perm: np.ndarray | None = None
+        self._perm_epoch = -1
+
+    def next(self, k: int) -> list[int]:
+        """Return the next `k` task indices."""
+        out = []
+        for _ in range(k):
+            if self.n >= 2**62:
+                out.append(self.cursor)
+            else:
+                epoch, pos = divmod(self.cursor, self.n)
+                if epoch != self._perm_epoch:
+                    self._perm = np.random.default_rng([self.seed, epoch]).permutation(self.n)
+                    self._perm_epoch = epoch
+                assert self._perm is not None
+                out.append(int(self._perm[pos]))
+            self.cursor += 1
+        return out
+
+
+def build_optimizer(
+    model: torch.nn.Module, cfg: OptimConfig, total_steps: int
+) -> tuple[torch.optim.Optimizer, LambdaLR]:
+    """AdamW (Loshchilov & Hutter 2019) with linear warm-up then constant / cosine / linear decay."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
+
+    def factor(step: int) -> float:
+        if cfg.warmup_steps and step < cfg.warmup_steps:
+            return (step + 1) / cfg.warmup_steps
+        if cfg.schedule == "constant":
+            return 1.0
+        span = max(1, total_steps - cfg.warmup_steps)
+        progress = min(1.0, (step - cfg.warmup_steps) / span)
+        shape = 0.5 * (1 + math.cos(math.pi * progress)) if cfg.schedule == "cosine" else 1 - progress
+        return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * shape
+
+    return opt, LambdaLR(opt, factor)
+
+
+class MetricsLogger:
+    """Append metrics to `metrics.jsonl` and TensorBoard; on resume, drop records past the checkpoint.
+
+    Keys are slash-namespaced (`rollout/reward_mean`, `loss/policy`, `time/step_s`).
+    """
+
+    def __init__(self, stage_dir: Path, resume_step: int | None = None):
+        self.path = stage_dir / "metrics.jsonl"
+        if resume_step is not None and self.path.exists():
+            kept = [
+                line
+                for line in self.path.read_text(encoding="utf-8").splitlines()
+                if line.strip() and json.loads(line).get("step", 0) <= resume_step
+            ]
+            self.path.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.tb = SummaryWriter(log_dir=str(stage_dir / "tb"), purge_step=None if resume_step is None else resume_step + 1)
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        """Write one record (`{"step": step, **metrics}`)."""
+        record = {"step": step, "time": time.time(), **{k: float(v) for k, v in metrics.items()}}
+        with self.path.open("a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")
+        for k, v in metrics.items():
+            self.tb.add_scalar(k, float(v), step)
+        self.tb.flush()
+
+    def close(self) -> None:
+        """Close the TensorBoard writer."""
+        self.tb.close()
+
+
+def _rng_state() -> dict[str, Any]:
+    return {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+    }
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if state.get("cuda") is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save_checkpoint(
+    stage_dir: Path,
+    step: int,
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    optimizer: torch.optim.Optimizer,
+    scheduler: LambdaLR,
+    state: dict[str, Any],
+    keep: int = 2,
+) -> Path:
+    """Write `checkpoints/step_<step>/` atomically (temp folder, fsync, rename) and prune old ones.
+
+    `state` is JSON-serialisable trainer state (the data cursor, counters).
+    """
+    root = stage_dir / "checkpoints"
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"step_{step}"
+    tmp = root / f".tmp_step_{step}_{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+    torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
+    torch.save(_rng_state(), tmp / "rng.pt")
+    (tmp / "state.json").write_text(json.dumps({"step": step, **state}), encoding="utf-8")
+    for f in tmp.iterdir():
+        with f.open("rb") as fh:
+            os.fsync(fh.fileno())
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    for old in sorted(root.glob("step_*"), key=lambda p: int(p.name.split("_")[1]))[:-keep]:
+        shutil.rmtree(old)
+    return final
+
+
+def latest_checkpoint(stage_dir: Path) -> Path | None:
+    """Return the newest complete `checkpoints/step_<N>/`, or None."""
+    root = stage_dir / "checkpoints"
+    if not root.is_dir():
+        return None
+    done = [p for p in root.glob("step_*") if (p / "state.json").is_file()]
+    return max(done, key=lambda p: int(p.name.split("_")[1])) if done else None
+
+
+def load_checkpoint(
+    ckpt: Path, model: PreTrainedModel, optimizer: torch.optim.Optimizer, scheduler: LambdaLR
+) -> dict[str, Any]:
+    """Restore model weights, optimizer, scheduler and RNG states from `ckpt`; return its state.json."""
+    from safetensors.torch import load_file
+
+    files = sorted(ckpt.glob("*.safetensors"))
+    weights: dict[str, torch.Tensor] = {}
+    for f in files:
+        weights.update(load_file(str(f)))
+    missing, unexpected = model.load_state_dict(weights, strict=False)
+    tied = {k for k in missing if "lm_head" in k}
+    if set(missing) - tied or unexpected:
+        raise RuntimeError(f"checkpoint {ckpt} does not match the model: missing {missing}, unexpected {unexpected}")
+    if tied:
+        model.tie_weights()
+    optimizer.load_state_dict(torch.load(ckpt / "optimizer.pt", weights_only=False))
+    scheduler.load_state_dict(torch.load(ckpt / "scheduler.pt", weights_only=False))
+    _set_rng_state(torch.load(ckpt / "rng.pt", weights_only=False))
+    return dict(json.loads((ckpt / "state.json").read_text(encoding="utf-8")))
+
+
+def save_final(stage_dir: Path, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> Path:
+    """Save the trained model as a plain HF folder at `<stage_dir>/final` (atomically)."""
+    final = stage_dir / "final"
+    tmp = stage_dir / f".tmp_final_{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    return final
+
+
+def progress_bar(total: int, initial: int, desc: str) -> Any:
+    """A tqdm bar on stderr (disabled when stderr is not a terminal and TEXTGYM_PROGRESS is unset)."""
+    from tqdm.auto import tqdm
+
+    disable = not (sys.stderr.isatty() or os.environ.get("TEXTGYM_PROGRESS"))
+    return tqdm(total=total, initial=initial, desc=desc, disable=disable, dynamic_ncols=True)

@@ -1,0 +1,198 @@
+"""Policy-gradient losses as pure tensor functions returning `(loss, detached_stats)`.
+
+Shapes: B = sequences, L = response columns; `mask` is [B, L] with 1.0 on policy
+tokens. Per-token quantities are reduced by `aggregate`, whose `num_seqs` /
+`num_tokens` arguments let a minibatch split into micro-batches (gradient
+accumulation) produce exactly the gradient of the whole minibatch.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+
+Aggregation = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"]
+KLEstimator = Literal["k1", "k2", "k3"]
+
+
+def aggregate(
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    mode: Aggregation = "seq_mean_token_mean",
+    *,
+    num_seqs: int | None = None,
+    num_tokens: float | None = None,
+    norm_len: int | None = None,
+) -> torch.Tensor:
+    """Reduce a per-token loss [B, L] to a scalar.
+
+    - `token_mean`: Σ_{i,t} m·x / N_tokens — every token weighs the same (DAPO, Yu et al. 2025,
+      arXiv:2503.14476, eq. 12).
+    - `seq_mean_token_mean`: (1/B) Σ_i (Σ_t m·x / |o_i|) — each sequence weighs the same
+      (GRPO, Shao et al. 2024, eq. 3).
+    - `seq_mean_token_sum_norm`: Σ_{i,t} m·x / (B · norm_len) — a constant normaliser, no
+      length bias (Dr. GRPO, Liu et al. 2025, arXiv:2503.20783, eq. 2).
+
+    Args:
+        values: [B, L] per-token loss.
+        mask: [B, L] 1.0 on tokens that count.
+        mode: one of the three above.
+        num_seqs: B of the whole minibatch when `values` is one micro-batch of it.
+        num_tokens: Σ mask of the whole minibatch when `values` is one micro-batch of it.
+        norm_len: the constant length of `seq_mean_token_sum_norm` (default: L).
+
+    Raises:
+        ValueError: on an unknown mode.
+    """
+    B, L = values.shape
+    masked = values * mask
+    if mode == "token_mean":
+        denom = num_tokens if num_tokens is not None else mask.sum().clamp(min=1.0)
+        return masked.sum() / denom
+    if mode == "seq_mean_token_mean":
+        per_seq = masked.sum(-1) / mask.sum(-1).clamp(min=1.0)
+        return per_seq.sum() / (num_seqs if num_seqs is not None else B)
+    if mode == "seq_mean_token_sum_norm":
+        return masked.sum() / ((num_seqs if num_seqs is not None else B) * (norm_len or L))
+    raise ValueError(f"unknown loss aggregation {mode!r}")
+
+
+def kl_estimate(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: KLEstimator = "k3") -> torch.Tensor:
+    """Per-token estimate of KL(π_θ ‖ π_ref) from samples of π_θ (Schulman 2020, "Approximating KL").
+
+    With `log_ratio = log π_ref − log π_θ` at the sampled token:
+    k1 = −log_ratio; k2 = ½·log_ratio²; k3 = exp(log_ratio) − 1 − log_ratio (≥ 0, unbiased).
+
+    Gradients when differentiated in the loss (see ../shared/reference/004): k1 has zero
+    expected gradient (use it in the reward); k2's gradient is that of the reverse KL;
+    k3 in the loss is GRPO's choice (DeepSeekMath eq. 4) and is biased as a gradient of KL.
+
+    Args:
+        logprobs: [B, L] log π_θ of the sampled tokens.
+        ref_logprobs: [B, L] log π_ref of the same tokens.
+        estimator: "k1", "k2" or "k3".
+
+    Returns:
+        [B, L] per-token estimates (not masked).
+
+    Raises:
+        ValueError: on an unknown estimator.
+    """
+    log_ratio = ref_logprobs - logprobs
+    if estimator == "k1":
+        return -log_ratio
+    if estimator == "k2":
+        return 0.5 * log_ratio.pow(2)
+    if estimator == "k3":
+        # Clamp so exp() cannot overflow on a badly diverged token; k3 is flat there anyway.
+        log_ratio = log_ratio.clamp(-20.0, 20.0)
+        return log_ratio.exp() - 1.0 - log_ratio
+    raise ValueError(f"unknown KL estimator {estimator!r}")
+
+
+def clipped_policy_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    aggregation: Aggregation = "seq_mean_token_mean",
+    ref_logprobs: torch.Tensor | None = None,
+    kl_coef: float = 0.0,
+    kl_estimator: KLEstimator = "k3",
+    num_seqs: int | None = None,
+    num_tokens: float | None = None,
+    norm_len: int | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """PPO's clipped surrogate with asymmetric clipping and an optional KL term in the loss.
+
+    Per token, with ρ = exp(log π_θ − log π_old):
+    `ℓ = −min(ρ·Â, clip(ρ, 1−clip_low, 1+clip_high)·Â) + β·KL_est(π_θ‖π_ref)`
+    (Schulman et al. 2017, arXiv:1707.06347, eq. 7; GRPO's KL in the loss, Shao et al. 2024
+    eq. 3; clip-higher `clip_high > clip_low`, DAPO, Yu et al. 2025, eq. 10), reduced by
+    `aggregate`.
+
+    Args:
+        logprobs: [B, L] log π_θ of the taken tokens (requires grad).
+        old_logprobs: [B, L] log π_old (sampling log-probs), no grad.
+        advantages: [B, L] per-token or [B] per-sequence advantages.
+        mask: [B, L] 1.0 on policy tokens.
+        clip_low, clip_high: ε_low, ε_high of the clip range.
+        aggregation, num_seqs, num_tokens, norm_len: see `aggregate`.
+        ref_logprobs: [B, L] log π_ref, required when `kl_coef > 0`.
+        kl_coef: β.
+        kl_estimator: "k1" | "k2" | "k3" (see `kl_estimate`).
+
+    Returns:
+        The scalar loss, and detached stats: `loss/policy`, `kl/ref` (masked token mean of the
+        estimate), `clip/frac_low`, `clip/frac_high`, `clip/frac`, `ratio/mean`, `ratio/max`,
+        `kl/old_approx` (k3 estimate of KL(π_old‖π_θ)).
+
+    Raises:
+        ValueError: if `kl_coef > 0` and `ref_logprobs` is None.
+    """
+    if advantages.ndim == 1:
+        advantages = advantages[:, None].expand_as(logprobs)
+    log_ratio = logprobs - old_logprobs
+    ratio = torch.exp(log_ratio)
+    clipped = ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
+    pg = -torch.minimum(ratio * advantages, clipped * advantages)  # [B, L]
+    per_token = pg
+    kl = None
+    if kl_coef > 0:
+        if ref_logprobs is None:
+            raise ValueError("kl_coef > 0 needs ref_logprobs")
+        kl = kl_estimate(logprobs, ref_logprobs, kl_estimator)
+        per_token = pg + kl_coef * kl
+    agg = {"num_seqs": num_seqs, "num_tokens": num_tokens, "norm_len": norm_len}
+    loss = aggregate(per_token, mask, aggregation, **agg)
+
+    with torch.no_grad():
+        n = mask.sum().clamp(min=1.0)
+        low = ((ratio < 1.0 - clip_low) & (advantages < 0)).float()
+        high = ((ratio > 1.0 + clip_high) & (advantages > 0)).float()
+        stats = {
+            "loss/policy": float(aggregate(pg, mask, aggregation, **agg)),
+            "clip/frac_low": float((low * mask).sum() / n),
+            "clip/frac_high": float((high * mask).sum() / n),
+            "clip/frac": float(((low + high) * mask).sum() / n),
+            "ratio/mean": float((ratio * mask).sum() / n),
+            "ratio/max": float(ratio.masked_fill(mask == 0, 0.0).max()) if mask.any() else 1.0,
+            "kl/old_approx": float(((log_ratio.exp() - 1 - log_ratio) * mask).sum() / n),
+        }
+        if kl is not None:
+            stats["kl/ref"] = float((kl * mask).sum() / n)
+    return loss, stats
+
+
+def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
+    """Entropy H = −Σ_v p_v log p_v of each categorical distribution.
+
+    Args:
+        logits: [..., V] unnormalised log-probabilities.
+
+    Returns:
+        [...] entropies in nats.
+    """
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    return -(logp.exp() * logp).sum(-1)
+
+
+def sft_loss(
+    logprobs: torch.Tensor, mask: torch.Tensor, num_tokens: float | None = None
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Negative log-likelihood of the target tokens, averaged over tokens.
+
+    Args:
+        logprobs: [B, L] log π_θ of the target tokens.
+        mask: [B, L] 1.0 on target (completion) tokens.
+        num_tokens: Σ mask of the whole minibatch when this is one micro-batch.
+
+    Returns:
+        The mean NLL in nats/token and stats `loss/sft`.
+    """
+    loss = aggregate(-logprobs, mask, "token_mean", num_tokens=num_tokens)
+    return loss, {"loss/sft": float(loss.detach())}

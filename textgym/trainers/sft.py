@@ -1,0 +1,144 @@
+"""Supervised fine-tuning on an environment's gold solutions (the warm start before RL).
+
+Each example is the env's first observation rendered by the chat template (exactly the
+prompt the policy sees in rollouts) followed by the task's `solution` and the
+end-of-turn token; the loss is the token-mean NLL of the solution tokens only.
+Loop: 1 draw tasks · 2 build the batch · 3 forward/backward over micro-batches ·
+4 clip, step · 5 log and checkpoint.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import gymnasium as gym
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from textgym.agents.trajectory import RolloutBatch, Trajectory
+from textgym.config import SFTConfig
+from textgym.trainers.common import (
+    MetricsLogger,
+    TaskSampler,
+    build_optimizer,
+    latest_checkpoint,
+    load_checkpoint,
+    progress_bar,
+    save_checkpoint,
+    save_final,
+    sequence_logprobs,
+)
+from textgym.trainers.losses import sft_loss
+
+
+class SFTTrainer:
+    """Trains `model` in place on `(prompt, gold solution)` pairs of `cfg.env`.
+
+    Raises:
+        ValueError: if the environment's tasks carry no gold `solution`.
+    """
+
+    def __init__(
+        self,
+        cfg: SFTConfig,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        stage_dir: Path,
+        *,
+        seed: int = 0,
+        resume: bool = False,
+    ):
+        self.cfg, self.model, self.tokenizer, self.stage_dir = cfg, model, tokenizer, Path(stage_dir)
+        self.stage_dir.mkdir(parents=True, exist_ok=True)
+        self.device = next(model.parameters()).device
+        self.env = gym.make(cfg.env.id, **cfg.env.kwargs)
+        tasks = self.env.unwrapped.tasks  # type: ignore[attr-defined]
+        if tasks[0].solution is None:
+            raise ValueError(f"{cfg.env.id} tasks have no gold solutions to fine-tune on")
+        self.sampler = TaskSampler(len(tasks), seed)
+        self.micro_batch_size = cfg.micro_batch_size or cfg.batch_size
+        self.optimizer, self.scheduler = build_optimizer(model, cfg.optim, cfg.steps)
+        self.step = 0
+        ckpt = latest_checkpoint(self.stage_dir) if resume else None
+        if ckpt is not None:
+            state = load_checkpoint(ckpt, model, self.optimizer, self.scheduler)
+            self.step, self.sampler.cursor = int(state["step"]), int(state["cursor"])
+        self.logger = MetricsLogger(self.stage_dir, resume_step=self.step if ckpt is not None else None)
+
+    def example(self, task_index: int) -> Trajectory:
+        """The supervised sequence of one task: prompt (mask 0) + solution + end-of-turn (mask 1)."""
+        obs, _ = self.env.reset(options={"task_index": task_index})
+        task = self.env.unwrapped.task  # type: ignore[attr-defined]
+        prompt = self.tokenizer.apply_chat_template(obs, add_generation_prompt=True, tokenize=True, return_dict=False)
+        target = self.tokenizer(task.solution, add_special_tokens=False)["input_ids"] + [self.tokenizer.eos_token_id]
+        ids = list(prompt) + list(target)  # type: ignore[arg-type]
+        mask = torch.tensor([0.0] * len(prompt) + [1.0] * len(target))
+        return Trajectory(
+            token_ids=torch.tensor(ids), loss_mask=mask, logprobs=torch.zeros(len(ids)),
+            token_rewards=torch.zeros(len(ids)), prompt_length=len(prompt), messages=list(obs), reward=0.0,
+        )
+
+    def train_step(self) -> dict[str, float]:
+        """One optimizer step on `batch_size` examples; returns its metrics."""
+        t0 = time.perf_counter()
+        # 1-2. Draw tasks and build the padded batch.
+        batch = RolloutBatch.from_trajectories(
+            [self.example(i) for i in self.sampler.next(self.cfg.batch_size)],
+            int(self.tokenizer.pad_token_id),  # type: ignore[arg-type]
+        ).to(self.device)
+        num_tokens = float(batch.loss_mask.sum())
+        # 3. Forward/backward with gradient accumulation (token-mean over the whole batch).
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        total = 0.0
+        for i in range(0, len(batch), self.micro_batch_size):
+            sub = batch.select(list(range(i, min(len(batch), i + self.micro_batch_size))))
+            logprobs, _ = sequence_logprobs(self.model, sub)
+            loss, _ = sft_loss(logprobs, sub.loss_mask, num_tokens=num_tokens)
+            loss.backward()
+            total += float(loss.detach())
+        # 4. Clip and step.
+        metrics: dict[str, float] = {"loss/sft": total}
+        if self.cfg.optim.max_grad_norm is not None:
+            metrics["grad_norm"] = float(
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.optim.max_grad_norm)
+            )
+        self.optimizer.step()
+        self.scheduler.step()
+        self.step += 1
+        dt = time.perf_counter() - t0
+        metrics.update({"lr": self.scheduler.get_last_lr()[0], "time/step_s": dt, "throughput/tokens_per_s": num_tokens / dt})
+        return metrics
+
+    def save(self) -> Path:
+        """Checkpoint the current step."""
+        return save_checkpoint(
+            self.stage_dir, self.step, self.model, self.tokenizer, self.optimizer, self.scheduler,
+            {"cursor": self.sampler.cursor}, keep=self.cfg.keep_checkpoints,
+        )
+
+    def train(self, echo: Callable[[str], None] | None = None) -> Path:
+        """Run until `cfg.steps`; return the saved final model folder."""
+        cfg = self.cfg
+        bar = progress_bar(cfg.steps, self.step, "sft")
+        every = max(1, cfg.steps // 10)
+        try:
+            while self.step < cfg.steps:
+                # 5. Log and checkpoint.
+                metrics = self.train_step()
+                if self.step % cfg.log_every == 0 or self.step == cfg.steps:
+                    self.logger.log(self.step, metrics)
+                if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0:
+                    self.save()
+                bar.update(1)
+                bar.set_postfix(loss=f"{metrics['loss/sft']:.4f}")
+                if echo is not None and (self.step % every == 0 or self.step == cfg.steps):
+                    echo(f"sft step {self.step}/{cfg.steps}  loss {metrics['loss/sft']:.4f}  {metrics['time/step_s']:.2f}s/step")
+            if not cfg.checkpoint_every or self.step % cfg.checkpoint_every:
+                self.save()
+        finally:
+            bar.close()
+            self.logger.close()
+        return save_final(self.stage_dir, self.model, self.tokenizer)

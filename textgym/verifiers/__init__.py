@@ -1,0 +1,16 @@
+"""Verifiers: callables `(completion, task) -> Score`, combined by a weighted `Rubric`."""
+
+from textgym.verifiers.base import Rubric, RubricTerm, Score, Verifier
+from textgym.verifiers.format import FormatVerifier
+from textgym.verifiers.math import MathVerifier, extract_answer, math_equal
+
+__all__ = [
+    "FormatVerifier",
+    "MathVerifier",
+    "Rubric",
+    "RubricTerm",
+    "Score",
+    "Verifier",
+    "extract_answer",
+    "math_equal",
+]

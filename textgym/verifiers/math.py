@@ -1,0 +1,346 @@
+"""Math answer extraction and equivalence (math-verify), bounded in time.
+
+Extraction (`extract_answer`) looks for an explicit final-answer marker, in this priority:
+
+1. `\\boxed{...}` (also `\\fbox{...}`) — the **last** one wins, braces matched;
+2. `<answer>...</answer>` — the last one;
+3. `#### N` (GSM8K style) — the last one, to the end of its line;
+4. "the (final) answer is ..." — the last one, to the end of its sentence.
+
+Equivalence is decided by Hugging Face's `math-verify` (`parse` + `verify`, backed by
+sympy), never by string matching. It runs in a child process (see `_math_worker`) that
+the caller kills and restarts when one comparison overruns `timeout_s`, so input such
+as `\\boxed{10^{10^{10}}}`, a 200 kB string or NUL bytes costs at most `timeout_s`
+seconds and returns a 0.0 score with the reason, never an exception.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import queue
+import re
+import select
+import subprocess
+import sys
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+from textgym.types import Task
+from textgym.verifiers.base import Score
+
+MAX_SCAN_CHARS = 200_000
+"""Completions longer than this (characters) are cut to their last MAX_SCAN_CHARS before extraction."""
+FALLBACK_CHARS = 2_000
+"""Without a marker, only the completion's last FALLBACK_CHARS characters go to math-verify's own extraction."""
+MAX_ANSWER_CHARS = 1_000
+"""Extracted answers longer than this are not compared (no real final answer is that long)."""
+
+_BOX_RE = re.compile(r"\\(?:boxed|fbox)\s*\{")
+_SAYS = ("the final answer is", "the answer is")
+_MAX_BOX_STARTS = 20
+"""At most this many of the last `\\boxed{` openings are tried when the last ones are unbalanced."""
+
+
+@dataclass(frozen=True)
+class Extracted:
+    """An extracted final answer: its text and the marker it came from ("boxed", "answer_tag", ...)."""
+
+    text: str
+    kind: str
+
+
+def _last_boxed(text: str) -> str | None:
+    """Return the content of the last balanced `\\boxed{...}`, or None.
+
+    Each opening is scanned for at most `4 * MAX_ANSWER_CHARS` characters, and only the
+    last `_MAX_BOX_STARTS` openings are tried, so the cost is bounded on any input.
+    """
+    starts = [m.end() for m in _BOX_RE.finditer(text)][-_MAX_BOX_STARTS:]
+    for start in reversed(starts):
+        depth = 1
+        for j in range(start, min(len(text), start + 4 * MAX_ANSWER_CHARS)):
+            c = text[j]
+            if c == "{":
+                depth += 1
+            elif c == "}":
+                depth -= 1
+                if depth == 0:
+                    return text[start:j]
+    return None
+
+
+def _last_tagged(text: str, lower: str) -> str | None:
+    """Return the content of the last `<answer>...</answer>` (case-insensitive), or None."""
+    end = lower.rfind("</answer>")
+    if end < 0:
+        return None
+    start = lower.rfind("<answer>", 0, end)
+    return None if start < 0 else text[start + len("<answer>") : end]
+
+
+def _last_hashes(text: str) -> str | None:
+    """Return the rest of the line after the last `####`, or None."""
+    i = text.rfind("####")
+    if i < 0:
+        return None
+    line_end = text.find("\n", i)
+    return text[i + 4 : line_end if line_end >= 0 else len(text)]
+
+
+def _last_answer_is(text: str, lower: str) -> str | None:
+    """Return the sentence after the last "the (final) answer is", or None."""
+    best = max(((lower.rfind(p), p) for p in _SAYS), default=(-1, ""))
+    if best[0] < 0:
+        return None
+    rest = text[best[0] + len(best[1]) :].lstrip(" :\t")
+    stop = len(rest)
+    for sep in ("\n", ". "):
+        k = rest.find(sep)
+        if k >= 0:
+            stop = min(stop, k)
+    return rest[:stop].rstrip(" .")
+
+
+def extract_answer(completion: str) -> Extracted | None:
+    """Extract the final answer from model output by the marker priority in the module docstring.
+
+    Runs in time linear in `len(completion)` (capped at `MAX_SCAN_CHARS`).
+
+    Args:
+        completion: the model's text; any string (NUL bytes and huge inputs included).
+
+    Returns:
+        The extracted answer (stripped) and its marker kind, or None when no marker is present.
+    """
+    text = completion[-MAX_SCAN_CHARS:]
+    boxed = _last_boxed(text)
+    if boxed is not None:
+        return Extracted(boxed.strip(), "boxed")
+    lower = text.lower()
+    for kind, found in (
+        ("answer_tag", _last_tagged(text, lower)),
+        ("hashes", _last_hashes(text)),
+        ("answer_is", _last_answer_is(text, lower)),
+    ):
+        if found is not None:
+            return Extracted(found.strip(), kind)
+    return None
+
+
+class _Worker:
+    """One `_math_worker` child process with line-based JSON I/O and a hard per-request timeout."""
+
+    def __init__(self) -> None:
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "textgym.verifiers._math_worker"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            env=env,
+        )
+        self._buf = b""
+        ready = self._readline(timeout_s=120.0)
+        if ready is None or not json.loads(ready).get("ready"):
+            self.kill()
+            raise RuntimeError("math-verify worker did not start (is math-verify installed?)")
+
+    def _readline(self, timeout_s: float) -> str | None:
+        assert self.proc.stdout is not None
+        fd = self.proc.stdout.fileno()
+        deadline = time.monotonic() + timeout_s
+        while b"\n" not in self._buf:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            ready, _, _ = select.select([fd], [], [], left)
+            if not ready:
+                return None
+            chunk = os.read(fd, 65536)
+            if not chunk:  # the worker died
+                return None
+            self._buf += chunk
+        line, self._buf = self._buf.split(b"\n", 1)
+        return line.decode("utf-8")
+
+    def request(self, req: dict[str, Any], timeout_s: float) -> dict[str, Any] | None:
+        """Send one request; return the reply, or None on timeout or a dead worker."""
+        assert self.proc.stdin is not None
+        try:
+            self.proc.stdin.write((json.dumps(req) + "\n").encode("utf-8"))
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            return None
+        line = self._readline(timeout_s)
+        return None if line is None else json.loads(line)
+
+    def kill(self) -> None:
+        """Kill the child process and reap it."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+
+
+class MathVerifyPool:
+    """A process-wide pool of math-verify workers, shared by every `MathVerifier` instance.
+
+    Workers start lazily (about 1 s each: importing sympy); a worker whose request
+    overruns is killed and replaced before its slot is released. Thread-safe.
+    """
+
+    def __init__(self, size: int = 1):
+        self.size = size
+        self._idle: queue.Queue[_Worker] = queue.Queue()
+        self._started = 0
+        self._lock = threading.Lock()
+        atexit.register(self.close)
+
+    def _acquire(self) -> _Worker:
+        with self._lock:
+            if self._idle.empty() and self._started < self.size:
+                self._started += 1
+                try:
+                    return _Worker()
+                except Exception:
+                    self._started -= 1
+                    raise
+        return self._idle.get()
+
+    def request(self, req: dict[str, Any], timeout_s: float) -> dict[str, Any] | None:
+        """Run one comparison; None when it overran `timeout_s` seconds (the worker is replaced)."""
+        worker = self._acquire()
+        reply = worker.request(req, timeout_s)
+        if reply is None:
+            worker.kill()
+            with self._lock:
+                self._started -= 1
+            return None
+        self._idle.put(worker)
+        return reply
+
+    def close(self) -> None:
+        """Kill all idle workers."""
+        while not self._idle.empty():
+            self._idle.get_nowait().kill()
+        with self._lock:
+            self._started = 0
+
+
+POOL = MathVerifyPool(size=int(os.environ.get("TEXTGYM_MATH_WORKERS", "1")))
+_RESULTS: OrderedDict[str, dict[str, Any]] = OrderedDict()
+_RESULTS_MAX = 65536
+"""math_equal is pure: the last _RESULTS_MAX answers are kept (GRPO groups repeat completions)."""
+
+
+def math_equal(
+    gold: str | list[str],
+    pred: str | list[str],
+    *,
+    gold_match: tuple[str, ...] = ("latex", "expr"),
+    pred_match: tuple[str, ...] = ("latex", "expr"),
+    float_rounding: int = 6,
+    strict: bool = True,
+    allow_set_relation_comp: bool = False,
+    timeout_s: float = 10.0,
+) -> dict[str, Any]:
+    """Decide whether `pred` is mathematically equivalent to `gold` with math-verify.
+
+    Args:
+        gold, pred: a string, or a list of candidate renderings tried in order until
+            math-verify parses one (e.g. `["\\boxed{x}", "x"]`).
+        gold_match, pred_match: math-verify extraction configs ("latex", "expr").
+        float_rounding, strict, allow_set_relation_comp: passed to `math_verify.verify`.
+        timeout_s: wall-clock budget in seconds for parsing and comparing together.
+
+    Returns:
+        `{"equal": bool, "gold_parsed": str|None, "pred_parsed": str|None}`, plus
+        `"error"` when the comparison timed out or failed (then `equal` is False).
+    """
+    req = {
+        "gold": [gold] if isinstance(gold, str) else list(gold),
+        "pred": [pred] if isinstance(pred, str) else list(pred),
+        "gold_match": list(gold_match),
+        "pred_match": list(pred_match),
+        "float_rounding": float_rounding,
+        "strict": strict,
+        "allow_set_relation_comp": allow_set_relation_comp,
+        "timeout_s": max(1.0, timeout_s / 3),
+    }
+    key = json.dumps(req, sort_keys=True)
+    cached = _RESULTS.get(key)
+    if cached is not None:
+        _RESULTS.move_to_end(key)
+        return dict(cached)
+    reply = POOL.request(req, timeout_s)
+    if reply is not None and "error" not in reply:
+        _RESULTS[key] = reply
+        if len(_RESULTS) > _RESULTS_MAX:
+            _RESULTS.popitem(last=False)
+    if reply is None:
+        return {"equal": False, "gold_parsed": None, "pred_parsed": None, "error": f"timeout after {timeout_s}s"}
+    if "error" in reply:
+        return {"equal": False, "gold_parsed": None, "pred_parsed": None, "error": reply["error"]}
+    return reply
+
+
+def answer_candidates(answer: str) -> list[str]:
+    """Renderings of an extracted or gold answer for math-verify, most specific first."""
+    return [f"\\boxed{{{answer}}}", answer, f"${answer}$"]
+
+
+class MathVerifier:
+    """Reward 1.0 when the completion's final answer is equivalent to the task's gold answer, else 0.0.
+
+    The answer is extracted by `extract_answer`; with no marker, math-verify's own
+    extraction reads the completion's last `FALLBACK_CHARS` characters (set
+    `require_marker=True` to score those 0.0 instead). Details: `extracted` (the
+    answer text), `marker`, `parsed` (math-verify's reading), `error` (the reason a
+    score is 0 when it is not simply a wrong answer).
+
+    Raises:
+        Nothing on any completion; a task without a gold answer is a programming
+        error and raises ValueError.
+    """
+
+    def __init__(self, timeout_s: float = 10.0, require_marker: bool = False, float_rounding: int = 6):
+        self.timeout_s = timeout_s
+        self.require_marker = require_marker
+        self.float_rounding = float_rounding
+
+    def __call__(self, completion: str, task: Task) -> Score:
+        """Score `completion` against `task.answer`."""
+        if not task.answer:
+            raise ValueError(f"task {task.task_id} has no gold answer to verify against")
+        if not isinstance(completion, str):
+            return Score(0.0, {"error": f"completion is {type(completion).__name__}, not str"})
+        ext = extract_answer(completion)
+        if ext is None:
+            if self.require_marker or not completion.strip():
+                return Score(0.0, {"extracted": None, "marker": None, "error": "no final answer found"})
+            pred: list[str] = [completion[-FALLBACK_CHARS:]]
+            details: dict[str, Any] = {"extracted": None, "marker": "math_verify"}
+        else:
+            if not ext.text:
+                return Score(0.0, {"extracted": "", "marker": ext.kind, "error": "empty final answer"})
+            if len(ext.text) > MAX_ANSWER_CHARS:
+                return Score(
+                    0.0,
+                    {"extracted": ext.text[:80] + "…", "marker": ext.kind,
+                     "error": f"final answer too long ({len(ext.text)} chars > {MAX_ANSWER_CHARS})"},
+                )
+            pred = answer_candidates(ext.text)
+            details = {"extracted": ext.text, "marker": ext.kind}
+        res = math_equal(
+            answer_candidates(task.answer), pred, float_rounding=self.float_rounding, timeout_s=self.timeout_s
+        )
+        details["parsed"] = res["pred_parsed"]
+        if "error" in res:
+            details["error"] = res["error"]
+        elif res["pred_parsed"] is None:
+            details["error"] = "final answer could not be parsed"
+        return Score(1.0 if res["equal"] else 0.0, details)
