@@ -27,11 +27,10 @@ verify_app = typer.Typer(help="Run a verifier on completions from a file.", no_a
 app.add_typer(model_app, name="model")
 app.add_typer(verify_app, name="verify")
 console = Console()
-err_console = Console(stderr=True)
 
 
 def _fail(message: str, code: int = 2) -> None:
-    err_console.print(f"[bold red]error:[/] {message}", markup=True, highlight=False)
+    typer.echo(f"error: {message}", err=True)  # plain text: no wrapping inside paths or field names
     raise typer.Exit(code)
 
 
@@ -165,7 +164,7 @@ def eval_cmd(
         _fail(str(e))
         return
     if samples > 1 and temperature == 0.0:
-        err_console.print("note: --samples > 1 with greedy decoding gives identical samples; set --temperature")
+        typer.echo("note: --samples > 1 with greedy decoding gives identical samples; set --temperature", err=True)
     res = evaluate(agent, env, kwargs, n=n, samples=samples,
                    params=SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens))
     if as_json:

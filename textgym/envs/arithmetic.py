@@ -23,6 +23,7 @@ def evaluate(numbers: Sequence[int], ops: Sequence[str]) -> Fraction:
 
     Raises:
         ZeroDivisionError: when a divisor is 0.
+        ValueError: when a division step has a remainder (problems use exact division only).
     """
     # Shunting-yard over a flat infix expression without parentheses.
     values: list[Fraction] = [Fraction(numbers[0])]
@@ -39,6 +40,8 @@ def evaluate(numbers: Sequence[int], ops: Sequence[str]) -> Fraction:
 
 def _apply(values: list[Fraction], op: str) -> None:
     b, a = values.pop(), values.pop()
+    if op == "/" and (a / b).denominator != 1:
+        raise ValueError(f"{a}/{b} is not an exact division")
     values.append(a + b if op == "+" else a - b if op == "-" else a * b if op == "*" else a / b)
 
 
@@ -55,7 +58,8 @@ class ArithmeticTasks(Sequence[Task]):
         operators: the operator characters to draw from, a subset of "+-*/".
         digits: operands are uniform integers in `[0, 10**digits)`.
         n_terms: operands per expression (2 = one operation; 3+ = multi-step, usual precedence).
-        n_test: size of the held-out test split.
+        n_test: size of the held-out test split (default: 500, or a quarter of the problem
+            space when that is smaller, e.g. 25 for 1-digit a+b).
         generator_seed: seed of the task generator (independent of the env's reset seed).
 
     Raises:
@@ -69,7 +73,7 @@ class ArithmeticTasks(Sequence[Task]):
         operators: str = "+-",
         digits: int = 2,
         n_terms: int = 2,
-        n_test: int = 500,
+        n_test: int | None = None,
         generator_seed: int = 0,
     ):
         if split not in ("train", "test"):
@@ -81,6 +85,8 @@ class ArithmeticTasks(Sequence[Task]):
         if n_terms < 2:
             raise ValueError(f"n_terms must be >= 2, got {n_terms}")
         space = (10**digits) ** n_terms * len(operators) ** (n_terms - 1)
+        if n_test is None:
+            n_test = min(500, space // 4)
         if not 1 <= n_test <= space // 4:
             raise ValueError(f"n_test must be in 1..{space // 4} for this problem space, got {n_test}")
         self.split, self.operators, self.digits = split, operators, digits
@@ -102,7 +108,7 @@ class ArithmeticTasks(Sequence[Task]):
             ops = [self.operators[int(k)] for k in rng.integers(0, len(self.operators), size=self.n_terms - 1)]
             try:
                 value = evaluate(nums, ops)
-            except ZeroDivisionError:
+            except (ZeroDivisionError, ValueError):
                 continue
             if value.denominator == 1:
                 expr = str(nums[0]) + "".join(f"{o}{n}" for o, n in zip(ops, nums[1:], strict=True))
@@ -144,7 +150,9 @@ class ArithmeticTasks(Sequence[Task]):
 
 
 @lru_cache(maxsize=32)
-def _cached_tasks(split: str, operators: str, digits: int, n_terms: int, n_test: int, seed: int) -> ArithmeticTasks:
+def _cached_tasks(
+    split: str, operators: str, digits: int, n_terms: int, n_test: int | None, seed: int
+) -> ArithmeticTasks:
     return ArithmeticTasks(split, operators, digits, n_terms, n_test, seed)
 
 
@@ -183,7 +191,7 @@ class ArithmeticEnv(SingleTurnEnv):
         operators: str = "+-",
         digits: int = 2,
         n_terms: int = 2,
-        n_test: int = 500,
+        n_test: int | None = None,
         generator_seed: int = 0,
         instruction: str = "Put the final answer in \\boxed{}.",
         correct_weight: float = 1.0,

@@ -42,9 +42,11 @@ def group_advantages(
     centred = r - r.mean(dim=1, keepdim=True)
     group_std = r.std(dim=1, keepdim=True) if group_size > 1 else torch.zeros_like(r[:, :1])
     if scale == "group":
-        adv = centred / (group_std + eps)
+        # A group with equal rewards has centred == 0: its advantage is 0 even when eps == 0.
+        adv = torch.where(group_std > 0, centred / (group_std + eps), torch.zeros_like(centred))
     elif scale == "batch":
-        adv = centred / (rewards.float().std() + eps if rewards.numel() > 1 else 1.0)
+        batch_std = rewards.float().std() if rewards.numel() > 1 else torch.tensor(0.0)
+        adv = centred / (batch_std + eps) if batch_std > 0 else torch.zeros_like(centred)
     elif scale == "none":
         adv = centred
     else:

@@ -134,12 +134,44 @@ class GRPOTrainer:
         # 3. Advantages: group-relative, one per sequence.
         adv, adv_stats = group_advantages(batch.rewards, G, cfg.scale_rewards)
         metrics.update(adv_stats)
-        ref_logprobs = self._reference_logprobs(batch)
 
         # 4. Update: μ epochs × minibatches, gradient accumulation over micro-batches.
         t1 = time.perf_counter()
+        metrics.update(self.update(batch, adv))
+        t_update = time.perf_counter() - t1
+
+        # 5. Log (the caller checkpoints).
+        self.step += 1
+        step_s = time.perf_counter() - t0
+        tokens = float(batch.loss_mask.sum())
+        metrics.update(
+            {
+                "lr": self.scheduler.get_last_lr()[0],
+                "time/rollout_s": t_rollout,
+                "time/update_s": t_update,
+                "time/step_s": step_s,
+                "throughput/tokens_per_s": tokens / step_s,
+            }
+        )
+        return metrics
+
+    def update(self, batch: RolloutBatch, advantages: torch.Tensor) -> dict[str, float]:
+        """Step 4: μ epochs over shuffled minibatches of `batch`, accumulating over micro-batches.
+
+        Args:
+            batch: the rollout batch (on the policy's device).
+            advantages: [B] per-sequence advantages.
+
+        Returns:
+            Loss, KL, clip, entropy and gradient-norm metrics, averaged over optimizer steps
+            (losses) or policy tokens (the rest).
+        """
+        cfg = self.cfg
+        ref_logprobs = self._reference_logprobs(batch)
+        advantages = advantages.to(self.device)
         sums: dict[str, float] = defaultdict(float)
         weights: dict[str, float] = defaultdict(float)
+        updates = 0
         self.policy.train()
         for _ in range(cfg.epochs):
             for mb in _chunks(torch.randperm(len(batch)), self.minibatch_size):
@@ -148,16 +180,16 @@ class GRPOTrainer:
                 for micro in _chunks(mb, self.micro_batch_size):
                     sub = batch.select(micro)
                     logprobs, entropy = sequence_logprobs(self.policy, sub, cfg.sampling.temperature, with_entropy=True)
-                    Lsub = sub.loss_mask.shape[1]
+                    micro_d = micro.to(self.device)
                     loss, stats = clipped_policy_loss(
                         logprobs,
                         sub.old_logprobs,
-                        adv[micro.to(adv.device)].to(self.device),
+                        advantages[micro_d],
                         sub.loss_mask,
                         clip_low=cfg.clip_low,
                         clip_high=cfg.clip_high,
                         aggregation=cfg.loss_aggregation,
-                        ref_logprobs=None if ref_logprobs is None else ref_logprobs[micro.to(self.device), :Lsub],
+                        ref_logprobs=None if ref_logprobs is None else ref_logprobs[micro_d, : sub.loss_mask.shape[1]],
                         kl_coef=cfg.kl_coef,
                         kl_estimator=cfg.kl_estimator,
                         num_seqs=len(mb),
@@ -181,26 +213,8 @@ class GRPOTrainer:
                     weights["grad_norm"] += 1.0
                 self.optimizer.step()
                 self.scheduler.step()
-                sums["_updates"] += 1.0
-        updates = sums.pop("_updates")
-        for k, v in sums.items():
-            metrics[k] = v / updates if k.startswith("loss/") else v / max(weights[k], 1e-12)
-        t_update = time.perf_counter() - t1
-
-        # 5. Log (the caller checkpoints).
-        self.step += 1
-        step_s = time.perf_counter() - t0
-        tokens = float(batch.loss_mask.sum())
-        metrics.update(
-            {
-                "lr": self.scheduler.get_last_lr()[0],
-                "time/rollout_s": t_rollout,
-                "time/update_s": t_update,
-                "time/step_s": step_s,
-                "throughput/tokens_per_s": tokens / step_s,
-            }
-        )
-        return metrics
+                updates += 1
+        return {k: v / updates if k.startswith("loss/") else v / max(weights[k], 1e-12) for k, v in sums.items()}
 
     @torch.no_grad()
     def _reference_logprobs(self, batch: RolloutBatch) -> torch.Tensor | None:

@@ -1,0 +1,50 @@
+"""Shared fixtures: a real tiny Qwen2 model built locally once per session."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+torch.set_num_threads(2)
+
+SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A randomly initialised tiny model folder (BPE tokenizer, chat template)."""
+    from textgym.models import init_model
+
+    return init_model("tiny", tmp_path_factory.mktemp("models") / "tiny", seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_byte_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The same architecture with the byte-level tokenizer."""
+    from textgym.models import init_model
+
+    return init_model("tiny", tmp_path_factory.mktemp("models") / "tiny_byte", seed=0, tokenizer="byte")
+
+
+WARM_ENV = {"id": "textgym/Arithmetic-v0", "kwargs": {"operators": "+", "digits": 1, "instruction": ""}}
+
+
+@pytest.fixture(scope="session")
+def warm_model_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model after a short SFT on 1-digit addition: right format, partly right sums,
+    so GRPO groups have rewards that differ (a random model scores 0 everywhere)."""
+    from textgym.config import SFTConfig
+    from textgym.models import load_model
+    from textgym.trainers.common import seed_everything
+    from textgym.trainers.sft import SFTTrainer
+
+    seed_everything(0)
+    model, tok = load_model(tiny_model_dir)
+    cfg = SFTConfig.model_validate(
+        {"env": WARM_ENV, "steps": 80, "batch_size": 32, "optim": {"lr": 3e-3, "warmup_steps": 10}, "log_every": 80}
+    )
+    return SFTTrainer(cfg, model, tok, tmp_path_factory.mktemp("warm")).train()

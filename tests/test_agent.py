@@ -1,0 +1,135 @@
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium as gym
+import pytest
+import torch
+
+import textgym  # noqa: F401
+from textgym.agents import LLMAgent, RolloutBatch, SamplingParams, rollout
+from textgym.envs.base import TextEnv
+from textgym.trainers.common import sequence_logprobs
+from textgym.types import Task
+
+
+class EchoTurnsEnv(TextEnv):
+    """A 3-turn test env: replies with a tool message each turn, reward 1 per turn, ends after 3 turns."""
+
+    def __init__(self, **kwargs: Any):
+        super().__init__([Task(f"echo/{i}", f"Say something #{i}.") for i in range(4)], **kwargs)
+        self.turn = 0
+
+    def initial_messages(self, task):
+        self.turn = 0
+        return [{"role": "user", "content": task.prompt}]
+
+    def respond(self, action):
+        self.turn += 1
+        done = self.turn >= 3
+        obs = [] if done else [{"role": "tool", "content": f"turn {self.turn}: you said {len(action)} chars"}]
+        return obs, 1.0, done, {"reward/turn": 1.0}
+
+
+@pytest.fixture(params=["bpe", "byte"])
+def agent(request, tiny_model_dir, tiny_byte_model_dir):
+    torch.manual_seed(0)
+    return LLMAgent.from_pretrained(tiny_model_dir if request.param == "bpe" else tiny_byte_model_dir, batch_size=8)
+
+
+def test_single_turn_tokens_decode_to_what_the_env_saw(agent):
+    envs = [gym.make("textgym/Arithmetic-v0", split="test") for _ in range(6)]
+    trajs = rollout(agent, envs, [0, 1, 2], SamplingParams(max_new_tokens=12), group_size=2)
+    assert [t.group for t in trajs] == [0, 0, 1, 1, 2, 2]
+    for t, env in zip(trajs, envs, strict=True):
+        seen = env.unwrapped._transcript[1]["content"]  # what the env received in step()
+        policy = t.token_ids[t.loss_mask.bool()].tolist()
+        if t.finish_reason == "stop":
+            assert policy[-1] == agent.tokenizer.eos_token_id
+            policy = policy[:-1]
+        assert agent.tokenizer.decode(policy) == seen == t.messages[-1]["content"]
+        prompt = agent.tokenizer.apply_chat_template(t.messages[:1], add_generation_prompt=True, tokenize=False)
+        assert agent.tokenizer.decode(t.token_ids[: t.prompt_length].tolist()) == prompt
+        assert t.token_rewards.sum() == t.reward and t.token_rewards[-1] == t.reward
+        assert t.loss_mask[: t.prompt_length].sum() == 0
+
+
+def test_sampling_logprobs_equal_the_training_forward(agent):
+    envs = [gym.make("textgym/Arithmetic-v0", split="test") for _ in range(8)]
+    for temperature in (1.0, 0.7):
+        trajs = rollout(agent, envs, [0, 1, 2, 3], SamplingParams(temperature=temperature, max_new_tokens=10), group_size=2)
+        batch = RolloutBatch.from_trajectories(trajs, agent.tokenizer.pad_token_id)
+        with torch.no_grad():
+            lp, _ = sequence_logprobs(agent.model, batch, temperature)
+        diff = ((lp - batch.old_logprobs) * batch.loss_mask).abs().max()
+        assert diff < 1e-4
+
+
+def test_greedy_is_deterministic_and_top_k_restricts(agent):
+    env = [gym.make("textgym/Arithmetic-v0", split="test") for _ in range(2)]
+    a = rollout(agent, env, [5], SamplingParams(temperature=0.0, max_new_tokens=8), group_size=2)
+    assert torch.equal(a[0].token_ids, a[1].token_ids)
+    with torch.no_grad():
+        b = RolloutBatch.from_trajectories(a[:1], agent.tokenizer.pad_token_id)
+        out = agent.model(input_ids=b.input_ids, attention_mask=b.attention_mask, position_ids=b.position_ids)
+    argmax = out.logits[0, b.prompt_width - 1 : -1].argmax(-1)
+    assert torch.equal(argmax[: a[0].response_length], b.input_ids[0, b.prompt_width :][: a[0].response_length])
+
+
+def test_multi_turn_tokens_are_the_template_rendering(agent):
+    envs = [EchoTurnsEnv() for _ in range(4)]
+    trajs = rollout(agent, envs, [0, 1], SamplingParams(max_new_tokens=6), group_size=2)
+    tok = agent.tokenizer
+    for t in trajs:
+        assert t.reward == 3.0 and t.reward_terms == {"reward/turn": 3.0}
+        assert [m["role"] for m in t.messages] == ["user", "assistant", "tool", "assistant", "tool", "assistant"]
+        # rewards sit on the last policy token of each turn
+        mask = t.loss_mask.tolist()
+        turn_ends = [i for i in range(len(mask)) if mask[i] == 1 and (i + 1 == len(mask) or mask[i + 1] == 0)]
+        assert len(turn_ends) == 3
+        assert t.token_rewards.nonzero().flatten().tolist() == turn_ends
+        # what the policy saw and sampled is exactly the chat template's rendering of the conversation
+        rendered = tok.apply_chat_template(t.messages, tokenize=False)
+        text = tok.decode(t.token_ids.tolist())
+        if t.finish_reason == "stop":
+            assert text + "\n" == rendered
+        else:  # the last turn was cut: the template would have closed it
+            assert text + "<|im_end|>\n" == rendered
+
+
+def test_rollout_batch_layout_and_select():
+    from textgym.agents.trajectory import Trajectory
+
+    def traj(prompt, resp, group):
+        ids = torch.tensor(prompt + resp)
+        mask = torch.tensor([0.0] * len(prompt) + [1.0] * len(resp))
+        lp = torch.tensor([0.0] * len(prompt) + [-0.5] * len(resp))
+        rew = torch.zeros(len(ids))
+        rew[-1] = 1.0
+        return Trajectory(ids, mask, lp, rew, len(prompt), [], 1.0, group=group)
+
+    b = RolloutBatch.from_trajectories([traj([1, 2, 3], [4, 5], 0), traj([6], [7, 8, 9, 10], 1)], pad_id=0)
+    assert b.prompt_width == 3
+    assert b.input_ids.tolist() == [[1, 2, 3, 4, 5, 0, 0], [0, 0, 6, 7, 8, 9, 10]]
+    assert b.position_ids.tolist()[1][2:] == [0, 1, 2, 3, 4]
+    assert b.loss_mask.tolist() == [[1, 1, 0, 0], [1, 1, 1, 1]]
+    assert b.token_rewards.tolist() == [[0, 1, 0, 0], [0, 0, 0, 1]]
+    s = b.select([0])
+    assert s.input_ids.tolist() == [[1, 2, 3, 4, 5]] and s.prompt_width == 3 and s.loss_mask.tolist() == [[1, 1]]
+    s = b.select([1])
+    assert s.input_ids.tolist() == [[6, 7, 8, 9, 10]] and s.prompt_width == 1
+    with pytest.raises(ValueError):
+        RolloutBatch.from_trajectories([], 0)
+
+
+def test_agent_rejects_unknown_backend_and_missing_folder(tiny_model_dir, tmp_path):
+    with pytest.raises(ValueError, match="backend"):
+        LLMAgent.from_pretrained(tiny_model_dir, backend="tgi")
+    with pytest.raises(FileNotFoundError, match="model init"):
+        LLMAgent.from_pretrained(tmp_path / "nope")
+
+
+def test_act_returns_text(tiny_model_dir):
+    agent = LLMAgent.from_pretrained(tiny_model_dir)
+    out = agent.act([{"role": "user", "content": "Compute 1+1."}], SamplingParams(temperature=0, max_new_tokens=5))
+    assert isinstance(out, str)

@@ -1,0 +1,189 @@
+from __future__ import annotations
+
+import copy
+
+import gymnasium as gym
+import pytest
+from gymnasium.utils.env_checker import check_env
+
+import textgym  # noqa: F401
+from textgym.envs.arithmetic import ArithmeticTasks, evaluate
+from textgym.envs.math_qa import gsm8k_tasks, math500_tasks
+
+TEXTGYM_IDS = sorted(k for k in gym.registry if k.startswith("textgym/"))
+
+
+def test_registry_has_the_math_envs():
+    assert {"textgym/Arithmetic-v0", "textgym/GSM8K-v0", "textgym/MATH500-v0"} <= set(TEXTGYM_IDS)
+
+
+@pytest.mark.parametrize("env_id", TEXTGYM_IDS)
+def test_check_env(env_id):
+    env = gym.make(env_id)
+    check_env(env.unwrapped)
+
+
+@pytest.mark.parametrize("env_id", TEXTGYM_IDS)
+def test_same_seed_same_episode(env_id):
+    a, b = gym.make(env_id), gym.make(env_id)
+    for seed in (0, 1, 12345):
+        obs_a, info_a = a.reset(seed=seed)
+        obs_b, info_b = b.reset(seed=seed)
+        assert obs_a == obs_b and info_a == info_b
+        # the next unseeded reset continues the same RNG stream
+        assert a.reset()[0] == b.reset()[0]
+        step_a = a.step("\\boxed{7}")
+        step_b = b.step("\\boxed{7}")
+        assert step_a[1:4] == step_b[1:4] and step_a[4] == step_b[4]
+    # different seeds pose different tasks (with overwhelming probability)
+    assert a.reset(seed=1)[1]["task_id"] != a.reset(seed=2)[1]["task_id"]
+
+
+@pytest.mark.parametrize(
+    ("env_id", "kwargs", "n"),
+    [
+        ("textgym/GSM8K-v0", {"split": "test"}, 1319),
+        ("textgym/GSM8K-v0", {"split": "train"}, 7473),
+        ("textgym/MATH500-v0", {}, 500),
+        ("textgym/Arithmetic-v0", {"split": "test", "n_test": 300}, 300),
+    ],
+)
+def test_task_index_selects_row(env_id, kwargs, n):
+    env = gym.make(env_id, **kwargs)
+    assert len(env.unwrapped.tasks) == n
+    for i in (0, 1, n - 1):
+        obs, info = env.reset(options={"task_index": i})
+        assert info["task_index"] == i
+        assert info["task_id"] == env.unwrapped.tasks[i].task_id
+        assert env.unwrapped.tasks[i].prompt in obs[-1]["content"]
+    with pytest.raises(ValueError, match="task_index"):
+        env.reset(options={"task_index": n})
+    with pytest.raises(ValueError, match="unknown reset option"):
+        env.reset(options={"task": 0})
+
+
+def test_gsm8k_rows_match_the_shipped_file():
+    import json
+    from importlib import resources
+
+    path = resources.files("textgym").joinpath("data", "gsm8k", "test.jsonl")
+    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+    tasks = gsm8k_tasks("test")
+    assert len(rows) == len(tasks) == 1319
+    assert tasks[5].prompt == rows[5]["question"]
+    assert rows[5]["answer"].endswith("#### " + tasks[5].answer)
+    assert all("<<" not in t.solution for t in tasks)  # calculator annotations removed
+    assert math500_tasks()[0].answer == "\\left( 3, \\frac{\\pi}{2} \\right)"
+
+
+def test_gsm8k_math500_ship_licences():
+    from importlib import resources
+
+    root = resources.files("textgym").joinpath("data")
+    for d in ("gsm8k", "math500"):
+        assert "MIT" in root.joinpath(d, "LICENSE").read_text(encoding="utf-8")
+        assert root.joinpath(d, "PROVENANCE.md").is_file()
+
+
+def test_arithmetic_generator_is_seeded_and_held_out():
+    a = ArithmeticTasks("train", "+-*", 2, 3, 200, generator_seed=7)
+    b = ArithmeticTasks("train", "+-*", 2, 3, 200, generator_seed=7)
+    c = ArithmeticTasks("train", "+-*", 2, 3, 200, generator_seed=8)
+    assert [a[i] for i in range(50)] == [b[i] for i in range(50)]
+    assert [a[i].prompt for i in range(50)] != [c[i].prompt for i in range(50)]
+    test = ArithmeticTasks("test", "+-*", 2, 3, 200, generator_seed=7)
+    test_exprs = {t.metadata["expression"] for t in test}
+    assert len(test_exprs) == 200  # distinct
+    # a small space makes collisions frequent: 1-digit a+b has 100 problems, 25 held out
+    small_train = ArithmeticTasks("train", "+", 1, 2, 25)
+    small_test = {t.metadata["expression"] for t in ArithmeticTasks("test", "+", 1, 2, 25)}
+    assert all(small_train[i].metadata["expression"] not in small_test for i in range(2000))
+    assert len(a) > 2**62  # unbounded stream
+
+
+def test_arithmetic_answers_follow_precedence():
+    assert evaluate([2, 3, 4], ["+", "*"]) == 14
+    assert evaluate([20, 4, 2], ["-", "-"]) == 14
+    assert evaluate([8, 4, 2], ["/", "*"]) == 4
+    with pytest.raises(ValueError, match="exact"):
+        evaluate([7, 2], ["/"])
+    tasks = ArithmeticTasks("test", "+-*/", 2, 3, 300)
+    assert any("/" in t.metadata["expression"] for t in tasks)
+    for t in tasks:
+        expr = t.metadata["expression"]
+        # Python's own arithmetic agrees (every division is exact by construction)
+        assert abs(eval(expr) - int(t.answer)) < 1e-9, expr  # noqa: S307 - generated digits and operators only
+
+
+def test_arithmetic_kwargs_are_validated():
+    with pytest.raises(ValueError, match="operators"):
+        gym.make("textgym/Arithmetic-v0", operators="^")
+    with pytest.raises(ValueError, match="digits"):
+        gym.make("textgym/Arithmetic-v0", digits=0)
+    with pytest.raises(ValueError, match="split"):
+        gym.make("textgym/Arithmetic-v0", split="dev")
+
+
+@pytest.mark.parametrize(
+    ("action", "reason"),
+    [
+        ("", "empty action"),
+        ("   \n ", "empty action"),
+        ("x" * 100_001, "action too long"),
+        (None, "action must be a str"),
+        (b"\\boxed{3}", "action must be a str"),
+    ],
+)
+def test_bad_actions_score_zero_with_reason(action, reason):
+    env = gym.make("textgym/Arithmetic-v0", split="test").unwrapped  # unwrapped: the checker would warn
+    env.reset(options={"task_index": 0})
+    obs, reward, terminated, truncated, info = env.step(action)
+    assert reward == 0.0 and terminated and not truncated and obs == []
+    assert reason in info["error"]
+    assert info["reward/correct"] == 0.0 and info["reward/format"] == 0.0
+
+
+@pytest.mark.parametrize(
+    "garbage",
+    ["\x00\x01\x02", "\\boxed{", "<answer></answer>", "🙂" * 1000, "\\boxed{10^{10^{10}}}", "#### ", "\ud800"],
+)
+def test_garbage_actions_are_scored_not_raised(garbage):
+    env = gym.make("textgym/GSM8K-v0")
+    env.reset(options={"task_index": 3})
+    _, reward, terminated, _, info = env.step(garbage)
+    assert reward == 0.0 and terminated
+    assert info["reward/correct"] == 0.0
+
+
+def test_reward_weights_and_terms():
+    env = gym.make("textgym/Arithmetic-v0", split="test", format_weight=0.25, correct_weight=2.0)
+    _, info = env.reset(options={"task_index": 0})
+    gold = info["answer"]
+    _, r, *_, info = env.step(f"so \\boxed{{{gold}}}")
+    assert r == pytest.approx(2.25) and info["reward/correct"] == 1.0 and info["reward/format"] == 1.0
+    env.reset(options={"task_index": 0})
+    _, r, *_, info = env.step(f"the answer is {gold}")  # right, but no accepted marker
+    assert r == pytest.approx(2.0) and info["reward/format"] == 0.0
+    env.reset(options={"task_index": 0})
+    _, r, *_, info = env.step(f"<answer>{int(gold) + 1}</answer>")
+    assert r == pytest.approx(0.25) and info["reward/correct"] == 0.0
+
+
+def test_step_outside_an_episode_is_an_api_error():
+    env = gym.make("textgym/Arithmetic-v0").unwrapped
+    with pytest.raises(RuntimeError, match="reset"):
+        env.step("1")
+    env.reset(seed=0)
+    env.step("1")
+    with pytest.raises(RuntimeError, match="ended"):
+        env.step("1")
+
+
+def test_render_ansi_and_observations_are_fresh_objects():
+    env = gym.make("textgym/Arithmetic-v0", render_mode="ansi")
+    obs, _ = env.reset(seed=0)
+    snapshot = copy.deepcopy(obs)
+    obs[0]["content"] = "mutated"
+    assert "[user] " + snapshot[0]["content"] in env.render()
+    env.step("\\boxed{1}")
+    assert "[assistant] \\boxed{1}" in env.render()

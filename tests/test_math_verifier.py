@@ -1,0 +1,170 @@
+from __future__ import annotations
+
+import json
+import re
+import time
+
+import pytest
+
+from conftest import SHARED_DATA
+from textgym.envs.math_qa import gsm8k_tasks, math500_tasks
+from textgym.types import Task
+from textgym.verifiers import FormatVerifier, MathVerifier, Rubric, RubricTerm, extract_answer, math_equal
+
+
+@pytest.mark.parametrize(
+    ("text", "answer", "kind"),
+    [
+        ("first \\boxed{1} then \\boxed{\\frac{1}{2}}", "\\frac{1}{2}", "boxed"),  # the last box wins
+        ("\\boxed{\\{1, 2\\}} done", "\\{1, 2\\}", "boxed"),  # braces balanced
+        ("\\fbox{4}", "4", "boxed"),
+        ("<answer> 42 </answer> and <answer>43</answer>", "43", "answer_tag"),
+        ("<ANSWER>7</ANSWER>", "7", "answer_tag"),
+        ("work\n#### 1,234\nmore text", "1,234", "hashes"),
+        ("So the answer is 18 apples. Next", "18 apples", "answer_is"),
+        ("The final answer is: $x=3$.", "$x=3$", "answer_is"),
+        ("<answer>5</answer> but \\boxed{6}", "6", "boxed"),  # boxed outranks the tag
+        ("no marker here 12", None, None),
+        ("\\boxed{unclosed", None, None),
+    ],
+)
+def test_extract_answer(text, answer, kind):
+    got = extract_answer(text)
+    if answer is None:
+        assert got is None
+    else:
+        assert got is not None and (got.text, got.kind) == (answer, kind)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "<answer>" * 40_000,  # quadratic for a naive lazy regex
+        "\\boxed{" * 30_000,
+        "x" * 200_000,
+        "the answer is " * 20_000,
+        "{" * 100_000 + "\\boxed{1}",
+    ],
+)
+def test_extraction_is_linear_on_adversarial_input(text):
+    start = time.perf_counter()
+    extract_answer(text)
+    assert time.perf_counter() - start < 2.0
+
+
+@pytest.mark.parametrize(
+    "completion",
+    [
+        "\\boxed{10^{10^{10}}}",
+        "\\boxed{9^{9^{9^{9}}}}",
+        "x" * 200_000,
+        "\x00\\boxed{3\x00}\x00",
+        "\\boxed{" + "(" * 5000 + "}",
+        "\\boxed{\\frac{1}{0}}",
+        "\\boxed{\ud800}",
+    ],
+)
+def test_pathological_input_is_bounded_and_never_raises(completion):
+    v = MathVerifier(timeout_s=3.0)
+    start = time.perf_counter()
+    s = v(completion, Task("t", "q", "3"))
+    # bounded by the verifier's timeout plus a worker restart, never an exception
+    assert time.perf_counter() - start < 3.0 + 60.0
+    assert s.reward == 0.0
+
+
+def test_timeout_kills_and_replaces_the_worker():
+    v = MathVerifier(timeout_s=1.0)
+    # math-verify's own 1 s alarms handle this one; ask for a hard kill with a tiny budget instead
+    res = math_equal("3", "\\boxed{10^{10^{10}}}", timeout_s=0.05)
+    assert res["equal"] is False and "timeout" in res["error"]
+    assert v("\\boxed{3}", Task("t", "q", "3")).reward == 1.0  # a fresh worker answers
+
+
+def test_equivalence_is_math_not_strings():
+    v = MathVerifier()
+    t = Task("t", "q", "\\frac{1}{2}")
+    assert v("\\boxed{0.5}", t).reward == 1.0
+    assert v("\\boxed{\\dfrac{2}{4}}", t).reward == 1.0
+    assert v("\\boxed{0.51}", t).reward == 0.0
+    assert v("#### 1,000", Task("t", "q", "1000")).reward == 1.0
+    assert v("The answer is $18.", Task("t", "q", "18")).reward == 1.0
+    s = v("I cannot tell", Task("t", "q", "18"))
+    assert s.reward == 0.0 and s.details["error"]
+
+
+def test_rubric_weights_and_weight_zero_terms():
+    r = Rubric([RubricTerm("correct", MathVerifier(), 1.0), RubricTerm("format", FormatVerifier(), 0.0)])
+    s = r("\\boxed{4}", Task("t", "q", "4"))
+    assert s.reward == 1.0 and s.details["reward/format"] == 1.0
+    s = r("4", Task("t", "q", "4"))
+    assert s.details["reward/format"] == 0.0
+    with pytest.raises(ValueError, match="unique"):
+        Rubric([RubricTerm("a", FormatVerifier()), RubricTerm("a", FormatVerifier())])
+
+
+# --- Math-Verify's own equivalence cases ---------------------------------------------------------
+
+CASES = [json.loads(line) for line in (SHARED_DATA / "math_verify_cases" / "math_equiv_cases.jsonl").open()]
+
+# Rows where textgym's MathVerifier (its own extraction: the last \boxed{} wins; fixed defaults
+# precision=6, strict=True, no set-relation comparison) decides differently from the harness
+# recorded in the file. Each is explained in the README ("Math-Verify cases").
+VERIFIER_EXCEPTIONS = {
+    # several \boxed{} answers, gold is all of them; textgym takes the last box only
+    184, 207, 237, 238, 239, 241, 243, 244, 248, 249, 250, 251,
+    # the test passes non-default parameters (precision, strict=False, set-relation comparison)
+    6, 126, 134, 140, 187, 255,
+    # the test restricts extraction to LaTeX only; textgym also reads plain expressions
+    31, 32,
+    # "The final answer is $10,455$" after an earlier \boxed{255}: textgym's box priority wins
+    173,
+    # math-verify quirk recorded as expected_equal=True for 1-1/e vs 1+1/e with default configs
+    265,
+}
+
+
+def _harness(row):
+    p = row["params"]
+    if p is None:
+        return math_equal(row["gold"], row["pred"], gold_match=("latex_default", "expr"), pred_match=("latex_default", "expr"))
+    mt = tuple(p["match_types"])
+    return math_equal(
+        row["gold"], row["pred"], gold_match=mt, pred_match=mt, float_rounding=p["precision"],
+        strict=p["strict"], allow_set_relation_comp=p["allow_set_relation_comp"],
+    )
+
+
+def test_math_verify_cases_behave_as_recorded():
+    assert len(CASES) == 270
+    mismatches = [r["id"] for r in CASES if _harness(r)["equal"] != r["expected_equal"]]
+    assert mismatches == []
+
+
+def test_math_verifier_on_math_verify_cases_differs_only_where_documented():
+    v = MathVerifier()
+    differs = {r["id"] for r in CASES if (v(r["pred"], Task("t", "q", r["gold"])).reward == 1.0) != r["expected_equal"]}
+    assert differs == VERIFIER_EXCEPTIONS
+
+
+# --- every gold answer passes its own verifier, and a wrong number fails -------------------------
+
+def _wrong(answer: str) -> str:
+    m = re.search(r"\d", answer)
+    if m is None:
+        return "7"
+    return answer[: m.start()] + str((int(m.group()) + 1) % 10) + answer[m.end() :]
+
+
+@pytest.mark.parametrize("name", ["gsm8k_test", "math500"])
+def test_every_gold_answer_passes_and_a_wrong_one_fails(name):
+    tasks = gsm8k_tasks("test") if name == "gsm8k_test" else math500_tasks()
+    v = MathVerifier()
+    failed_gold = [t.task_id for t in tasks if v(f"Work... so the answer is \\boxed{{{t.answer}}}.", t).reward != 1.0]
+    passed_wrong = [t.task_id for t in tasks if v(f"\\boxed{{{_wrong(t.answer)}}}", t).reward != 0.0]
+    assert failed_gold == [] and passed_wrong == []
+
+
+def test_gsm8k_train_gold_solutions_pass():
+    v = MathVerifier()
+    assert [t.task_id for t in gsm8k_tasks("train") if v(t.solution, t).reward != 1.0] == []

@@ -1,0 +1,161 @@
+from __future__ import annotations
+
+import copy
+import json
+import math
+
+import pytest
+import torch
+
+from textgym.agents import RolloutBatch, SamplingParams, rollout
+from textgym.config import GRPOConfig, SFTConfig
+from textgym.models import load_model
+from textgym.trainers.advantages import group_advantages
+from textgym.trainers.common import latest_checkpoint, seed_everything
+from textgym.trainers.grpo import GRPOTrainer
+from textgym.trainers.sft import SFTTrainer
+
+from conftest import WARM_ENV as ENV
+
+
+def grpo_cfg(**over):
+    base = {
+        "env": ENV, "steps": 2, "prompts_per_step": 2, "group_size": 4,
+        "sampling": {"temperature": 1.0, "max_new_tokens": 8}, "optim": {"lr": 1e-3},
+    }
+    base.update(over)
+    return GRPOConfig.model_validate(base)
+
+
+def test_two_grpo_steps_change_parameters(warm_model_dir, tmp_path):
+    seed_everything(0)
+    model, tok = load_model(warm_model_dir)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    trainer = GRPOTrainer(grpo_cfg(prompts_per_step=4), model, tok, tmp_path)
+    out = trainer.train()
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2]
+    assert any(0 < r["rollout/reward_mean"] < 1 for r in records)
+    for r in records:
+        for key in ("loss/total", "loss/policy", "rollout/reward_mean", "rollout/accuracy", "clip/frac", "entropy",
+                    "rollout/response_length_mean", "throughput/tokens_per_s", "time/step_s", "grad_norm"):
+            assert math.isfinite(r[key]), key
+    changed = [k for k, v in model.state_dict().items() if not torch.equal(v, before[k])]
+    assert len(changed) > 0.9 * len(before)
+    assert (out / "config.json").is_file() and latest_checkpoint(tmp_path).name == "step_2"
+    assert any((tmp_path / "tb").iterdir())
+
+
+def _batch_and_advantages(model, tok, n_tasks=2, group=4):
+    import gymnasium as gym
+
+    from textgym.agents import LLMAgent
+
+    torch.manual_seed(3)
+    agent = LLMAgent(model, tok)
+    envs = [gym.make(ENV["id"], **ENV["kwargs"]) for _ in range(n_tasks * group)]
+    trajs = rollout(agent, envs, list(range(n_tasks)), SamplingParams(max_new_tokens=8), group_size=group)
+    batch = RolloutBatch.from_trajectories(trajs, tok.pad_token_id)
+    # rewards of an untrained model are all 0: use synthetic ones so advantages are non-zero
+    batch.rewards = torch.tensor([1.0, 0.0, 0.5, 0.0, 0.0, 1.0, 1.0, 0.0])[: len(batch)]
+    adv, _ = group_advantages(batch.rewards, group)
+    return batch, adv
+
+
+@pytest.mark.parametrize("aggregation", ["seq_mean_token_mean", "token_mean", "seq_mean_token_sum_norm"])
+def test_gradient_accumulation_is_invariant(tiny_model_dir, tmp_path, aggregation):
+    """1 micro-batch of 4 == 4 micro-batches of 1 (one minibatch, one optimizer step)."""
+    model, tok = load_model(tiny_model_dir)
+    batch, adv = _batch_and_advantages(model, tok, n_tasks=1, group=4)
+    grads = []
+    for micro in (4, 1):
+        m = copy.deepcopy(model)
+        cfg = grpo_cfg(prompts_per_step=1, group_size=4, micro_batch_size=micro, loss_aggregation=aggregation,
+                       kl_coef=0.05, optim={"lr": 1e-3, "max_grad_norm": None})
+        trainer = GRPOTrainer(cfg, m, tok, tmp_path / f"m{micro}")
+        torch.manual_seed(0)
+        stats = trainer.update(batch, adv)
+        grads.append(torch.cat([p.grad.flatten() for p in m.parameters() if p.grad is not None]))
+        assert math.isfinite(stats["loss/total"])
+    assert grads[0].abs().max() > 0
+    torch.testing.assert_close(grads[1], grads[0], rtol=1e-5, atol=1e-7)
+
+
+def test_resume_gives_the_same_next_step(warm_model_dir, tmp_path):
+    def fresh(steps, stage_dir, resume=False):
+        seed_everything(0)
+        model, tok = load_model(warm_model_dir)
+        cfg = grpo_cfg(steps=steps, prompts_per_step=4, checkpoint_every=1, kl_coef=0.02)
+        return GRPOTrainer(cfg, model, tok, stage_dir, resume=resume)
+
+    straight = fresh(2, tmp_path / "a")
+    straight.train()
+    interrupted = fresh(1, tmp_path / "b")
+    interrupted.train()
+    resumed = fresh(2, tmp_path / "b", resume=True)
+    assert resumed.step == 1 and resumed.sampler.cursor == interrupted.sampler.cursor
+    resumed.train()
+
+    def step2(d):
+        rows = [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines()]
+        assert [r["step"] for r in rows] == [1, 2]  # logs intact, no duplicate rows
+        return {k: v for k, v in rows[1].items() if not k.startswith(("time", "throughput"))}
+
+    a, b = step2(tmp_path / "a"), step2(tmp_path / "b")
+    assert a.keys() == b.keys() and a["kl/ref"] > 0 and a["grad_norm"] > 0
+    for k in a:
+        assert a[k] == pytest.approx(b[k], rel=1e-6, abs=1e-9), k
+    for (name, p), q in zip(straight.policy.named_parameters(), resumed.policy.parameters(), strict=True):
+        torch.testing.assert_close(p, q, rtol=0, atol=1e-6, msg=name)
+
+
+def test_kl_to_reference_is_zero_before_the_first_update(tiny_model_dir, tmp_path):
+    seed_everything(0)
+    model, tok = load_model(tiny_model_dir)
+    trainer = GRPOTrainer(grpo_cfg(steps=1, kl_coef=0.1), model, tok, tmp_path)
+    assert trainer.reference is not None and not any(p.requires_grad for p in trainer.reference.parameters())
+    metrics = trainer.train_step()  # one minibatch: the KL is measured before the optimizer step
+    assert metrics["kl/ref"] == pytest.approx(0.0, abs=1e-7)
+    no_ref = GRPOTrainer(grpo_cfg(steps=1), load_model(tiny_model_dir)[0], tok, tmp_path / "noref")
+    assert no_ref.reference is None
+
+
+def test_multiple_epochs_and_minibatches_engage_the_clip(warm_model_dir, tmp_path):
+    seed_everything(0)
+    model, tok = load_model(warm_model_dir)
+    batch, adv = _batch_and_advantages(model, tok)
+    trainer = GRPOTrainer(grpo_cfg(epochs=3, minibatch_size=4, optim={"lr": 1e-2}), model, tok, tmp_path)
+    stats = trainer.update(batch, adv)
+    # 3 epochs × 2 minibatches: later updates are off-policy, so the ratio moves away from 1
+    assert trainer.scheduler.last_epoch == 6
+    assert stats["ratio/max"] > 1.0 and stats["kl/old_approx"] > 0
+
+
+def test_sft_learns_the_gold_solutions(tiny_model_dir, tmp_path):
+    seed_everything(0)
+    model, tok = load_model(tiny_model_dir)
+    cfg = SFTConfig.model_validate({"env": ENV, "steps": 30, "batch_size": 32, "micro_batch_size": 16,
+                                    "optim": {"lr": 3e-3, "warmup_steps": 5}, "log_every": 1})
+    trainer = SFTTrainer(cfg, model, tok, tmp_path)
+    ex = trainer.example(0)
+    n = ex.prompt_length
+    assert tok.decode(ex.token_ids[n:].tolist()) == ex_solution(trainer) + "<|im_end|>"
+    trainer.train()
+    losses = [json.loads(line)["loss/sft"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert losses[-1] < 0.5 * losses[0]
+
+
+def ex_solution(trainer):
+    return trainer.env.unwrapped.tasks[0].solution
+
+
+def test_sft_accumulation_is_invariant(tiny_model_dir, tmp_path):
+    grads = []
+    for micro in (8, 2):
+        seed_everything(0)
+        model, tok = load_model(tiny_model_dir)
+        cfg = SFTConfig.model_validate({"env": ENV, "steps": 1, "batch_size": 8, "micro_batch_size": micro,
+                                        "optim": {"lr": 1e-3, "max_grad_norm": None}})
+        SFTTrainer(cfg, model, tok, tmp_path / str(micro)).train_step()
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]))
+    torch.testing.assert_close(grads[1], grads[0], rtol=1e-5, atol=1e-7)
