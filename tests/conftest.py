@@ -11,7 +11,8 @@ import torch
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 torch.set_num_threads(2)
 
-SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+TEST_DATA = Path(__file__).resolve().parent / "data"
+"""Test-only data: Math-Verify's equivalence cases (Apache-2.0), copied from ../shared/data."""
 
 
 @pytest.fixture(scope="session")
@@ -45,6 +46,12 @@ def warm_model_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactor
     seed_everything(0)
     model, tok = load_model(tiny_model_dir)
     cfg = SFTConfig.model_validate(
-        {"env": WARM_ENV, "steps": 80, "batch_size": 32, "optim": {"lr": 3e-3, "warmup_steps": 10}, "log_every": 80}
+        {
+            "env": WARM_ENV,
+            "steps": 80,
+            "batch_size": 32,
+            "optim": {"lr": 3e-3, "warmup_steps": 10},
+            "log_every": 80,
+        }
     )
     return SFTTrainer(cfg, model, tok, tmp_path_factory.mktemp("warm")).train()

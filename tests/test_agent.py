@@ -34,7 +34,9 @@ class EchoTurnsEnv(TextEnv):
 @pytest.fixture(params=["bpe", "byte"])
 def agent(request, tiny_model_dir, tiny_byte_model_dir):
     torch.manual_seed(0)
-    return LLMAgent.from_pretrained(tiny_model_dir if request.param == "bpe" else tiny_byte_model_dir, batch_size=8)
+    return LLMAgent.from_pretrained(
+        tiny_model_dir if request.param == "bpe" else tiny_byte_model_dir, batch_size=8
+    )
 
 
 def test_single_turn_tokens_decode_to_what_the_env_saw(agent):
@@ -48,7 +50,9 @@ def test_single_turn_tokens_decode_to_what_the_env_saw(agent):
             assert policy[-1] == agent.tokenizer.eos_token_id
             policy = policy[:-1]
         assert agent.tokenizer.decode(policy) == seen == t.messages[-1]["content"]
-        prompt = agent.tokenizer.apply_chat_template(t.messages[:1], add_generation_prompt=True, tokenize=False)
+        prompt = agent.tokenizer.apply_chat_template(
+            t.messages[:1], add_generation_prompt=True, tokenize=False
+        )
         assert agent.tokenizer.decode(t.token_ids[: t.prompt_length].tolist()) == prompt
         assert t.token_rewards.sum() == t.reward and t.token_rewards[-1] == t.reward
         assert t.loss_mask[: t.prompt_length].sum() == 0
@@ -57,7 +61,13 @@ def test_single_turn_tokens_decode_to_what_the_env_saw(agent):
 def test_sampling_logprobs_equal_the_training_forward(agent):
     envs = [gym.make("textgym/Arithmetic-v0", split="test") for _ in range(8)]
     for temperature in (1.0, 0.7):
-        trajs = rollout(agent, envs, [0, 1, 2, 3], SamplingParams(temperature=temperature, max_new_tokens=10), group_size=2)
+        trajs = rollout(
+            agent,
+            envs,
+            [0, 1, 2, 3],
+            SamplingParams(temperature=temperature, max_new_tokens=10),
+            group_size=2,
+        )
         batch = RolloutBatch.from_trajectories(trajs, agent.tokenizer.pad_token_id)
         with torch.no_grad():
             lp, _ = sequence_logprobs(agent.model, batch, temperature)
@@ -73,7 +83,9 @@ def test_greedy_is_deterministic_and_top_k_restricts(agent):
         b = RolloutBatch.from_trajectories(a[:1], agent.tokenizer.pad_token_id)
         out = agent.model(input_ids=b.input_ids, attention_mask=b.attention_mask, position_ids=b.position_ids)
     argmax = out.logits[0, b.prompt_width - 1 : -1].argmax(-1)
-    assert torch.equal(argmax[: a[0].response_length], b.input_ids[0, b.prompt_width :][: a[0].response_length])
+    assert torch.equal(
+        argmax[: a[0].response_length], b.input_ids[0, b.prompt_width :][: a[0].response_length]
+    )
 
 
 def test_multi_turn_tokens_are_the_template_rendering(agent):
@@ -82,7 +94,14 @@ def test_multi_turn_tokens_are_the_template_rendering(agent):
     tok = agent.tokenizer
     for t in trajs:
         assert t.reward == 3.0 and t.reward_terms == {"reward/turn": 3.0}
-        assert [m["role"] for m in t.messages] == ["user", "assistant", "tool", "assistant", "tool", "assistant"]
+        assert [m["role"] for m in t.messages] == [
+            "user",
+            "assistant",
+            "tool",
+            "assistant",
+            "tool",
+            "assistant",
+        ]
         # rewards sit on the last policy token of each turn
         mask = t.loss_mask.tolist()
         turn_ends = [i for i in range(len(mask)) if mask[i] == 1 and (i + 1 == len(mask) or mask[i + 1] == 0)]
@@ -115,7 +134,9 @@ def test_rollout_batch_layout_and_select():
     assert b.loss_mask.tolist() == [[1, 1, 0, 0], [1, 1, 1, 1]]
     assert b.token_rewards.tolist() == [[0, 1, 0, 0], [0, 0, 0, 1]]
     s = b.select([0])
-    assert s.input_ids.tolist() == [[1, 2, 3, 4, 5]] and s.prompt_width == 3 and s.loss_mask.tolist() == [[1, 1]]
+    assert (
+        s.input_ids.tolist() == [[1, 2, 3, 4, 5]] and s.prompt_width == 3 and s.loss_mask.tolist() == [[1, 1]]
+    )
     s = b.select([1])
     assert s.input_ids.tolist() == [[6, 7, 8, 9, 10]] and s.prompt_width == 1
     with pytest.raises(ValueError):
@@ -131,5 +152,7 @@ def test_agent_rejects_unknown_backend_and_missing_folder(tiny_model_dir, tmp_pa
 
 def test_act_returns_text(tiny_model_dir):
     agent = LLMAgent.from_pretrained(tiny_model_dir)
-    out = agent.act([{"role": "user", "content": "Compute 1+1."}], SamplingParams(temperature=0, max_new_tokens=5))
+    out = agent.act(
+        [{"role": "user", "content": "Compute 1+1."}], SamplingParams(temperature=0, max_new_tokens=5)
+    )
     assert isinstance(out, str)

@@ -21,7 +21,16 @@ def invoke(*args: str):
 
 
 def test_help_everywhere():
-    for cmd in ([], ["envs"], ["model", "init"], ["train"], ["eval"], ["score"], ["verify", "math"], ["plot"]):
+    for cmd in (
+        [],
+        ["envs"],
+        ["model", "init"],
+        ["train"],
+        ["eval"],
+        ["score"],
+        ["verify", "math"],
+        ["plot"],
+    ):
         r = invoke(*cmd, "--help")
         assert r.exit_code == 0 and "Usage" in r.output
 
@@ -40,6 +49,7 @@ def test_model_init(tmp_path):
 
 
 # --- bad configuration: exit 2, the field named, nothing written -----------------------------------
+
 
 @pytest.mark.parametrize(
     ("override", "field"),
@@ -84,6 +94,7 @@ def test_eval_missing_model_is_a_clear_error(tmp_path):
 
 # --- score and verify -------------------------------------------------------------------------------
 
+
 def _wrong(answer: str) -> str:
     m = re.search(r"\d", answer)
     return "7" if m is None else answer[: m.start()] + str((int(m.group()) + 1) % 10) + answer[m.end() :]
@@ -91,13 +102,20 @@ def _wrong(answer: str) -> str:
 
 @pytest.mark.parametrize(
     ("env_id", "kwargs", "tasks"),
-    [("textgym/GSM8K-v0", ["--env-kwargs", "split=test"], gsm8k_tasks("test")), ("textgym/MATH500-v0", [], math500_tasks())],
+    [
+        ("textgym/GSM8K-v0", ["--env-kwargs", "split=test"], gsm8k_tasks("test")),
+        ("textgym/MATH500-v0", [], math500_tasks()),
+    ],
 )
 def test_score_every_gold_answer_and_a_wrong_number(tmp_path, env_id, kwargs, tasks):
     lines = []
     for i, t in enumerate(tasks):
-        lines.append({"task_index": i, "completion": f"Reasoning...\nSo the answer is \\boxed{{{t.answer}}}."})
-        lines.append({"task_index": i, "completion": f"Reasoning...\nSo the answer is \\boxed{{{_wrong(t.answer)}}}."})
+        lines.append(
+            {"task_index": i, "completion": f"Reasoning...\nSo the answer is \\boxed{{{t.answer}}}."}
+        )
+        lines.append(
+            {"task_index": i, "completion": f"Reasoning...\nSo the answer is \\boxed{{{_wrong(t.answer)}}}."}
+        )
     path = tmp_path / "in.jsonl"
     path.write_text("".join(json.dumps(x) + "\n" for x in lines))
     r = invoke("score", "--env", env_id, *kwargs, "--input", path)
@@ -113,13 +131,20 @@ def test_score_every_gold_answer_and_a_wrong_number(tmp_path, env_id, kwargs, ta
 
 def test_score_reports_bad_lines_and_keeps_going(tmp_path):
     path = tmp_path / "in.jsonl"
-    path.write_text('{"task_index": 0, "completion": ""}\nnot json\n{"completion": "x"}\n{"task_index": 99999, "completion": "x"}\n'
-                    '{"task_index": 1, "completion": "\\\\boxed{1}"}\n')
+    path.write_text(
+        '{"task_index": 0, "completion": ""}\nnot json\n{"completion": "x"}\n'
+        '{"task_index": 99999, "completion": "x"}\n'
+        '{"task_index": 1, "completion": "\\\\boxed{1}"}\n'
+    )
     r = invoke("score", "--env", "textgym/MATH500-v0", "--input", path)
     out = [json.loads(line) for line in r.stdout.splitlines()]
     assert r.exit_code == 1 and len(out) == 5
     assert out[0]["reward"] == 0.0 and out[0]["reason"] == "empty action"
-    assert "invalid JSON" in out[1]["error"] and "task_index" in out[2]["error"] and "task_index" in out[3]["error"]
+    assert (
+        "invalid JSON" in out[1]["error"]
+        and "task_index" in out[2]["error"]
+        and "task_index" in out[3]["error"]
+    )
     assert out[4]["reward"] in (0.0, 1.0)
 
 
@@ -143,11 +168,21 @@ def test_verify_math(tmp_path):
 
 # --- train, eval and plot end to end ------------------------------------------------------------------
 
+
 def test_train_eval_resume_and_plot(tmp_path, tiny_model_dir):
     cfg = ROOT / "configs" / "quickstart.yaml"
     args = [
-        "train", cfg, f"out_dir={tmp_path}", "name=e2e", "sft.steps=3", "sft.batch_size=8", "grpo.steps=2",
-        "grpo.prompts_per_step=2", "grpo.group_size=2", "grpo.checkpoint_every=1", "eval.n=6",
+        "train",
+        cfg,
+        f"out_dir={tmp_path}",
+        "name=e2e",
+        "sft.steps=3",
+        "sft.batch_size=8",
+        "grpo.steps=2",
+        "grpo.prompts_per_step=2",
+        "grpo.group_size=2",
+        "grpo.checkpoint_every=1",
+        "eval.n=6",
     ]
     r = invoke(*args)
     assert r.exit_code == 0, r.output
@@ -172,9 +207,28 @@ def test_train_eval_resume_and_plot(tmp_path, tiny_model_dir):
         png = run / stage / "plots" / "curves.png"
         assert png.is_file() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # eval of the trained model, JSON output
-    r = invoke("eval", "--model", run / "grpo" / "final", "--env", "textgym/Arithmetic-v0",
-               "--env-kwargs", "split=test", "--env-kwargs", "operators=+", "--env-kwargs", "instruction=",
-               "--n", "4", "--samples", "3", "--temperature", "1.0", "--max-new-tokens", "10", "--json")
+    r = invoke(
+        "eval",
+        "--model",
+        run / "grpo" / "final",
+        "--env",
+        "textgym/Arithmetic-v0",
+        "--env-kwargs",
+        "split=test",
+        "--env-kwargs",
+        "operators=+",
+        "--env-kwargs",
+        "instruction=",
+        "--n",
+        "4",
+        "--samples",
+        "3",
+        "--temperature",
+        "1.0",
+        "--max-new-tokens",
+        "10",
+        "--json",
+    )
     assert r.exit_code == 0, r.output
     res = json.loads(r.stdout)
     assert res["n"] == 4 and set(res["pass_at"]) == {"1", "3"} and res["pass_at"]["3"] >= res["pass_at"]["1"]
@@ -182,10 +236,23 @@ def test_train_eval_resume_and_plot(tmp_path, tiny_model_dir):
 
 def test_gsm8k_config_runs_end_to_end_with_the_tiny_model(tmp_path, tiny_model_dir):
     r = invoke(
-        "train", ROOT / "configs" / "gsm8k_grpo.yaml", f"out_dir={tmp_path}", f"model.path={tiny_model_dir}",
-        "device=cpu", "grpo.steps=2", "grpo.prompts_per_step=2", "grpo.group_size=2", "grpo.minibatch_size=4",
-        "grpo.micro_batch_size=2", "grpo.sampling.max_new_tokens=16", "eval.n=2", "eval.sampling.max_new_tokens=16",
+        "train",
+        ROOT / "configs" / "gsm8k_grpo.yaml",
+        f"out_dir={tmp_path}",
+        f"model.path={tiny_model_dir}",
+        "device=cpu",
+        "grpo.steps=2",
+        "grpo.prompts_per_step=2",
+        "grpo.group_size=2",
+        "grpo.minibatch_size=4",
+        "grpo.micro_batch_size=2",
+        "grpo.sampling.max_new_tokens=16",
+        "eval.n=2",
+        "eval.sampling.max_new_tokens=16",
     )
     assert r.exit_code == 0, r.output
-    rows = [json.loads(line) for line in (tmp_path / "gsm8k_grpo" / "grpo" / "metrics.jsonl").read_text().splitlines()]
+    rows = [
+        json.loads(line)
+        for line in (tmp_path / "gsm8k_grpo" / "grpo" / "metrics.jsonl").read_text().splitlines()
+    ]
     assert len(rows) == 2 and rows[-1]["rollout/response_length_mean"] > 0

@@ -112,7 +112,7 @@ def test_arithmetic_answers_follow_precedence():
     for t in tasks:
         expr = t.metadata["expression"]
         # Python's own arithmetic agrees (every division is exact by construction)
-        assert abs(eval(expr) - int(t.answer)) < 1e-9, expr  # noqa: S307 - generated digits and operators only
+        assert abs(eval(expr) - int(t.answer)) < 1e-9, expr
 
 
 def test_arithmetic_kwargs_are_validated():
@@ -145,7 +145,15 @@ def test_bad_actions_score_zero_with_reason(action, reason):
 
 @pytest.mark.parametrize(
     "garbage",
-    ["\x00\x01\x02", "\\boxed{", "<answer></answer>", "🙂" * 1000, "\\boxed{10^{10^{10}}}", "#### ", "\ud800"],
+    [
+        "\x00\x01\x02",
+        "\\boxed{",
+        "<answer></answer>",
+        "🙂" * 1000,
+        "\\boxed{10^{10^{10}}}",
+        "#### ",
+        "\ud800",
+    ],
 )
 def test_garbage_actions_are_scored_not_raised(garbage):
     env = gym.make("textgym/GSM8K-v0")

@@ -16,6 +16,7 @@ TOL = 1e-6
 
 # --- hand-computed values ------------------------------------------------------------------------
 
+
 def test_group_advantages_hand_computed():
     rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0])
     adv, stats = group_advantages(rewards, 4, "group", eps=0.0)
@@ -27,7 +28,9 @@ def test_group_advantages_hand_computed():
     assert adv.tolist() == pytest.approx([0.5, -0.5, -0.5, 0.5, 0, 0, 0, 0], abs=TOL)
     adv, _ = group_advantages(rewards, 4, "batch", eps=0.0)
     batch_std = statistics.stdev(rewards.tolist())  # 0.4629100...
-    assert adv.tolist() == pytest.approx([0.5 / batch_std, -0.5 / batch_std, -0.5 / batch_std, 0.5 / batch_std, 0, 0, 0, 0], abs=TOL)
+    assert adv.tolist() == pytest.approx(
+        [0.5 / batch_std, -0.5 / batch_std, -0.5 / batch_std, 0.5 / batch_std, 0, 0, 0, 0], abs=TOL
+    )
     with pytest.raises(ValueError, match="multiple"):
         group_advantages(torch.ones(6), 4)
 
@@ -37,7 +40,9 @@ def test_aggregation_hand_computed():
     m = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
     assert float(aggregate(x, m, "token_mean")) == pytest.approx(10 / 4, abs=TOL)
     assert float(aggregate(x, m, "seq_mean_token_mean")) == pytest.approx((2 + 4) / 2, abs=TOL)
-    assert float(aggregate(x, m, "seq_mean_token_sum_norm", norm_len=5)) == pytest.approx(10 / (2 * 5), abs=TOL)
+    assert float(aggregate(x, m, "seq_mean_token_sum_norm", norm_len=5)) == pytest.approx(
+        10 / (2 * 5), abs=TOL
+    )
     with pytest.raises(ValueError):
         aggregate(x, m, "sum")  # type: ignore[arg-type]
 
@@ -88,7 +93,9 @@ def test_clipped_policy_loss_hand_computed(adv, clip_high, loss, frac_low, frac_
 def test_kl_term_in_loss_hand_computed():
     lp = torch.tensor([[math.log(0.5)]])
     ref = torch.tensor([[math.log(0.25)]])
-    loss, stats = clipped_policy_loss(lp, lp.clone(), torch.tensor([0.0]), torch.ones(1, 1), ref_logprobs=ref, kl_coef=0.1)
+    loss, stats = clipped_policy_loss(
+        lp, lp.clone(), torch.tensor([0.0]), torch.ones(1, 1), ref_logprobs=ref, kl_coef=0.1
+    )
     assert float(loss) == pytest.approx(0.1 * (0.5 - 1 + math.log(2)), abs=TOL)
     assert stats["kl/ref"] == pytest.approx(0.5 - 1 + math.log(2), abs=TOL)
     with pytest.raises(ValueError, match="ref_logprobs"):
@@ -115,6 +122,7 @@ def test_pass_at_k_hand_computed_and_by_enumeration():
 
 
 # --- vectorised versions against plain loops -----------------------------------------------------
+
 
 def _loop_policy_loss(lp, old, adv, mask, cl, ch, mode, beta, ref, norm_len):
     B, L = len(lp), len(lp[0])
@@ -154,10 +162,21 @@ def test_clipped_policy_loss_matches_loop(mode, beta):
         lengths = torch.randint(1, L + 1, (B,), generator=g)
         mask = (torch.arange(L)[None] < lengths[:, None]).double()
         mask[0, 0] = 0.0  # an environment token inside a sequence
-        got, _ = clipped_policy_loss(lp, old, adv, mask, clip_low=0.2, clip_high=0.28, aggregation=mode,
-                                     ref_logprobs=ref, kl_coef=beta, norm_len=12)
-        want = _loop_policy_loss(lp.tolist(), old.tolist(), adv.tolist(), mask.tolist(), 0.2, 0.28, mode, beta,
-                                 ref.tolist(), 12)
+        got, _ = clipped_policy_loss(
+            lp,
+            old,
+            adv,
+            mask,
+            clip_low=0.2,
+            clip_high=0.28,
+            aggregation=mode,
+            ref_logprobs=ref,
+            kl_coef=beta,
+            norm_len=12,
+        )
+        want = _loop_policy_loss(
+            lp.tolist(), old.tolist(), adv.tolist(), mask.tolist(), 0.2, 0.28, mode, beta, ref.tolist(), 12
+        )
         assert float(got) == pytest.approx(want, abs=TOL)
 
 
@@ -183,8 +202,18 @@ def test_micro_batches_with_global_normalisers_sum_to_the_full_loss(mode):
     mask = (torch.rand(B, L, generator=g) > 0.3).double()
     full, _ = clipped_policy_loss(lp, old, adv, mask, aggregation=mode)
     parts = sum(
-        float(clipped_policy_loss(lp[i : i + 2], old[i : i + 2], adv[i : i + 2], mask[i : i + 2], aggregation=mode,
-                                  num_seqs=B, num_tokens=float(mask.sum()), norm_len=L)[0])
+        float(
+            clipped_policy_loss(
+                lp[i : i + 2],
+                old[i : i + 2],
+                adv[i : i + 2],
+                mask[i : i + 2],
+                aggregation=mode,
+                num_seqs=B,
+                num_tokens=float(mask.sum()),
+                norm_len=L,
+            )[0]
+        )
         for i in range(0, B, 2)
     )
     assert parts == pytest.approx(float(full), abs=1e-12)

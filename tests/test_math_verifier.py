@@ -5,8 +5,8 @@ import re
 import time
 
 import pytest
+from conftest import TEST_DATA
 
-from conftest import SHARED_DATA
 from textgym.envs.math_qa import gsm8k_tasks, math500_tasks
 from textgym.types import Task
 from textgym.verifiers import FormatVerifier, MathVerifier, Rubric, RubricTerm, extract_answer, math_equal
@@ -105,18 +105,35 @@ def test_rubric_weights_and_weight_zero_terms():
 
 # --- Math-Verify's own equivalence cases ---------------------------------------------------------
 
-CASES = [json.loads(line) for line in (SHARED_DATA / "math_verify_cases" / "math_equiv_cases.jsonl").open()]
+CASES = [json.loads(line) for line in (TEST_DATA / "math_verify_cases" / "math_equiv_cases.jsonl").open()]
 
 # Rows where textgym's MathVerifier (its own extraction: the last \boxed{} wins; fixed defaults
 # precision=6, strict=True, no set-relation comparison) decides differently from the harness
 # recorded in the file. Each is explained in the README ("Math-Verify cases").
 VERIFIER_EXCEPTIONS = {
     # several \boxed{} answers, gold is all of them; textgym takes the last box only
-    184, 207, 237, 238, 239, 241, 243, 244, 248, 249, 250, 251,
+    184,
+    207,
+    237,
+    238,
+    239,
+    241,
+    243,
+    244,
+    248,
+    249,
+    250,
+    251,
     # the test passes non-default parameters (precision, strict=False, set-relation comparison)
-    6, 126, 134, 140, 187, 255,
+    6,
+    126,
+    134,
+    140,
+    187,
+    255,
     # the test restricts extraction to LaTeX only; textgym also reads plain expressions
-    31, 32,
+    31,
+    32,
     # "The final answer is $10,455$" after an earlier \boxed{255}: textgym's box priority wins
     173,
     # math-verify quirk recorded as expected_equal=True for 1-1/e vs 1+1/e with default configs
@@ -127,11 +144,21 @@ VERIFIER_EXCEPTIONS = {
 def _harness(row):
     p = row["params"]
     if p is None:
-        return math_equal(row["gold"], row["pred"], gold_match=("latex_default", "expr"), pred_match=("latex_default", "expr"))
+        return math_equal(
+            row["gold"],
+            row["pred"],
+            gold_match=("latex_default", "expr"),
+            pred_match=("latex_default", "expr"),
+        )
     mt = tuple(p["match_types"])
     return math_equal(
-        row["gold"], row["pred"], gold_match=mt, pred_match=mt, float_rounding=p["precision"],
-        strict=p["strict"], allow_set_relation_comp=p["allow_set_relation_comp"],
+        row["gold"],
+        row["pred"],
+        gold_match=mt,
+        pred_match=mt,
+        float_rounding=p["precision"],
+        strict=p["strict"],
+        allow_set_relation_comp=p["allow_set_relation_comp"],
     )
 
 
@@ -143,11 +170,16 @@ def test_math_verify_cases_behave_as_recorded():
 
 def test_math_verifier_on_math_verify_cases_differs_only_where_documented():
     v = MathVerifier()
-    differs = {r["id"] for r in CASES if (v(r["pred"], Task("t", "q", r["gold"])).reward == 1.0) != r["expected_equal"]}
+    differs = {
+        r["id"]
+        for r in CASES
+        if (v(r["pred"], Task("t", "q", r["gold"])).reward == 1.0) != r["expected_equal"]
+    }
     assert differs == VERIFIER_EXCEPTIONS
 
 
 # --- every gold answer passes its own verifier, and a wrong number fails -------------------------
+
 
 def _wrong(answer: str) -> str:
     m = re.search(r"\d", answer)
@@ -160,7 +192,9 @@ def _wrong(answer: str) -> str:
 def test_every_gold_answer_passes_and_a_wrong_one_fails(name):
     tasks = gsm8k_tasks("test") if name == "gsm8k_test" else math500_tasks()
     v = MathVerifier()
-    failed_gold = [t.task_id for t in tasks if v(f"Work... so the answer is \\boxed{{{t.answer}}}.", t).reward != 1.0]
+    failed_gold = [
+        t.task_id for t in tasks if v(f"Work... so the answer is \\boxed{{{t.answer}}}.", t).reward != 1.0
+    ]
     passed_wrong = [t.task_id for t in tasks if v(f"\\boxed{{{_wrong(t.answer)}}}", t).reward != 0.0]
     assert failed_gold == [] and passed_wrong == []
 

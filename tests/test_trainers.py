@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+from conftest import WARM_ENV as ENV
 
 from textgym.agents import RolloutBatch, SamplingParams, rollout
 from textgym.config import GRPOConfig, SFTConfig
@@ -15,13 +16,15 @@ from textgym.trainers.common import latest_checkpoint, seed_everything
 from textgym.trainers.grpo import GRPOTrainer
 from textgym.trainers.sft import SFTTrainer
 
-from conftest import WARM_ENV as ENV
-
 
 def grpo_cfg(**over):
     base = {
-        "env": ENV, "steps": 2, "prompts_per_step": 2, "group_size": 4,
-        "sampling": {"temperature": 1.0, "max_new_tokens": 8}, "optim": {"lr": 1e-3},
+        "env": ENV,
+        "steps": 2,
+        "prompts_per_step": 2,
+        "group_size": 4,
+        "sampling": {"temperature": 1.0, "max_new_tokens": 8},
+        "optim": {"lr": 1e-3},
     }
     base.update(over)
     return GRPOConfig.model_validate(base)
@@ -37,8 +40,18 @@ def test_two_grpo_steps_change_parameters(warm_model_dir, tmp_path):
     assert [r["step"] for r in records] == [1, 2]
     assert any(0 < r["rollout/reward_mean"] < 1 for r in records)
     for r in records:
-        for key in ("loss/total", "loss/policy", "rollout/reward_mean", "rollout/accuracy", "clip/frac", "entropy",
-                    "rollout/response_length_mean", "throughput/tokens_per_s", "time/step_s", "grad_norm"):
+        for key in (
+            "loss/total",
+            "loss/policy",
+            "rollout/reward_mean",
+            "rollout/accuracy",
+            "clip/frac",
+            "entropy",
+            "rollout/response_length_mean",
+            "throughput/tokens_per_s",
+            "time/step_s",
+            "grad_norm",
+        ):
             assert math.isfinite(r[key]), key
     changed = [k for k, v in model.state_dict().items() if not torch.equal(v, before[k])]
     assert len(changed) > 0.9 * len(before)
@@ -70,8 +83,14 @@ def test_gradient_accumulation_is_invariant(tiny_model_dir, tmp_path, aggregatio
     grads = []
     for micro in (4, 1):
         m = copy.deepcopy(model)
-        cfg = grpo_cfg(prompts_per_step=1, group_size=4, micro_batch_size=micro, loss_aggregation=aggregation,
-                       kl_coef=0.05, optim={"lr": 1e-3, "max_grad_norm": None})
+        cfg = grpo_cfg(
+            prompts_per_step=1,
+            group_size=4,
+            micro_batch_size=micro,
+            loss_aggregation=aggregation,
+            kl_coef=0.05,
+            optim={"lr": 1e-3, "max_grad_norm": None},
+        )
         trainer = GRPOTrainer(cfg, m, tok, tmp_path / f"m{micro}")
         torch.manual_seed(0)
         stats = trainer.update(batch, adv)
@@ -134,8 +153,16 @@ def test_multiple_epochs_and_minibatches_engage_the_clip(warm_model_dir, tmp_pat
 def test_sft_learns_the_gold_solutions(tiny_model_dir, tmp_path):
     seed_everything(0)
     model, tok = load_model(tiny_model_dir)
-    cfg = SFTConfig.model_validate({"env": ENV, "steps": 30, "batch_size": 32, "micro_batch_size": 16,
-                                    "optim": {"lr": 3e-3, "warmup_steps": 5}, "log_every": 1})
+    cfg = SFTConfig.model_validate(
+        {
+            "env": ENV,
+            "steps": 30,
+            "batch_size": 32,
+            "micro_batch_size": 16,
+            "optim": {"lr": 3e-3, "warmup_steps": 5},
+            "log_every": 1,
+        }
+    )
     trainer = SFTTrainer(cfg, model, tok, tmp_path)
     ex = trainer.example(0)
     n = ex.prompt_length
@@ -154,8 +181,15 @@ def test_sft_accumulation_is_invariant(tiny_model_dir, tmp_path):
     for micro in (8, 2):
         seed_everything(0)
         model, tok = load_model(tiny_model_dir)
-        cfg = SFTConfig.model_validate({"env": ENV, "steps": 1, "batch_size": 8, "micro_batch_size": micro,
-                                        "optim": {"lr": 1e-3, "max_grad_norm": None}})
+        cfg = SFTConfig.model_validate(
+            {
+                "env": ENV,
+                "steps": 1,
+                "batch_size": 8,
+                "micro_batch_size": micro,
+                "optim": {"lr": 1e-3, "max_grad_norm": None},
+            }
+        )
         SFTTrainer(cfg, model, tok, tmp_path / str(micro)).train_step()
         grads.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]))
     torch.testing.assert_close(grads[1], grads[0], rtol=1e-5, atol=1e-7)

@@ -7,7 +7,6 @@ Exit codes: 0 success; 1 some input lines failed (score/verify) or a run failed;
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -97,15 +96,22 @@ def envs_cmd() -> None:
 @model_app.command("init")
 def model_init(
     preset: Annotated[str, typer.Option(help="Model size: tiny (~1.6M), small (~20M) or 0.5b.")] = "tiny",
-    out: Annotated[Path, typer.Option(help="Output folder (a Hugging Face model folder).")] = Path("models/tiny"),
+    out: Annotated[Path, typer.Option(help="Output folder (a Hugging Face model folder).")] = Path(
+        "models/tiny"
+    ),
     seed: Annotated[int, typer.Option(help="Seed of the random initialisation.")] = 0,
+    tokenizer: Annotated[
+        str, typer.Option(help="bpe (trained byte-level BPE) or byte (one token per byte).")
+    ] = "bpe",
 ) -> None:
-    """Build a Qwen2-style causal LM with a byte-level tokenizer and chat template, and save it."""
+    """Build a Qwen2-style causal LM with a locally built tokenizer and chat template, and save it."""
     from textgym.models import PRESETS, count_parameters, init_model, load_model
 
     if preset not in PRESETS:
         _fail(f"unknown preset {preset!r}; choose one of {sorted(PRESETS)}")
-    path = init_model(preset, out, seed=seed)
+    if tokenizer not in ("bpe", "byte"):
+        _fail(f"unknown tokenizer {tokenizer!r}; choose bpe or byte")
+    path = init_model(preset, out, seed=seed, tokenizer=tokenizer)
     model, _ = load_model(path)
     console.print(f"saved {preset} model ({count_parameters(model):,} parameters) to {path}")
 
@@ -114,7 +120,9 @@ def model_init(
 def train_cmd(
     config: Annotated[Path, typer.Argument(help="YAML run config (see configs/).")],
     overrides: Annotated[list[str] | None, typer.Argument(help="Overrides such as grpo.steps=10.")] = None,
-    resume: Annotated[bool, typer.Option(help="Continue the run directory from its newest checkpoint.")] = False,
+    resume: Annotated[
+        bool, typer.Option(help="Continue the run directory from its newest checkpoint.")
+    ] = False,
     overwrite: Annotated[bool, typer.Option(help="Delete an existing run directory first.")] = False,
 ) -> None:
     """Train per the config: optional SFT, then GRPO, with a before/after evaluation."""
@@ -128,12 +136,16 @@ def train_cmd(
         _fail(str(e))
         return
     if "accuracy_before" in summary:
-        table = Table(title=f"{cfg.name}: {summary['eval_env']} {summary['eval_env_kwargs']}, n={summary['n_eval']}")
+        table = Table(
+            title=f"{cfg.name}: {summary['eval_env']} {summary['eval_env_kwargs']}, n={summary['n_eval']}"
+        )
         table.add_column("")
         table.add_column("before", justify="right")
         table.add_column("after", justify="right")
         table.add_row("accuracy", f"{summary['accuracy_before']:.3f}", f"{summary['accuracy_after']:.3f}")
-        table.add_row("mean reward", f"{summary['mean_reward_before']:.3f}", f"{summary['mean_reward_after']:.3f}")
+        table.add_row(
+            "mean reward", f"{summary['mean_reward_before']:.3f}", f"{summary['mean_reward_after']:.3f}"
+        )
         console.print(table)
     console.print(f"wall time {summary['wall_time_s']:.0f}s · summary in {cfg.run_dir / 'summary.json'}")
 
@@ -142,7 +154,9 @@ def train_cmd(
 def eval_cmd(
     model: Annotated[Path, typer.Option(help="Local Hugging Face model folder.")],
     env: Annotated[str, typer.Option(help="Environment id, e.g. textgym/Arithmetic-v0.")],
-    env_kwargs: Annotated[list[str] | None, typer.Option("--env-kwargs", help="key=value, repeatable.")] = None,
+    env_kwargs: Annotated[
+        list[str] | None, typer.Option("--env-kwargs", help="key=value, repeatable.")
+    ] = None,
     n: Annotated[int, typer.Option(min=1, help="Number of tasks (task_index 0..n-1).")] = 100,
     samples: Annotated[int, typer.Option(min=1, help="Samples per task (pass@k for k=1 and k=samples).")] = 1,
     temperature: Annotated[float, typer.Option(min=0.0, help="0 = greedy.")] = 0.0,
@@ -164,25 +178,52 @@ def eval_cmd(
         _fail(str(e))
         return
     if samples > 1 and temperature == 0.0:
-        typer.echo("note: --samples > 1 with greedy decoding gives identical samples; set --temperature", err=True)
-    res = evaluate(agent, env, kwargs, n=n, samples=samples,
-                   params=SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens))
+        typer.echo(
+            "note: --samples > 1 with greedy decoding gives identical samples; set --temperature", err=True
+        )
+    res = evaluate(
+        agent,
+        env,
+        kwargs,
+        n=n,
+        samples=samples,
+        params=SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens),
+    )
     if as_json:
         print(json.dumps(res.summary()))
         return
     table = Table(title=f"{env} {kwargs or ''} · {model}")
-    for col in ("n", "samples", "accuracy", "mean reward", *[f"pass@{k}" for k in res.pass_at], "resp. tokens", "tokens/s"):
+    for col in (
+        "n",
+        "samples",
+        "accuracy",
+        "mean reward",
+        *[f"pass@{k}" for k in res.pass_at],
+        "resp. tokens",
+        "tokens/s",
+    ):
         table.add_column(col, justify="right")
-    table.add_row(str(res.n), str(res.samples), f"{res.accuracy:.3f}", f"{res.mean_reward:.3f}",
-                  *[f"{v:.3f}" for v in res.pass_at.values()], f"{res.mean_response_tokens:.1f}", f"{res.tokens_per_s:.0f}")
+    table.add_row(
+        str(res.n),
+        str(res.samples),
+        f"{res.accuracy:.3f}",
+        f"{res.mean_reward:.3f}",
+        *[f"{v:.3f}" for v in res.pass_at.values()],
+        f"{res.mean_response_tokens:.1f}",
+        f"{res.tokens_per_s:.0f}",
+    )
     console.print(table)
 
 
 @app.command("score")
 def score_cmd(
     env: Annotated[str, typer.Option(help="Environment id.")],
-    input: Annotated[Path, typer.Option("--input", help='JSONL: {"task_index": i, "completion": "..."} per line.')],
-    env_kwargs: Annotated[list[str] | None, typer.Option("--env-kwargs", help="key=value, repeatable.")] = None,
+    input: Annotated[
+        Path, typer.Option("--input", help='JSONL: {"task_index": i, "completion": "..."} per line.')
+    ],
+    env_kwargs: Annotated[
+        list[str] | None, typer.Option("--env-kwargs", help="key=value, repeatable.")
+    ] = None,
 ) -> None:
     """Score completions produced elsewhere: one JSON line out per line in, in order."""
     e = _make_env(env, _parse_kwargs(env_kwargs))
@@ -213,7 +254,9 @@ def score_cmd(
 
 @verify_app.command("math")
 def verify_math_cmd(
-    input: Annotated[Path, typer.Option("--input", help='JSONL: {"completion": "...", "answer": "..."} per line.')],
+    input: Annotated[
+        Path, typer.Option("--input", help='JSONL: {"completion": "...", "answer": "..."} per line.')
+    ],
     timeout_s: Annotated[float, typer.Option(min=0.5, help="Seconds allowed per comparison.")] = 10.0,
 ) -> None:
     """Check math answers: reward 1.0/0.0 and the extracted answer, one JSON line per input line."""
@@ -226,13 +269,21 @@ def verify_math_cmd(
         out: dict[str, Any] = {"line": n}
         if isinstance(row, str):
             out["error"] = row
-        elif not isinstance(row.get("completion"), str) or not isinstance(row.get("answer"), str | int | float):
+        elif not isinstance(row.get("completion"), str) or not isinstance(
+            row.get("answer"), str | int | float
+        ):
             out["error"] = f"line {n}: needs a string 'completion' and an 'answer'"
         elif not str(row["answer"]).strip():
             out["error"] = f"line {n}: empty 'answer'"
         else:
             s = v(row["completion"], Task(task_id=str(n), prompt="", answer=str(row["answer"])))
-            out.update({"reward": s.reward, "extracted": s.details.get("extracted"), "parsed": s.details.get("parsed")})
+            out.update(
+                {
+                    "reward": s.reward,
+                    "extracted": s.details.get("extracted"),
+                    "parsed": s.details.get("parsed"),
+                }
+            )
             if "error" in s.details:
                 out["reason"] = s.details["error"]
         failed += "error" in out
@@ -243,7 +294,9 @@ def verify_math_cmd(
 
 @app.command("plot")
 def plot_cmd(
-    run_dir: Annotated[Path, typer.Argument(help="A run directory (runs/NAME) or one stage of it (runs/NAME/grpo).")],
+    run_dir: Annotated[
+        Path, typer.Argument(help="A run directory (runs/NAME) or one stage of it (runs/NAME/grpo).")
+    ],
 ) -> None:
     """Write PNG training curves (reward, accuracy, KL, response length, loss) for each stage."""
     from textgym.plotting import plot_run
@@ -270,4 +323,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

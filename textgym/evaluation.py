@@ -93,9 +93,7 @@ def evaluate(
     wall = time.perf_counter() - start
     for e in envs:
         e.close()
-    correct = [
-        int(t.reward_terms.get("reward/correct", 1.0 if t.reward > 0 else 0.0) >= 1.0) for t in trajs
-    ]
+    correct = [int(t.reward_terms.get("reward/correct", 1.0 if t.reward > 0 else 0.0) >= 1.0) for t in trajs]
     per_task = [correct[j * samples : (j + 1) * samples] for j in range(n)]
     ks = sorted({1, samples})
     tokens = sum(t.response_length for t in trajs)

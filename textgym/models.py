@@ -42,8 +42,8 @@ CHAT_TEMPLATE = (
     "{%- if messages[0]['role'] == 'system' %}{{- messages[0]['content'] + '\\n\\n' }}{%- endif %}"
     "{{- '# Tools\\n\\nYou may call one or more functions. Function signatures:\\n<tools>' }}"
     "{%- for tool in tools %}{{- '\\n' + (tool | tojson) }}{%- endfor %}"
-    "{{- '\\n</tools>\\n\\nFor each call return <tool_call>{\"name\": <function-name>, "
-    "\"arguments\": <args-json-object>}</tool_call><|im_end|>\\n' }}"
+    '{{- \'\\n</tools>\\n\\nFor each call return <tool_call>{"name": <function-name>, '
+    '"arguments": <args-json-object>}</tool_call><|im_end|>\\n\' }}'
     "{%- endif %}"
     "{%- for message in messages %}"
     "{%- if not (tools and loop.first and message['role'] == 'system') %}"
@@ -194,7 +194,6 @@ def init_model(preset: str, out_dir: str | Path, seed: int = 0, tokenizer: str =
         intermediate_size=p.intermediate_size,
         max_position_embeddings=p.max_position_embeddings,
         tie_word_embeddings=True,
-        rope_theta=10000.0,
         bos_token_id=None,
         eos_token_id=tok.eos_token_id,
         pad_token_id=tok.pad_token_id,
@@ -232,8 +231,8 @@ def load_model(
         raise ValueError(f"tokenizer in {folder} has no eos_token")
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).to(device)
-    return model, tok
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
+    return model.to(device), tok  # type: ignore[arg-type]
 
 
 def count_parameters(model: torch.nn.Module) -> int:

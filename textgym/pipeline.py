@@ -67,12 +67,19 @@ def run_eval(model_path: Path, cfg: EvalConfig, device: torch.device) -> EvalRes
     model, tok = load_model(model_path, device=device)
     agent = LLMAgent(model, tok, batch_size=cfg.batch_size)
     return evaluate(
-        agent, cfg.env.id, cfg.env.kwargs, n=cfg.n, samples=cfg.samples,
-        params=SamplingParams(**cfg.sampling.model_dump()), batch_size=cfg.batch_size,
+        agent,
+        cfg.env.id,
+        cfg.env.kwargs,
+        n=cfg.n,
+        samples=cfg.samples,
+        params=SamplingParams(**cfg.sampling.model_dump()),
+        batch_size=cfg.batch_size,
     )
 
 
-def _cached_eval(path: Path, model_path: Path, cfg: EvalConfig, device: torch.device, resume: bool) -> dict[str, Any]:
+def _cached_eval(
+    path: Path, model_path: Path, cfg: EvalConfig, device: torch.device, resume: bool
+) -> dict[str, Any]:
     if resume and path.is_file():
         cached = json.loads(path.read_text(encoding="utf-8"))
         if cached.get("model") == str(model_path):
@@ -95,10 +102,14 @@ def run(
     run_dir = cfg.run_dir
     if run_dir.exists() and any(run_dir.iterdir()) and not resume:
         if not overwrite:
-            raise ConfigError(f"run directory {run_dir} exists; pass --resume to continue it or --overwrite to replace it")
+            raise ConfigError(
+                f"run directory {run_dir} exists; pass --resume to continue it or --overwrite to replace it"
+            )
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False), encoding="utf-8")
+    (run_dir / "config.yaml").write_text(
+        yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False), encoding="utf-8"
+    )
     start = time.perf_counter()
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
@@ -132,7 +143,9 @@ def run(
             seed_everything(cfg.seed)
             model, tok = load_model(model_path, device=device)
             (sft_dir).mkdir(parents=True, exist_ok=True)
-            (sft_dir / "config.yaml").write_text(yaml.safe_dump(cfg.sft.model_dump(mode="json"), sort_keys=False))
+            (sft_dir / "config.yaml").write_text(
+                yaml.safe_dump(cfg.sft.model_dump(mode="json"), sort_keys=False)
+            )
             SFTTrainer(cfg.sft, model, tok, sft_dir, seed=cfg.seed, resume=resume).train(echo)
             stage_times["sft"] = time.perf_counter() - t
         model_path = sft_dir / "final"
@@ -152,18 +165,29 @@ def run(
             seed_everything(cfg.seed + 1)
             model, tok = load_model(model_path, device=device)
             grpo_dir.mkdir(parents=True, exist_ok=True)
-            (grpo_dir / "config.yaml").write_text(yaml.safe_dump(cfg.grpo.model_dump(mode="json"), sort_keys=False))
+            (grpo_dir / "config.yaml").write_text(
+                yaml.safe_dump(cfg.grpo.model_dump(mode="json"), sort_keys=False)
+            )
             eval_fn = None
             if cfg.eval is not None and cfg.grpo.eval_every:
                 eval_cfg = cfg.eval
 
                 def eval_fn(m: Any) -> dict[str, float]:
                     agent = LLMAgent(m, tok, batch_size=eval_cfg.batch_size)
-                    r = evaluate(agent, eval_cfg.env.id, eval_cfg.env.kwargs, n=eval_cfg.n, samples=eval_cfg.samples,
-                                 params=SamplingParams(**eval_cfg.sampling.model_dump()), batch_size=eval_cfg.batch_size)
+                    r = evaluate(
+                        agent,
+                        eval_cfg.env.id,
+                        eval_cfg.env.kwargs,
+                        n=eval_cfg.n,
+                        samples=eval_cfg.samples,
+                        params=SamplingParams(**eval_cfg.sampling.model_dump()),
+                        batch_size=eval_cfg.batch_size,
+                    )
                     return {"eval/accuracy": r.accuracy, "eval/mean_reward": r.mean_reward}
 
-            GRPOTrainer(cfg.grpo, model, tok, grpo_dir, seed=cfg.seed, resume=resume, eval_fn=eval_fn).train(echo)
+            GRPOTrainer(cfg.grpo, model, tok, grpo_dir, seed=cfg.seed, resume=resume, eval_fn=eval_fn).train(
+                echo
+            )
             stage_times["grpo"] = time.perf_counter() - t
         model_path = grpo_dir / "final"
 

@@ -8,7 +8,7 @@ from pathlib import Path
 PANELS: list[tuple[str, list[str]]] = [
     ("reward", ["rollout/reward_mean"]),
     ("accuracy", ["rollout/accuracy", "eval/accuracy"]),
-    ("KL", ["kl/ref", "kl/old_approx"]),
+    ("KL (to reference; sampler vs trainer)", ["kl/ref", "kl/old_approx"]),
     ("response length (tokens)", ["rollout/response_length_mean"]),
     ("loss", ["loss/total", "loss/policy", "loss/sft"]),
     ("entropy (nats/token)", ["entropy"]),
@@ -37,12 +37,13 @@ def plot_metrics(metrics_path: Path, out_path: Path, title: str) -> Path | None:
     for ax, (name, keys) in zip(axes.flat, panels, strict=False):
         for k in keys:
             pts = [(r["step"], r[k]) for r in records if k in r]
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o" if len(pts) < 30 else None, ms=3, label=k)
+            ax.plot(
+                [p[0] for p in pts], [p[1] for p in pts], marker="o" if len(pts) < 30 else None, ms=3, label=k
+            )
         ax.set_title(name)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
-        if len(keys) > 1:
-            ax.legend(fontsize=7)
+        ax.legend(fontsize=7)
     for ax in list(axes.flat)[len(panels) :]:
         ax.axis("off")
     fig.suptitle(title)
@@ -55,7 +56,11 @@ def plot_metrics(metrics_path: Path, out_path: Path, title: str) -> Path | None:
 
 def plot_run(run_dir: Path) -> list[Path]:
     """Plot `run_dir/metrics.jsonl` or each `run_dir/<stage>/metrics.jsonl` to `<dir>/plots/curves.png`."""
-    found = [run_dir / "metrics.jsonl"] if (run_dir / "metrics.jsonl").is_file() else sorted(run_dir.glob("*/metrics.jsonl"))
+    found = (
+        [run_dir / "metrics.jsonl"]
+        if (run_dir / "metrics.jsonl").is_file()
+        else sorted(run_dir.glob("*/metrics.jsonl"))
+    )
     written = []
     for m in found:
         p = plot_metrics(m, m.parent / "plots" / "curves.png", f"{m.parent.parent.name}/{m.parent.name}")

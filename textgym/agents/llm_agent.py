@@ -110,7 +110,9 @@ class TransformersBackend:
         was_training = self.model.training
         self.model.eval()
         try:
-            res = self.model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), generation_config=config)
+            res = self.model.generate(  # type: ignore[operator]
+                input_ids=ids.to(device), attention_mask=mask.to(device), generation_config=config
+            )
         finally:
             self.model.train(was_training)
         new = res.sequences[:, P:].cpu()  # [B, N]
@@ -166,14 +168,16 @@ class LLMAgent:
 
     def encode_prompt(self, messages: list[Message]) -> list[int]:
         """Render `messages` with the chat template (generation prompt added) into token ids."""
-        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+        ids = self.tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=True, return_dict=False
+        )
         return list(ids)  # type: ignore[arg-type]
 
     def decode(self, token_ids: list[int]) -> str:
         """Decode generated ids to the text an environment receives (end-of-turn id dropped)."""
         if token_ids and token_ids[-1] in self.backend.eos_ids:
             token_ids = token_ids[:-1]
-        return self.tokenizer.decode(token_ids, skip_special_tokens=False)
+        return str(self.tokenizer.decode(token_ids, skip_special_tokens=False))
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
         """Sample one response per token-id prompt."""

@@ -41,7 +41,9 @@ def observation_tokens(
     after = tokenizer.apply_chat_template(base + observation, tokenize=False, add_generation_prompt=True)
     assert isinstance(before, str) and isinstance(after, str)
     if not after.startswith(before):
-        raise ValueError("the chat template rewrites history; multi-turn token bookkeeping needs a prefix-stable template")
+        raise ValueError(
+            "the chat template rewrites history; multi-turn token bookkeeping needs a prefix-stable template"
+        )
     closing = before[before.rindex(_PROBE) + len(_PROBE) :]
     ids = tokenizer(closing + after[len(before) :], add_special_tokens=False)["input_ids"]
     if ended_with_eos and ids and ids[0] == eos_id:
@@ -100,7 +102,9 @@ def rollout(
     """
     n = len(task_indices) * group_size
     if len(envs) < n:
-        raise ValueError(f"need {n} environments for {len(task_indices)} tasks x {group_size} samples, got {len(envs)}")
+        raise ValueError(
+            f"need {n} environments for {len(task_indices)} tasks x {group_size} samples, got {len(envs)}"
+        )
     tok = agent.tokenizer
     eos_id = int(tok.eos_token_id)  # type: ignore[arg-type]
     episodes: list[_Episode] = []

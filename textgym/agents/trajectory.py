@@ -8,6 +8,7 @@ Each turn's reward sits on the last token the policy generated in that turn.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -159,6 +160,7 @@ class RolloutBatch:
 
     def to(self, device: torch.device | str) -> RolloutBatch:
         """Move every tensor to `device`."""
-        return RolloutBatch(
-            **{k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in self.__dict__.items()}
-        )
+        moved: dict[str, Any] = {
+            k: v.to(device) for k, v in self.__dict__.items() if isinstance(v, torch.Tensor)
+        }
+        return dataclasses.replace(self, **moved)

@@ -105,7 +105,9 @@ class ArithmeticTasks(Sequence[Task]):
     def _draw(self, rng: np.random.Generator) -> tuple[str, int]:
         for _ in range(1000):
             nums = [int(x) for x in rng.integers(0, 10**self.digits, size=self.n_terms)]
-            ops = [self.operators[int(k)] for k in rng.integers(0, len(self.operators), size=self.n_terms - 1)]
+            ops = [
+                self.operators[int(k)] for k in rng.integers(0, len(self.operators), size=self.n_terms - 1)
+            ]
             try:
                 value = evaluate(nums, ops)
             except (ZeroDivisionError, ValueError):
@@ -199,6 +201,4 @@ class ArithmeticEnv(SingleTurnEnv):
         **kwargs: Any,
     ):
         tasks = _cached_tasks(split, operators, digits, n_terms, n_test, generator_seed)
-        super().__init__(
-            tasks, math_rubric(correct_weight, format_weight), instruction=instruction, **kwargs
-        )
+        super().__init__(tasks, math_rubric(correct_weight, format_weight), instruction=instruction, **kwargs)

@@ -37,7 +37,7 @@ class TextEnv(gym.Env[list[Message], str]):
         render_mode: None or "ansi" (`render()` returns the transcript as text).
     """
 
-    metadata: dict[str, Any] = {"render_modes": ["ansi"], "render_fps": 1}
+    metadata: dict[str, Any] = {"render_modes": ["ansi"], "render_fps": 1}  # noqa: RUF012 (gymnasium API)
 
     def __init__(
         self,
@@ -49,7 +49,9 @@ class TextEnv(gym.Env[list[Message], str]):
         render_mode: str | None = None,
     ):
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
-            raise ValueError(f"render_mode must be one of {self.metadata['render_modes']}, got {render_mode!r}")
+            raise ValueError(
+                f"render_mode must be one of {self.metadata['render_modes']}, got {render_mode!r}"
+            )
         if max_action_chars <= 0:
             raise ValueError(f"max_action_chars must be positive, got {max_action_chars}")
         self.tasks = tasks
@@ -100,7 +102,7 @@ class TextEnv(gym.Env[list[Message], str]):
             index = int(self.np_random.integers(n))
         self.task_index = index
         self.task = self.tasks[index]
-        obs = ([{"role": "system", "content": self.system_prompt}] if self.system_prompt else [])
+        obs = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
         obs += self.initial_messages(self.task)
         self._transcript = [dict(m) for m in obs]
         self._done = False

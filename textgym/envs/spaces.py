@@ -14,7 +14,6 @@ from gymnasium import spaces
 
 from textgym.types import Message
 
-
 # Printable ASCII plus a few multi-byte characters, so sampled actions exercise unicode paths.
 _SAMPLE_CHARSET = tuple(chr(c) for c in range(32, 127)) + tuple("\n\téü×√π∑→✓中文😀")
 
@@ -78,9 +77,9 @@ class ChatMessages(spaces.Space[list[Message]]):
         """Message lists have no fixed-size flat form."""
         return False
 
-    def seed(self, seed: int | None = None) -> list[int]:
+    def seed(self, seed: int | None = None) -> int:  # type: ignore[override]
         """Seed this space and its inner text space."""
-        seeds = super().seed(seed)
+        seeds: int = super().seed(seed)
         self._text.seed(int(self.np_random.integers(2**31)))
         return seeds
 
@@ -90,7 +89,10 @@ class ChatMessages(spaces.Space[list[Message]]):
             raise ValueError("ChatMessages.sample does not support mask or probability")
         n = int(self.np_random.integers(1, self.max_sample_messages + 1))
         return [
-            {"role": self.roles[int(self.np_random.integers(len(self.roles)))], "content": self._text.sample()}
+            {
+                "role": self.roles[int(self.np_random.integers(len(self.roles)))],
+                "content": self._text.sample(),
+            }
             for _ in range(n)
         ]
 

@@ -13,4 +13,6 @@ def run(*args: object, **kwargs: object) -> None:
     Raises:
         NotImplementedError: always, until the sandbox backends land.
     """
-    raise NotImplementedError("textgym.sandbox is not implemented yet (process and docker backends are planned)")
+    raise NotImplementedError(
+        "textgym.sandbox is not implemented yet (process and docker backends are planned)"
+    )

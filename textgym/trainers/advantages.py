@@ -37,7 +37,9 @@ def group_advantages(
         ValueError: if B is not a multiple of G or `scale` is unknown.
     """
     if rewards.ndim != 1 or rewards.numel() % group_size:
-        raise ValueError(f"rewards must be [B] with B a multiple of group_size={group_size}, got {tuple(rewards.shape)}")
+        raise ValueError(
+            f"rewards must be [B] with B a multiple of group_size={group_size}, got {tuple(rewards.shape)}"
+        )
     r = rewards.float().view(-1, group_size)  # [num_groups, G]
     centred = r - r.mean(dim=1, keepdim=True)
     group_std = r.std(dim=1, keepdim=True) if group_size > 1 else torch.zeros_like(r[:, :1])

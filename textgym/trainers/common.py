@@ -159,7 +159,9 @@ class MetricsLogger:
             self.path.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
         from torch.utils.tensorboard import SummaryWriter
 
-        self.tb = SummaryWriter(log_dir=str(stage_dir / "tb"), purge_step=None if resume_step is None else resume_step + 1)
+        self.tb = SummaryWriter(
+            log_dir=str(stage_dir / "tb"), purge_step=None if resume_step is None else resume_step + 1
+        )
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         """Write one record (`{"step": step, **metrics}`)."""
@@ -252,7 +254,9 @@ def load_checkpoint(
     missing, unexpected = model.load_state_dict(weights, strict=False)
     tied = {k for k in missing if "lm_head" in k}
     if set(missing) - tied or unexpected:
-        raise RuntimeError(f"checkpoint {ckpt} does not match the model: missing {missing}, unexpected {unexpected}")
+        raise RuntimeError(
+            f"checkpoint {ckpt} does not match the model: missing {missing}, unexpected {unexpected}"
+        )
     if tied:
         model.tie_weights()
     optimizer.load_state_dict(torch.load(ckpt / "optimizer.pt", weights_only=False))

@@ -146,7 +146,7 @@ class GRPOTrainer:
         tokens = float(batch.loss_mask.sum())
         metrics.update(
             {
-                "lr": self.scheduler.get_last_lr()[0],
+                "lr": float(self.scheduler.get_last_lr()[0]),
                 "time/rollout_s": t_rollout,
                 "time/update_s": t_update,
                 "time/step_s": step_s,
@@ -179,7 +179,9 @@ class GRPOTrainer:
                 self.optimizer.zero_grad(set_to_none=True)
                 for micro in _chunks(mb, self.micro_batch_size):
                     sub = batch.select(micro)
-                    logprobs, entropy = sequence_logprobs(self.policy, sub, cfg.sampling.temperature, with_entropy=True)
+                    logprobs, entropy = sequence_logprobs(
+                        self.policy, sub, cfg.sampling.temperature, with_entropy=True
+                    )
                     micro_d = micro.to(self.device)
                     loss, stats = clipped_policy_loss(
                         logprobs,
@@ -189,7 +191,9 @@ class GRPOTrainer:
                         clip_low=cfg.clip_low,
                         clip_high=cfg.clip_high,
                         aggregation=cfg.loss_aggregation,
-                        ref_logprobs=None if ref_logprobs is None else ref_logprobs[micro_d, : sub.loss_mask.shape[1]],
+                        ref_logprobs=None
+                        if ref_logprobs is None
+                        else ref_logprobs[micro_d, : sub.loss_mask.shape[1]],
                         kl_coef=cfg.kl_coef,
                         kl_estimator=cfg.kl_estimator,
                         num_seqs=len(mb),
@@ -214,7 +218,9 @@ class GRPOTrainer:
                 self.optimizer.step()
                 self.scheduler.step()
                 updates += 1
-        return {k: v / updates if k.startswith("loss/") else v / max(weights[k], 1e-12) for k, v in sums.items()}
+        return {
+            k: v / updates if k.startswith("loss/") else v / max(weights[k], 1e-12) for k, v in sums.items()
+        }
 
     @torch.no_grad()
     def _reference_logprobs(self, batch: RolloutBatch) -> torch.Tensor | None:
@@ -259,7 +265,8 @@ class GRPOTrainer:
                 if echo is not None and (self.step % every == 0 or self.step == cfg.steps):
                     echo(
                         f"grpo step {self.step}/{cfg.steps}  reward {metrics['rollout/reward_mean']:.3f}"
-                        f"  len {metrics['rollout/response_length_mean']:.1f}  clip {metrics['clip/frac']:.3f}"
+                        f"  len {metrics['rollout/response_length_mean']:.1f}"
+                        f"  clip {metrics['clip/frac']:.3f}"
                         f"  entropy {metrics['entropy']:.3f}  {metrics['time/step_s']:.2f}s/step"
                     )
             if not cfg.checkpoint_every or self.step % cfg.checkpoint_every:

@@ -58,7 +58,9 @@ def aggregate(
     raise ValueError(f"unknown loss aggregation {mode!r}")
 
 
-def kl_estimate(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: KLEstimator = "k3") -> torch.Tensor:
+def kl_estimate(
+    logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: KLEstimator = "k3"
+) -> torch.Tensor:
     """Per-token estimate of KL(π_θ ‖ π_ref) from samples of π_θ (Schulman 2020, "Approximating KL").
 
     With `log_ratio = log π_ref − log π_θ` at the sampled token:
@@ -120,8 +122,12 @@ def clipped_policy_loss(
         old_logprobs: [B, L] log π_old (sampling log-probs), no grad.
         advantages: [B, L] per-token or [B] per-sequence advantages.
         mask: [B, L] 1.0 on policy tokens.
-        clip_low, clip_high: ε_low, ε_high of the clip range.
-        aggregation, num_seqs, num_tokens, norm_len: see `aggregate`.
+        clip_low: ε_low: the ratio is clipped below at 1 − ε_low.
+        clip_high: ε_high: the ratio is clipped above at 1 + ε_high.
+        aggregation: the reduction mode (see `aggregate`).
+        num_seqs: minibatch size when this is a micro-batch (see `aggregate`).
+        num_tokens: minibatch token count when this is a micro-batch (see `aggregate`).
+        norm_len: the constant of `seq_mean_token_sum_norm` (see `aggregate`).
         ref_logprobs: [B, L] log π_ref, required when `kl_coef > 0`.
         kl_coef: β.
         kl_estimator: "k1" | "k2" | "k3" (see `kl_estimate`).
@@ -147,15 +153,18 @@ def clipped_policy_loss(
             raise ValueError("kl_coef > 0 needs ref_logprobs")
         kl = kl_estimate(logprobs, ref_logprobs, kl_estimator)
         per_token = pg + kl_coef * kl
-    agg = {"num_seqs": num_seqs, "num_tokens": num_tokens, "norm_len": norm_len}
-    loss = aggregate(per_token, mask, aggregation, **agg)
+
+    def agg(x: torch.Tensor) -> torch.Tensor:
+        return aggregate(x, mask, aggregation, num_seqs=num_seqs, num_tokens=num_tokens, norm_len=norm_len)
+
+    loss = agg(per_token)
 
     with torch.no_grad():
         n = mask.sum().clamp(min=1.0)
         low = ((ratio < 1.0 - clip_low) & (advantages < 0)).float()
         high = ((ratio > 1.0 + clip_high) & (advantages > 0)).float()
         stats = {
-            "loss/policy": float(aggregate(pg, mask, aggregation, **agg)),
+            "loss/policy": float(agg(pg)),
             "clip/frac_low": float((low * mask).sum() / n),
             "clip/frac_high": float((high * mask).sum() / n),
             "clip/frac": float(((low + high) * mask).sum() / n),

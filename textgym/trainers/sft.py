@@ -71,13 +71,22 @@ class SFTTrainer:
         """The supervised sequence of one task: prompt (mask 0) + solution + end-of-turn (mask 1)."""
         obs, _ = self.env.reset(options={"task_index": task_index})
         task = self.env.unwrapped.task  # type: ignore[attr-defined]
-        prompt = self.tokenizer.apply_chat_template(obs, add_generation_prompt=True, tokenize=True, return_dict=False)
-        target = self.tokenizer(task.solution, add_special_tokens=False)["input_ids"] + [self.tokenizer.eos_token_id]
+        prompt = self.tokenizer.apply_chat_template(
+            obs, add_generation_prompt=True, tokenize=True, return_dict=False
+        )
+        target = self.tokenizer(task.solution, add_special_tokens=False)["input_ids"] + [
+            self.tokenizer.eos_token_id
+        ]
         ids = list(prompt) + list(target)  # type: ignore[arg-type]
         mask = torch.tensor([0.0] * len(prompt) + [1.0] * len(target))
         return Trajectory(
-            token_ids=torch.tensor(ids), loss_mask=mask, logprobs=torch.zeros(len(ids)),
-            token_rewards=torch.zeros(len(ids)), prompt_length=len(prompt), messages=list(obs), reward=0.0,
+            token_ids=torch.tensor(ids),
+            loss_mask=mask,
+            logprobs=torch.zeros(len(ids)),
+            token_rewards=torch.zeros(len(ids)),
+            prompt_length=len(prompt),
+            messages=list(obs),
+            reward=0.0,
         )
 
     def train_step(self) -> dict[str, float]:
@@ -109,14 +118,26 @@ class SFTTrainer:
         self.scheduler.step()
         self.step += 1
         dt = time.perf_counter() - t0
-        metrics.update({"lr": self.scheduler.get_last_lr()[0], "time/step_s": dt, "throughput/tokens_per_s": num_tokens / dt})
+        metrics.update(
+            {
+                "lr": float(self.scheduler.get_last_lr()[0]),
+                "time/step_s": dt,
+                "throughput/tokens_per_s": num_tokens / dt,
+            }
+        )
         return metrics
 
     def save(self) -> Path:
         """Checkpoint the current step."""
         return save_checkpoint(
-            self.stage_dir, self.step, self.model, self.tokenizer, self.optimizer, self.scheduler,
-            {"cursor": self.sampler.cursor}, keep=self.cfg.keep_checkpoints,
+            self.stage_dir,
+            self.step,
+            self.model,
+            self.tokenizer,
+            self.optimizer,
+            self.scheduler,
+            {"cursor": self.sampler.cursor},
+            keep=self.cfg.keep_checkpoints,
         )
 
     def train(self, echo: Callable[[str], None] | None = None) -> Path:
@@ -135,7 +156,10 @@ class SFTTrainer:
                 bar.update(1)
                 bar.set_postfix(loss=f"{metrics['loss/sft']:.4f}")
                 if echo is not None and (self.step % every == 0 or self.step == cfg.steps):
-                    echo(f"sft step {self.step}/{cfg.steps}  loss {metrics['loss/sft']:.4f}  {metrics['time/step_s']:.2f}s/step")
+                    echo(
+                        f"sft step {self.step}/{cfg.steps}  loss {metrics['loss/sft']:.4f}"
+                        f"  {metrics['time/step_s']:.2f}s/step"
+                    )
             if not cfg.checkpoint_every or self.step % cfg.checkpoint_every:
                 self.save()
         finally:

@@ -36,7 +36,7 @@ from textgym.verifiers.base import Score
 MAX_SCAN_CHARS = 200_000
 """Completions longer than this (characters) are cut to their last MAX_SCAN_CHARS before extraction."""
 FALLBACK_CHARS = 2_000
-"""Without a marker, only the completion's last FALLBACK_CHARS characters go to math-verify's own extraction."""
+"""Without a marker, the completion's last FALLBACK_CHARS characters go to math-verify's extraction."""
 MAX_ANSWER_CHARS = 1_000
 """Extracted answers longer than this are not compared (no real final answer is that long)."""
 
@@ -251,10 +251,14 @@ def math_equal(
     """Decide whether `pred` is mathematically equivalent to `gold` with math-verify.
 
     Args:
-        gold, pred: a string, or a list of candidate renderings tried in order until
-            math-verify parses one (e.g. `["\\boxed{x}", "x"]`).
-        gold_match, pred_match: math-verify extraction configs ("latex", "expr").
-        float_rounding, strict, allow_set_relation_comp: passed to `math_verify.verify`.
+        gold: the reference, as a string or a list of candidate renderings tried in order
+            until math-verify parses one (e.g. `["\\boxed{x}", "x"]`).
+        pred: the prediction, likewise.
+        gold_match: math-verify extraction configs for gold ("latex", "latex_default", "expr").
+        pred_match: the same for the prediction.
+        float_rounding: decimal places numbers are rounded to (`math_verify.verify`).
+        strict: `math_verify.verify`'s strict mode (variables must match, etc.).
+        allow_set_relation_comp: let `math_verify.verify` compare sets with relations.
         timeout_s: wall-clock budget in seconds for parsing and comparing together.
 
     Returns:
@@ -282,7 +286,12 @@ def math_equal(
         if len(_RESULTS) > _RESULTS_MAX:
             _RESULTS.popitem(last=False)
     if reply is None:
-        return {"equal": False, "gold_parsed": None, "pred_parsed": None, "error": f"timeout after {timeout_s}s"}
+        return {
+            "equal": False,
+            "gold_parsed": None,
+            "pred_parsed": None,
+            "error": f"timeout after {timeout_s}s",
+        }
     if "error" in reply:
         return {"equal": False, "gold_parsed": None, "pred_parsed": None, "error": reply["error"]}
     return reply
@@ -330,8 +339,11 @@ class MathVerifier:
             if len(ext.text) > MAX_ANSWER_CHARS:
                 return Score(
                     0.0,
-                    {"extracted": ext.text[:80] + "…", "marker": ext.kind,
-                     "error": f"final answer too long ({len(ext.text)} chars > {MAX_ANSWER_CHARS})"},
+                    {
+                        "extracted": ext.text[:80] + "…",
+                        "marker": ext.kind,
+                        "error": f"final answer too long ({len(ext.text)} chars > {MAX_ANSWER_CHARS})",
+                    },
                 )
             pred = answer_candidates(ext.text)
             details = {"extracted": ext.text, "marker": ext.kind}

@@ -1,0 +1,41 @@
+# The README's two commands: `make quickstart` and `make test`. Both install into .venv first.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# The CPU wheel of torch is installed before anything that depends on torch, so pip never
+# pulls a multi-GB CUDA build on a CPU machine. On a GPU machine: make TORCH_SPEC=torch install
+TORCH_SPEC ?= torch==2.13.0
+
+.PHONY: install quickstart test test-fast lint typecheck bench clean
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet "$(TORCH_SPEC)"
+	$(BIN)/pip install --quiet -e ".[dev]"
+	touch $@
+
+quickstart: install
+	$(BIN)/textgym train configs/quickstart.yaml --overwrite
+
+lint: install
+	$(BIN)/ruff check textgym tests bench
+	$(BIN)/ruff format --check textgym tests bench
+
+typecheck: install
+	$(BIN)/mypy
+
+test: lint typecheck
+	$(BIN)/python -m pytest -q
+
+test-fast: install
+	$(BIN)/python -m pytest -q -m "not slow"
+
+bench: install
+	$(BIN)/pip install --quiet -e ".[bench]"
+	$(BIN)/python bench/grpo_step.py
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache .mypy_cache .ruff_cache
