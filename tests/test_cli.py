@@ -182,6 +182,7 @@ def test_train_eval_resume_and_plot(tmp_path, tiny_model_dir):
         "grpo.prompts_per_step=2",
         "grpo.group_size=2",
         "grpo.checkpoint_every=1",
+        "grpo.eval_every=2",
         "eval.n=6",
     ]
     r = invoke(*args)
@@ -195,6 +196,8 @@ def test_train_eval_resume_and_plot(tmp_path, tiny_model_dir):
         assert (run / stage / "final" / "model.safetensors").is_file()
         assert (run / stage / "metrics.jsonl").is_file() and (run / stage / "config.yaml").is_file()
     assert (run / "config.yaml").is_file()
+    grpo_rows = [json.loads(line) for line in (run / "grpo" / "metrics.jsonl").read_text().splitlines()]
+    assert "eval/accuracy" not in grpo_rows[0] and 0.0 <= grpo_rows[1]["eval/accuracy"] <= 1.0
     # --resume on a finished run skips the stages and rewrites the same summary
     r = invoke(*args, "--resume")
     assert r.exit_code == 0 and "finished earlier, skipped" in r.output

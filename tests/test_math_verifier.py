@@ -77,7 +77,7 @@ def test_timeout_kills_and_replaces_the_worker():
     v = MathVerifier(timeout_s=1.0)
     # math-verify's own 1 s alarms handle this one; ask for a hard kill with a tiny budget instead
     res = math_equal("3", "\\boxed{10^{10^{10}}}", timeout_s=0.05)
-    assert res["equal"] is False and "timeout" in res["error"]
+    assert res["equal"] is False and "did not answer" in res["error"]
     assert v("\\boxed{3}", Task("t", "q", "3")).reward == 1.0  # a fresh worker answers
 
 

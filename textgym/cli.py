@@ -136,9 +136,8 @@ def train_cmd(
         _fail(str(e))
         return
     if "accuracy_before" in summary:
-        table = Table(
-            title=f"{cfg.name}: {summary['eval_env']} {summary['eval_env_kwargs']}, n={summary['n_eval']}"
-        )
+        kwargs = " ".join(f"{k}={v!r}" for k, v in summary["eval_env_kwargs"].items())
+        table = Table(title=f"{cfg.name} · {summary['eval_env']} · n={summary['n_eval']}", caption=kwargs)
         table.add_column("")
         table.add_column("before", justify="right")
         table.add_column("after", justify="right")

@@ -62,17 +62,17 @@ def preflight(cfg: RunConfig) -> None:
         raise ConfigError(f"device: {cfg.device!r} requested but CUDA is not available")
 
 
-def run_eval(model_path: Path, cfg: EvalConfig, device: torch.device) -> EvalResult:
-    """Evaluate the model saved at `model_path` with `cfg`."""
-    model, tok = load_model(model_path, device=device)
-    agent = LLMAgent(model, tok, batch_size=cfg.batch_size)
+def evaluate_model(model: Any, tokenizer: Any, cfg: EvalConfig) -> EvalResult:
+    """Evaluate an in-memory model with `cfg` (the first `cfg.n` tasks, `cfg.samples` each)."""
+    agent = LLMAgent(model, tokenizer, batch_size=cfg.batch_size)
+    params = SamplingParams(**cfg.sampling.model_dump())
     return evaluate(
         agent,
         cfg.env.id,
         cfg.env.kwargs,
         n=cfg.n,
         samples=cfg.samples,
-        params=SamplingParams(**cfg.sampling.model_dump()),
+        params=params,
         batch_size=cfg.batch_size,
     )
 
@@ -80,14 +80,67 @@ def run_eval(model_path: Path, cfg: EvalConfig, device: torch.device) -> EvalRes
 def _cached_eval(
     path: Path, model_path: Path, cfg: EvalConfig, device: torch.device, resume: bool
 ) -> dict[str, Any]:
+    """Evaluate the model saved at `model_path`, reusing `path` when resuming the same model."""
     if resume and path.is_file():
         cached = json.loads(path.read_text(encoding="utf-8"))
         if cached.get("model") == str(model_path):
             return dict(cached)
-    res = run_eval(model_path, cfg, device).summary()
+    model, tok = load_model(model_path, device=device)
+    res = evaluate_model(model, tok, cfg).summary()
     res["model"] = str(model_path)
     path.write_text(json.dumps(res, indent=2), encoding="utf-8")
     return res
+
+
+def _prepare_run_dir(cfg: RunConfig, resume: bool, overwrite: bool) -> Path:
+    run_dir = cfg.run_dir
+    if run_dir.exists() and any(run_dir.iterdir()) and not resume:
+        if not overwrite:
+            raise ConfigError(
+                f"run directory {run_dir} exists; pass --resume to continue it or --overwrite to replace it"
+            )
+        shutil.rmtree(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    _write_yaml(run_dir / "config.yaml", cfg)
+    return run_dir
+
+
+def _write_yaml(path: Path, cfg: Any) -> None:
+    path.write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False), encoding="utf-8")
+
+
+def _start_model(cfg: RunConfig, run_dir: Path, echo: Callable[[str], None]) -> Path:
+    if cfg.model.path is not None:
+        return Path(cfg.model.path)
+    assert cfg.model.init_preset is not None
+    model_path = run_dir / "model_init"
+    if not (model_path / "config.json").is_file():
+        init_model(cfg.model.init_preset, model_path, seed=cfg.model.init_seed)
+        echo(f"built {cfg.model.init_preset} model in {model_path}")
+    return model_path
+
+
+def _run_stage(
+    name: str,
+    stage_cfg: Any,
+    run_dir: Path,
+    model_path: Path,
+    device: torch.device,
+    resume: bool,
+    echo: Callable[[str], None],
+    build: Callable[[Any, Any, Path], Any],
+) -> tuple[Path, float | None]:
+    """Train one stage from `model_path`; return its final model folder and wall seconds (None if skipped)."""
+    stage_dir = run_dir / name
+    if resume and (stage_dir / "final" / "config.json").is_file():
+        echo(f"{name}: finished earlier, skipped")
+        return stage_dir / "final", None
+    t = time.perf_counter()
+    model, tok = load_model(model_path, device=device)
+    stage_dir.mkdir(parents=True, exist_ok=True)
+    _write_yaml(stage_dir / "config.yaml", stage_cfg)
+    final: Path = build(model, tok, stage_dir).train(echo)
+    return final, time.perf_counter() - t
 
 
 def run(
@@ -98,119 +151,77 @@ def run(
     Raises:
         ConfigError: on a bad config, or an existing run directory without `resume`/`overwrite`.
     """
+    from textgym.trainers.grpo import GRPOTrainer
+    from textgym.trainers.sft import SFTTrainer
+
     preflight(cfg)
-    run_dir = cfg.run_dir
-    if run_dir.exists() and any(run_dir.iterdir()) and not resume:
-        if not overwrite:
-            raise ConfigError(
-                f"run directory {run_dir} exists; pass --resume to continue it or --overwrite to replace it"
-            )
-        shutil.rmtree(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(
-        yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False), encoding="utf-8"
-    )
+    run_dir = _prepare_run_dir(cfg, resume, overwrite)
     start = time.perf_counter()
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     device = resolve_device(cfg.device)
     seed_everything(cfg.seed)
-
     # 0. Start model.
-    if cfg.model.path is not None:
-        model_path = Path(cfg.model.path)
-    else:
-        assert cfg.model.init_preset is not None
-        model_path = run_dir / "model_init"
-        if not (model_path / "config.json").is_file():
-            init_model(cfg.model.init_preset, model_path, seed=cfg.model.init_seed)
-            echo(f"built {cfg.model.init_preset} model in {model_path}")
+    model_path = _start_model(cfg, run_dir, echo)
     stage_times: dict[str, float] = {}
-    last_stage = "grpo" if cfg.grpo else "sft"
     before: dict[str, Any] | None = None
 
-    # 1. SFT warm start.
+    # 1. SFT warm start (evaluated before it when it is the only stage).
     if cfg.sft is not None:
-        if cfg.eval and last_stage == "sft":
+        sft_cfg = cfg.sft
+        if cfg.eval is not None and cfg.grpo is None:
             before = _cached_eval(run_dir / "eval_before.json", model_path, cfg.eval, device, resume)
-        sft_dir = run_dir / "sft"
-        if resume and (sft_dir / "final" / "config.json").is_file():
-            echo("sft: finished earlier, skipped")
-        else:
-            from textgym.trainers.sft import SFTTrainer
+        seed_everything(cfg.seed)
+        model_path, secs = _run_stage(
+            "sft", sft_cfg, run_dir, model_path, device, resume, echo,
+            lambda m, t, d: SFTTrainer(sft_cfg, m, t, d, seed=cfg.seed, resume=resume),
+        )  # fmt: skip
+        if secs is not None:
+            stage_times["sft"] = secs
 
-            t = time.perf_counter()
-            seed_everything(cfg.seed)
-            model, tok = load_model(model_path, device=device)
-            (sft_dir).mkdir(parents=True, exist_ok=True)
-            (sft_dir / "config.yaml").write_text(
-                yaml.safe_dump(cfg.sft.model_dump(mode="json"), sort_keys=False)
-            )
-            SFTTrainer(cfg.sft, model, tok, sft_dir, seed=cfg.seed, resume=resume).train(echo)
-            stage_times["sft"] = time.perf_counter() - t
-        model_path = sft_dir / "final"
-
-    # 2-3. GRPO, evaluated before and after.
+    # 2. GRPO, evaluated before and after.
     if cfg.grpo is not None:
-        if cfg.eval:
-            before = _cached_eval(run_dir / "eval_before.json", model_path, cfg.eval, device, resume)
+        grpo_cfg, eval_cfg = cfg.grpo, cfg.eval
+        periodic: Callable[[Any, Any], dict[str, float]] | None = None
+        if eval_cfg is not None:
+            before = _cached_eval(run_dir / "eval_before.json", model_path, eval_cfg, device, resume)
             echo(f"eval before grpo: accuracy {before['accuracy']:.3f} on {before['n']} tasks")
-        grpo_dir = run_dir / "grpo"
-        if resume and (grpo_dir / "final" / "config.json").is_file():
-            echo("grpo: finished earlier, skipped")
-        else:
-            from textgym.trainers.grpo import GRPOTrainer
+            if grpo_cfg.eval_every:
 
-            t = time.perf_counter()
-            seed_everything(cfg.seed + 1)
-            model, tok = load_model(model_path, device=device)
-            grpo_dir.mkdir(parents=True, exist_ok=True)
-            (grpo_dir / "config.yaml").write_text(
-                yaml.safe_dump(cfg.grpo.model_dump(mode="json"), sort_keys=False)
-            )
-            eval_fn = None
-            if cfg.eval is not None and cfg.grpo.eval_every:
-                eval_cfg = cfg.eval
-
-                def eval_fn(m: Any) -> dict[str, float]:
-                    agent = LLMAgent(m, tok, batch_size=eval_cfg.batch_size)
-                    r = evaluate(
-                        agent,
-                        eval_cfg.env.id,
-                        eval_cfg.env.kwargs,
-                        n=eval_cfg.n,
-                        samples=eval_cfg.samples,
-                        params=SamplingParams(**eval_cfg.sampling.model_dump()),
-                        batch_size=eval_cfg.batch_size,
-                    )
+                def periodic(m: Any, t: Any) -> dict[str, float]:
+                    r = evaluate_model(m, t, eval_cfg)
                     return {"eval/accuracy": r.accuracy, "eval/mean_reward": r.mean_reward}
 
-            GRPOTrainer(cfg.grpo, model, tok, grpo_dir, seed=cfg.seed, resume=resume, eval_fn=eval_fn).train(
-                echo
-            )
-            stage_times["grpo"] = time.perf_counter() - t
-        model_path = grpo_dir / "final"
+        def build(m: Any, t: Any, d: Path) -> GRPOTrainer:
+            return GRPOTrainer(grpo_cfg, m, t, d, seed=cfg.seed, resume=resume, eval_fn=periodic)
 
-    # 4. Evaluate the result and summarise.
+        seed_everything(cfg.seed + 1)
+        model_path, secs = _run_stage("grpo", grpo_cfg, run_dir, model_path, device, resume, echo, build)
+        if secs is not None:
+            stage_times["grpo"] = secs
+
+    # 3. Evaluate the result and summarise.
     summary: dict[str, Any] = {"name": cfg.name, "final_model": str(model_path), "stage_times_s": stage_times}
     if cfg.eval is not None:
-        after = _cached_eval(run_dir / "eval_after.json", model_path, cfg.eval, device, resume)
         assert before is not None
-        summary.update(
-            {
-                "eval_env": cfg.eval.env.id,
-                "eval_env_kwargs": cfg.eval.env.kwargs,
-                "n_eval": cfg.eval.n,
-                "samples": cfg.eval.samples,
-                "decoding": cfg.eval.sampling.model_dump(),
-                "accuracy_before": before["accuracy"],
-                "accuracy_after": after["accuracy"],
-                "mean_reward_before": before["mean_reward"],
-                "mean_reward_after": after["mean_reward"],
-                "pass_at_before": before["pass_at"],
-                "pass_at_after": after["pass_at"],
-            }
-        )
+        after = _cached_eval(run_dir / "eval_after.json", model_path, cfg.eval, device, resume)
+        summary.update(_comparison(cfg.eval, before, after))
     summary["wall_time_s"] = time.perf_counter() - start
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
     return summary
+
+
+def _comparison(cfg: EvalConfig, before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "eval_env": cfg.env.id,
+        "eval_env_kwargs": cfg.env.kwargs,
+        "n_eval": cfg.n,
+        "samples": cfg.samples,
+        "decoding": cfg.sampling.model_dump(),
+        "accuracy_before": before["accuracy"],
+        "accuracy_after": after["accuracy"],
+        "mean_reward_before": before["mean_reward"],
+        "mean_reward_after": after["mean_reward"],
+        "pass_at_before": before["pass_at"],
+        "pass_at_after": after["pass_at"],
+    }

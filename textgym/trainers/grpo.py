@@ -77,7 +77,7 @@ class GRPOTrainer:
         stage_dir: where metrics, TensorBoard events and checkpoints go.
         seed: seed of task sampling.
         resume: continue from the newest checkpoint in `stage_dir` when there is one.
-        eval_fn: called as `eval_fn(model) -> {metric: value}` every `cfg.eval_every` steps.
+        eval_fn: called as `eval_fn(model, tokenizer) -> {metric: value}` every `cfg.eval_every` steps.
     """
 
     def __init__(
@@ -89,7 +89,7 @@ class GRPOTrainer:
         *,
         seed: int = 0,
         resume: bool = False,
-        eval_fn: Callable[[PreTrainedModel], dict[str, float]] | None = None,
+        eval_fn: Callable[[PreTrainedModel, PreTrainedTokenizerBase], dict[str, float]] | None = None,
     ):
         self.cfg, self.policy, self.tokenizer, self.stage_dir = cfg, model, tokenizer, Path(stage_dir)
         self.stage_dir.mkdir(parents=True, exist_ok=True)
@@ -250,20 +250,22 @@ class GRPOTrainer:
         """Run until `cfg.steps`, logging and checkpointing; return the saved final model folder."""
         cfg = self.cfg
         bar = progress_bar(cfg.steps, self.step, "grpo")
+        # Progress lines go above a live bar (tty), or through `echo` when the bar is off.
+        write = (lambda line: bar.write(line)) if not bar.disable and echo is not None else echo
         every = max(1, cfg.steps // 20)
         try:
             while self.step < cfg.steps:
                 metrics = self.train_step()
                 if self.eval_fn is not None and cfg.eval_every and self.step % cfg.eval_every == 0:
-                    metrics.update(self.eval_fn(self.policy))
+                    metrics.update(self.eval_fn(self.policy, self.tokenizer))
                 if self.step % cfg.log_every == 0 or self.step == cfg.steps:
                     self.logger.log(self.step, metrics)
                 if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0:
                     self.save()
                 bar.update(1)
                 bar.set_postfix(reward=f"{metrics['rollout/reward_mean']:.3f}")
-                if echo is not None and (self.step % every == 0 or self.step == cfg.steps):
-                    echo(
+                if write is not None and (self.step % every == 0 or self.step == cfg.steps):
+                    write(
                         f"grpo step {self.step}/{cfg.steps}  reward {metrics['rollout/reward_mean']:.3f}"
                         f"  len {metrics['rollout/response_length_mean']:.1f}"
                         f"  clip {metrics['clip/frac']:.3f}"

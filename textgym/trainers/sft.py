@@ -144,6 +144,8 @@ class SFTTrainer:
         """Run until `cfg.steps`; return the saved final model folder."""
         cfg = self.cfg
         bar = progress_bar(cfg.steps, self.step, "sft")
+        # Progress lines go above a live bar (tty), or through `echo` when the bar is off.
+        write = (lambda line: bar.write(line)) if not bar.disable and echo is not None else echo
         every = max(1, cfg.steps // 10)
         try:
             while self.step < cfg.steps:
@@ -155,8 +157,8 @@ class SFTTrainer:
                     self.save()
                 bar.update(1)
                 bar.set_postfix(loss=f"{metrics['loss/sft']:.4f}")
-                if echo is not None and (self.step % every == 0 or self.step == cfg.steps):
-                    echo(
+                if write is not None and (self.step % every == 0 or self.step == cfg.steps):
+                    write(
                         f"sft step {self.step}/{cfg.steps}  loss {metrics['loss/sft']:.4f}"
                         f"  {metrics['time/step_s']:.2f}s/step"
                     )

@@ -77,10 +77,28 @@ def handle(req: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _limit_memory() -> None:
+    """Cap the address space (TEXTGYM_MATH_WORKER_MEM_MB, default 4096 MB).
+
+    A runaway sympy computation then fails with MemoryError (reported as a reply) or
+    kills only this worker, instead of exhausting the machine.
+    """
+    import os
+    import resource
+
+    mb = int(os.environ.get("TEXTGYM_MATH_WORKER_MEM_MB", "4096"))
+    if mb > 0:
+        limit = mb * 1024 * 1024
+        _, hard = resource.getrlimit(resource.RLIMIT_AS)
+        if hard == resource.RLIM_INFINITY or hard > limit:
+            resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+
 def main() -> None:
     """Serve requests from stdin until it closes."""
     import logging
 
+    _limit_memory()
     logging.disable(logging.CRITICAL)  # math-verify logs every timeout; the parent reports them
     import math_verify  # noqa: F401  (import before announcing readiness)
 

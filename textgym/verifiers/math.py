@@ -234,6 +234,7 @@ class MathVerifyPool:
 POOL = MathVerifyPool(size=int(os.environ.get("TEXTGYM_MATH_WORKERS", "1")))
 _RESULTS: OrderedDict[str, dict[str, Any]] = OrderedDict()
 _RESULTS_MAX = 65536
+_RESULTS_LOCK = threading.Lock()
 """math_equal is pure: the last _RESULTS_MAX answers are kept (GRPO groups repeat completions)."""
 
 
@@ -276,22 +277,20 @@ def math_equal(
         "timeout_s": max(1.0, timeout_s / 3),
     }
     key = json.dumps(req, sort_keys=True)
-    cached = _RESULTS.get(key)
-    if cached is not None:
-        _RESULTS.move_to_end(key)
-        return dict(cached)
+    with _RESULTS_LOCK:
+        cached = _RESULTS.get(key)
+        if cached is not None:
+            _RESULTS.move_to_end(key)
+            return dict(cached)
     reply = POOL.request(req, timeout_s)
-    if reply is not None and "error" not in reply:
-        _RESULTS[key] = reply
-        if len(_RESULTS) > _RESULTS_MAX:
-            _RESULTS.popitem(last=False)
     if reply is None:
-        return {
-            "equal": False,
-            "gold_parsed": None,
-            "pred_parsed": None,
-            "error": f"timeout after {timeout_s}s",
-        }
+        error = f"math-verify did not answer within {timeout_s}s (timed out or ran out of memory)"
+        return {"equal": False, "gold_parsed": None, "pred_parsed": None, "error": error}
+    if "error" not in reply:
+        with _RESULTS_LOCK:
+            _RESULTS[key] = reply
+            if len(_RESULTS) > _RESULTS_MAX:
+                _RESULTS.popitem(last=False)
     if "error" in reply:
         return {"equal": False, "gold_parsed": None, "pred_parsed": None, "error": reply["error"]}
     return reply
