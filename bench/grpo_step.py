@@ -84,7 +84,7 @@ def bench_textgym(model_dir: Path, steps: int, warmup: int, work: Path) -> tuple
 def bench_trl(model_dir: Path, steps: int, warmup: int, work: Path) -> tuple[list[float], float]:
     import gymnasium as gym
     from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
     from textgym.types import Task
@@ -158,6 +158,7 @@ def bench_trl(model_dir: Path, steps: int, warmup: int, work: Path) -> tuple[lis
         processing_class=AutoTokenizer.from_pretrained(model_dir),
         callbacks=[timer],
     )
+    trainer.remove_callback(PrinterCallback)  # metrics reach `timer` through on_log; no console dump
     trainer.train()
     return timer.times[warmup:], statistics.mean(timer.rewards[warmup:]) if timer.rewards else float("nan")
 

@@ -156,3 +156,48 @@ def test_act_returns_text(tiny_model_dir):
         [{"role": "user", "content": "Compute 1+1."}], SamplingParams(temperature=0, max_new_tokens=5)
     )
     assert isinstance(out, str)
+
+
+def test_shared_prompt_forward_equals_the_plain_forward(tiny_model_dir):
+    from textgym.trainers.common import shared_prompt_rows
+
+    torch.manual_seed(0)
+    agent = LLMAgent.from_pretrained(tiny_model_dir)
+    envs = [gym.make("textgym/Arithmetic-v0", split="test") for _ in range(12)]
+    trajs = rollout(agent, envs, [3, 1, 2], SamplingParams(max_new_tokens=8), group_size=4)
+    batch = RolloutBatch.from_trajectories(trajs, agent.tokenizer.pad_token_id)
+    sub = batch.select([5, 0, 9, 4, 11])  # a shuffled minibatch with partial groups
+    assert shared_prompt_rows(sub) is not None
+    results = []
+    for share in (False, True):
+        agent.model.zero_grad()
+        lp, ent = sequence_logprobs(agent.model, sub, 0.7, with_entropy=True, share_prompts=share)
+        (lp * sub.loss_mask * torch.linspace(0.5, 1.5, sub.loss_mask.shape[1])).sum().backward()
+        grad = torch.cat([p.grad.flatten() for p in agent.model.parameters()])
+        results.append((lp.detach() * sub.loss_mask, ent * sub.loss_mask, grad))
+    (lp0, e0, g0), (lp1, e1, g1) = results
+    torch.testing.assert_close(lp1, lp0, rtol=0, atol=1e-5)
+    torch.testing.assert_close(e1, e0, rtol=0, atol=1e-5)
+    # float32 sums in another order: compare against the gradient's own scale
+    assert float((g1 - g0).norm() / g0.norm()) < 1e-5
+    assert float((g1 - g0).abs().max() / g0.abs().max()) < 1e-5
+    # rows that claim one group but hold different prompts are not shared
+    bad = batch.select([0, 4])
+    bad.groups = torch.tensor([0, 0])
+    assert shared_prompt_rows(bad) is None
+    assert shared_prompt_rows(batch.select([0, 4, 8])) is None  # every group once: nothing to share
+
+
+def test_shared_prefill_generation_matches_unshared(agent):
+    env = gym.make("textgym/Arithmetic-v0", split="test")
+    prompts = []
+    for i in range(3):
+        obs, _ = env.reset(options={"task_index": i})
+        prompts.append(agent.encode_prompt(obs))
+    params = SamplingParams(temperature=0.0, max_new_tokens=8)
+    alone = [agent.generate([p], params)[0] for p in prompts]  # nothing repeats: no shared prefill
+    grouped = agent.generate([p for p in prompts for _ in range(3)], params)  # each prompt 3 times
+    for k, gen in enumerate(grouped):
+        ref = alone[k // 3]
+        assert gen.token_ids == ref.token_ids and gen.finish_reason == ref.finish_reason
+        torch.testing.assert_close(gen.logprobs, ref.logprobs, rtol=0, atol=1e-4)

@@ -2,8 +2,9 @@
 
 The transformers backend batches token-id prompts (left-padded), samples with
 `model.generate`, and returns for each prompt the sampled token ids (through the
-end-of-turn token, inclusive) and their sampling log-probabilities. Nothing on this
-path re-tokenizes generated text.
+end-of-turn token, inclusive) and their sampling log-probabilities. Repeated prompts
+(the G samples of a group) are prefilled once. Nothing on this path re-tokenizes
+generated text.
 """
 
 from __future__ import annotations
@@ -78,6 +79,29 @@ class TransformersBackend:
         self.eos_ids = sorted(eos_ids)
         self.pad_id = int(tokenizer.pad_token_id)  # type: ignore[arg-type]
 
+    def _shared_prefix_cache(self, prompts: list[list[int]], ids: torch.Tensor, mask: torch.Tensor) -> Any:
+        """Prefill each distinct prompt once (all but its last token) and gather the KV cache per row.
+
+        A group of G samples of one task repeats its prompt G times; `generate` then only
+        processes the last prompt token of each row. Returns None when no prompt repeats.
+        """
+        keys: dict[tuple[int, ...], int] = {}
+        inverse = [keys.setdefault(tuple(p), len(keys)) for p in prompts]
+        if len(keys) == len(prompts) or ids.shape[1] < 2:
+            return None
+        first = torch.tensor([inverse.index(k) for k in range(len(keys))], device=ids.device)
+        position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
+        out = self.model(
+            input_ids=ids[first, :-1],
+            attention_mask=mask[first, :-1],
+            position_ids=position_ids[first, :-1],
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        cache = out.past_key_values
+        cache.batch_select_indices(torch.tensor(inverse, device=ids.device))
+        return cache
+
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
         """Sample one response per prompt (prompts given as token ids)."""
@@ -107,11 +131,13 @@ class TransformersBackend:
             output_logits=True,
             return_dict_in_generate=True,
         )
+        ids, mask = ids.to(device), mask.to(device)
         was_training = self.model.training
         self.model.eval()
         try:
+            cache = self._shared_prefix_cache(prompts, ids, mask)
             res = self.model.generate(  # type: ignore[operator]
-                input_ids=ids.to(device), attention_mask=mask.to(device), generation_config=config
+                input_ids=ids, attention_mask=mask, past_key_values=cache, generation_config=config
             )
         finally:
             self.model.train(was_training)

@@ -8,7 +8,9 @@ exactly what the policy saw and sampled — no generated text is ever re-tokeniz
 
 from __future__ import annotations
 
+import os
 from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import gymnasium as gym
@@ -20,6 +22,9 @@ from textgym.agents.trajectory import Trajectory
 from textgym.types import Message
 
 _PROBE = "\x00textgym-probe\x00"
+_STEP_POOL = ThreadPoolExecutor(
+    max_workers=int(os.environ.get("TEXTGYM_STEP_THREADS", "4")), thread_name_prefix="env-step"
+)
 
 
 def observation_tokens(
@@ -124,14 +129,17 @@ def rollout(
     active = episodes
     while active:
         gens = agent.generate([ep.token_ids for ep in active], params)
-        for ep, gen in zip(active, gens, strict=True):
-            text = agent.decode(gen.token_ids)
+        texts = [agent.decode(gen.token_ids) for gen in gens]
+        # Environments are independent objects: step them concurrently, so verifiers that wait on
+        # worker processes (math-verify, later the sandbox) score in parallel.
+        steps = list(_STEP_POOL.map(lambda pair: pair[0].env.step(pair[1]), zip(active, texts, strict=True)))
+        for ep, gen, text, step in zip(active, gens, texts, steps, strict=True):
             ep.token_ids += gen.token_ids
             ep.loss_mask += [1.0] * len(gen.token_ids)
             ep.logprobs += gen.logprobs.tolist()
             ep.token_rewards += [0.0] * len(gen.token_ids)
             ep.messages.append({"role": "assistant", "content": text})
-            obs, reward, terminated, truncated, info = ep.env.step(text)
+            obs, reward, terminated, truncated, info = step
             ep.turns += 1
             ep.token_rewards[-1] += float(reward)
             ep.reward += float(reward)

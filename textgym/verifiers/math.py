@@ -231,7 +231,7 @@ class MathVerifyPool:
             self._started = 0
 
 
-POOL = MathVerifyPool(size=int(os.environ.get("TEXTGYM_MATH_WORKERS", "1")))
+POOL = MathVerifyPool(size=int(os.environ.get("TEXTGYM_MATH_WORKERS", str(min(4, os.cpu_count() or 1)))))
 _RESULTS: OrderedDict[str, dict[str, Any]] = OrderedDict()
 _RESULTS_MAX = 65536
 _RESULTS_LOCK = threading.Lock()
