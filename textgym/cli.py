@@ -7,6 +7,7 @@ Exit codes: 0 success; 1 some input lines failed (score/verify) or a run failed;
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -57,21 +58,37 @@ def _make_env(env_id: str, kwargs: dict[str, Any]) -> Any:
         _fail(f"{env_id} rejects --env-kwargs {kwargs}: {e}")
 
 
-def _read_jsonl(path: Path) -> list[tuple[int, dict[str, Any] | str]]:
-    """Lines of a JSONL file as (line number, object) or (line number, error message)."""
+class _BadLineError(ValueError):
+    """An input line that cannot be processed (reported on its own output line)."""
+
+
+def _map_jsonl(path: Path, handle: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
+    """Print `{"line": n, **handle(row)}` for each JSONL line, in order; bad lines get `"error"`.
+
+    Exits with code 1 after the last line when any line was unusable.
+    """
     if not path.is_file():
         _fail(f"input file {str(path)!r} not found")
-    rows: list[tuple[int, dict[str, Any] | str]] = []
+    failed = 0
     with path.open(encoding="utf-8", errors="replace") as f:
         for n, line in enumerate(f, 1):
             if not line.strip():
                 continue
+            out: dict[str, Any] = {"line": n}
             try:
-                obj = json.loads(line)
-                rows.append((n, obj if isinstance(obj, dict) else f"line {n}: expected a JSON object"))
-            except json.JSONDecodeError as e:
-                rows.append((n, f"line {n}: invalid JSON ({e.msg})"))
-    return rows
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise _BadLineError(f"invalid JSON ({e.msg})") from None
+                if not isinstance(row, dict):
+                    raise _BadLineError("expected a JSON object")
+                out.update(handle(row))
+            except _BadLineError as e:
+                out["error"] = f"line {n}: {e}"
+                failed += 1
+            print(json.dumps(out, ensure_ascii=False), flush=True)
+    if failed:
+        raise typer.Exit(1)
 
 
 @app.command("envs")
@@ -226,29 +243,22 @@ def score_cmd(
 ) -> None:
     """Score completions produced elsewhere: one JSON line out per line in, in order."""
     e = _make_env(env, _parse_kwargs(env_kwargs))
-    failed = 0
-    for n, row in _read_jsonl(input):
-        out: dict[str, Any] = {"line": n}
-        if isinstance(row, str):
-            out["error"] = row
-        elif not isinstance(row.get("task_index"), int) or "completion" not in row:
-            out["error"] = f"line {n}: needs an integer 'task_index' and a 'completion'"
-        else:
-            out["task_index"] = row["task_index"]
-            try:
-                e.reset(options={"task_index": row["task_index"]})
-            except ValueError as exc:
-                out["error"] = f"line {n}: {exc}"
-            else:
-                _, reward, _, _, info = e.step(row["completion"])
-                out["reward"] = float(reward)
-                out.update({k: v for k, v in info.items() if k.startswith("reward/")})
-                if "error" in info:
-                    out["reason"] = info["error"]
-        failed += "error" in out
-        print(json.dumps(out, ensure_ascii=False), flush=True)
-    if failed:
-        raise typer.Exit(1)
+
+    def score(row: dict[str, Any]) -> dict[str, Any]:
+        if not isinstance(row.get("task_index"), int) or "completion" not in row:
+            raise _BadLineError("needs an integer 'task_index' and a 'completion'")
+        try:
+            e.reset(options={"task_index": row["task_index"]})
+        except ValueError as exc:
+            raise _BadLineError(str(exc)) from None
+        _, reward, _, _, info = e.step(row["completion"])
+        out = {"task_index": row["task_index"], "reward": float(reward)}
+        out.update({k: v for k, v in info.items() if k.startswith("reward/")})
+        if "error" in info:
+            out["reason"] = info["error"]
+        return out
+
+    _map_jsonl(input, score)
 
 
 @verify_app.command("math")
@@ -263,32 +273,20 @@ def verify_math_cmd(
     from textgym.verifiers.math import MathVerifier
 
     v = MathVerifier(timeout_s=timeout_s)
-    failed = 0
-    for n, row in _read_jsonl(input):
-        out: dict[str, Any] = {"line": n}
-        if isinstance(row, str):
-            out["error"] = row
-        elif not isinstance(row.get("completion"), str) or not isinstance(
-            row.get("answer"), str | int | float
-        ):
-            out["error"] = f"line {n}: needs a string 'completion' and an 'answer'"
-        elif not str(row["answer"]).strip():
-            out["error"] = f"line {n}: empty 'answer'"
-        else:
-            s = v(row["completion"], Task(task_id=str(n), prompt="", answer=str(row["answer"])))
-            out.update(
-                {
-                    "reward": s.reward,
-                    "extracted": s.details.get("extracted"),
-                    "parsed": s.details.get("parsed"),
-                }
-            )
-            if "error" in s.details:
-                out["reason"] = s.details["error"]
-        failed += "error" in out
-        print(json.dumps(out, ensure_ascii=False), flush=True)
-    if failed:
-        raise typer.Exit(1)
+
+    def check(row: dict[str, Any]) -> dict[str, Any]:
+        completion, answer = row.get("completion"), row.get("answer")
+        if not isinstance(completion, str) or not isinstance(answer, str | int | float):
+            raise _BadLineError("needs a string 'completion' and an 'answer'")
+        if not str(answer).strip():
+            raise _BadLineError("empty 'answer'")
+        s = v(completion, Task(task_id="line", prompt="", answer=str(answer)))
+        out = {"reward": s.reward, "extracted": s.details.get("extracted"), "parsed": s.details.get("parsed")}
+        if "error" in s.details:
+            out["reason"] = s.details["error"]
+        return out
+
+    _map_jsonl(input, check)
 
 
 @app.command("plot")

@@ -22,8 +22,9 @@ import random
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -332,6 +333,63 @@ def save_final(stage_dir: Path, model: PreTrainedModel, tokenizer: PreTrainedTok
         shutil.rmtree(final)
     os.replace(tmp, final)
     return final
+
+
+class Trainable(Protocol):
+    """What `run_loop` needs of a trainer."""
+
+    step: int
+    logger: MetricsLogger
+
+    def train_step(self) -> dict[str, float]:
+        """Do one iteration and return its metrics."""
+        ...
+
+    def save(self) -> Path:
+        """Checkpoint the current step."""
+        ...
+
+
+def run_loop(
+    trainer: Trainable,
+    *,
+    name: str,
+    steps: int,
+    log_every: int,
+    checkpoint_every: int,
+    describe: Callable[[dict[str, float]], str],
+    echo: Callable[[str], None] | None = None,
+    after_step: Callable[[dict[str, float]], None] | None = None,
+    lines: int = 20,
+) -> None:
+    """Call `trainer.train_step()` until `steps`, logging, checkpointing and reporting progress.
+
+    Metrics are logged every `log_every` steps and at the last; a checkpoint is written
+    every `checkpoint_every` steps (0: only at the end) and always at the end. About
+    `lines` progress lines (`describe(metrics)`) go above a live progress bar on a
+    terminal, or through `echo` otherwise. `after_step(metrics)` may add metrics (e.g. a
+    periodic evaluation) before they are logged.
+    """
+    bar = progress_bar(steps, trainer.step, name)
+    write = (lambda line: bar.write(line)) if not bar.disable and echo is not None else echo
+    every = max(1, steps // lines)
+    try:
+        while trainer.step < steps:
+            metrics = trainer.train_step()
+            if after_step is not None:
+                after_step(metrics)
+            if trainer.step % log_every == 0 or trainer.step == steps:
+                trainer.logger.log(trainer.step, metrics)
+            if checkpoint_every and trainer.step % checkpoint_every == 0:
+                trainer.save()
+            bar.update(1)
+            if write is not None and (trainer.step % every == 0 or trainer.step == steps):
+                write(f"{name} step {trainer.step}/{steps}  {describe(metrics)}")
+        if not checkpoint_every or trainer.step % checkpoint_every:
+            trainer.save()
+    finally:
+        bar.close()
+        trainer.logger.close()
 
 
 def progress_bar(total: int, initial: int, desc: str) -> Any:

@@ -33,7 +33,7 @@ from textgym.trainers.common import (
     build_optimizer,
     latest_checkpoint,
     load_checkpoint,
-    progress_bar,
+    run_loop,
     save_checkpoint,
     save_final,
     sequence_logprobs,
@@ -249,31 +249,22 @@ class GRPOTrainer:
     def train(self, echo: Callable[[str], None] | None = None) -> Path:
         """Run until `cfg.steps`, logging and checkpointing; return the saved final model folder."""
         cfg = self.cfg
-        bar = progress_bar(cfg.steps, self.step, "grpo")
-        # Progress lines go above a live bar (tty), or through `echo` when the bar is off.
-        write = (lambda line: bar.write(line)) if not bar.disable and echo is not None else echo
-        every = max(1, cfg.steps // 20)
-        try:
-            while self.step < cfg.steps:
-                metrics = self.train_step()
-                if self.eval_fn is not None and cfg.eval_every and self.step % cfg.eval_every == 0:
-                    metrics.update(self.eval_fn(self.policy, self.tokenizer))
-                if self.step % cfg.log_every == 0 or self.step == cfg.steps:
-                    self.logger.log(self.step, metrics)
-                if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0:
-                    self.save()
-                bar.update(1)
-                bar.set_postfix(reward=f"{metrics['rollout/reward_mean']:.3f}")
-                if write is not None and (self.step % every == 0 or self.step == cfg.steps):
-                    write(
-                        f"grpo step {self.step}/{cfg.steps}  reward {metrics['rollout/reward_mean']:.3f}"
-                        f"  len {metrics['rollout/response_length_mean']:.1f}"
-                        f"  clip {metrics['clip/frac']:.3f}"
-                        f"  entropy {metrics['entropy']:.3f}  {metrics['time/step_s']:.2f}s/step"
-                    )
-            if not cfg.checkpoint_every or self.step % cfg.checkpoint_every:
-                self.save()
-        finally:
-            bar.close()
-            self.logger.close()
+
+        def periodic_eval(metrics: dict[str, float]) -> None:
+            if self.eval_fn is not None and cfg.eval_every and self.step % cfg.eval_every == 0:
+                metrics.update(self.eval_fn(self.policy, self.tokenizer))
+
+        run_loop(
+            self,
+            name="grpo",
+            steps=cfg.steps,
+            log_every=cfg.log_every,
+            checkpoint_every=cfg.checkpoint_every,
+            echo=echo,
+            after_step=periodic_eval,
+            describe=lambda m: (
+                f"reward {m['rollout/reward_mean']:.3f}  len {m['rollout/response_length_mean']:.1f}"
+                f"  clip {m['clip/frac']:.3f}  entropy {m['entropy']:.3f}  {m['time/step_s']:.2f}s/step"
+            ),
+        )
         return save_final(self.stage_dir, self.policy, self.tokenizer)

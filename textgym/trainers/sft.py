@@ -25,7 +25,7 @@ from textgym.trainers.common import (
     build_optimizer,
     latest_checkpoint,
     load_checkpoint,
-    progress_bar,
+    run_loop,
     save_checkpoint,
     save_final,
     sequence_logprobs,
@@ -141,30 +141,16 @@ class SFTTrainer:
         )
 
     def train(self, echo: Callable[[str], None] | None = None) -> Path:
-        """Run until `cfg.steps`; return the saved final model folder."""
+        """Run until `cfg.steps` (5. log and checkpoint on the way); return the saved final model folder."""
         cfg = self.cfg
-        bar = progress_bar(cfg.steps, self.step, "sft")
-        # Progress lines go above a live bar (tty), or through `echo` when the bar is off.
-        write = (lambda line: bar.write(line)) if not bar.disable and echo is not None else echo
-        every = max(1, cfg.steps // 10)
-        try:
-            while self.step < cfg.steps:
-                # 5. Log and checkpoint.
-                metrics = self.train_step()
-                if self.step % cfg.log_every == 0 or self.step == cfg.steps:
-                    self.logger.log(self.step, metrics)
-                if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0:
-                    self.save()
-                bar.update(1)
-                bar.set_postfix(loss=f"{metrics['loss/sft']:.4f}")
-                if write is not None and (self.step % every == 0 or self.step == cfg.steps):
-                    write(
-                        f"sft step {self.step}/{cfg.steps}  loss {metrics['loss/sft']:.4f}"
-                        f"  {metrics['time/step_s']:.2f}s/step"
-                    )
-            if not cfg.checkpoint_every or self.step % cfg.checkpoint_every:
-                self.save()
-        finally:
-            bar.close()
-            self.logger.close()
+        run_loop(
+            self,
+            name="sft",
+            steps=cfg.steps,
+            log_every=cfg.log_every,
+            checkpoint_every=cfg.checkpoint_every,
+            echo=echo,
+            lines=10,
+            describe=lambda m: f"loss {m['loss/sft']:.4f}  {m['time/step_s']:.2f}s/step",
+        )
         return save_final(self.stage_dir, self.model, self.tokenizer)
