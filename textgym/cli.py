@@ -142,7 +142,7 @@ def train_cmd(
     ] = False,
     overwrite: Annotated[bool, typer.Option(help="Delete an existing run directory first.")] = False,
 ) -> None:
-    """Train per the config: optional SFT, then GRPO, with a before/after evaluation."""
+    """Train per the config: optional SFT, then GRPO-family or PPO, with a before/after evaluation."""
     from textgym.config import ConfigError, load_config
     from textgym.pipeline import run
 

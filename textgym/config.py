@@ -127,8 +127,25 @@ class EvalConfig(_Strict):
     """Episodes per generation call."""
 
 
-class GRPOConfig(_Strict):
-    """Group Relative Policy Optimization (Shao et al. 2024) with the options of its descendants."""
+class OverlongPenaltyConfig(_Strict):
+    """DAPO's soft overlong punishment (see `textgym.trainers.advantages.overlong_penalty`)."""
+
+    max_len: int = Field(..., ge=1)
+    """L_max: responses this long (tokens) or longer get −1·factor."""
+    cache_len: int = Field(..., ge=1)
+    """L_cache: width of the linear ramp (tokens) before max_len."""
+    factor: float = Field(1.0, ge=0.0)
+    """Scale of the penalty added to the reward."""
+
+    @model_validator(mode="after")
+    def _window(self) -> OverlongPenaltyConfig:
+        if self.cache_len > self.max_len:
+            raise ValueError(f"cache_len={self.cache_len} must be <= max_len={self.max_len}")
+        return self
+
+
+class _PolicyGradientConfig(_Strict):
+    """What every on-policy trainer (GRPO family, PPO) shares: rollouts, the clipped update, KL, logging."""
 
     env: EnvConfig
     """Training environment."""
@@ -136,10 +153,10 @@ class GRPOConfig(_Strict):
     """Rollout/update iterations."""
     prompts_per_step: int = Field(16, ge=1)
     """Tasks drawn per iteration."""
-    group_size: int = Field(8, ge=2)
-    """Samples per task (G)."""
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
     """Rollout sampling."""
+    max_turns: int | None = Field(None, ge=1)
+    """Cap on turns per episode for multi-turn envs (the episode is then `truncated`)."""
     epochs: int = Field(1, ge=1)
     """Update epochs μ over each rollout batch."""
     minibatch_size: int | None = Field(None, ge=1)
@@ -150,18 +167,28 @@ class GRPOConfig(_Strict):
     """ε_low: the ratio is clipped below at 1 − clip_low."""
     clip_high: float = Field(0.2, ge=0.0)
     """ε_high: the ratio is clipped above at 1 + clip_high (DAPO's clip-higher uses 0.28)."""
+    dual_clip: float | None = Field(None, gt=1.0)
+    """c of dual-clip PPO (Ye et al. 2020): caps the loss of negative-advantage tokens at −c·Â."""
     loss_aggregation: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"] = (
         "seq_mean_token_mean"
     )
     """How per-token losses are reduced (see `textgym.trainers.losses.aggregate`)."""
-    scale_rewards: Literal["group", "batch", "none"] = "group"
-    """Advantage scaling: per-group std (GRPO), batch std, or none (Dr. GRPO)."""
     kl_coef: float = Field(0.0, ge=0.0)
-    """β of the KL-to-reference term in the loss; 0 skips loading the reference model."""
+    """β of the KL-to-reference term; 0 skips loading the reference model."""
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"
-    """KL estimator in the loss (GRPO uses k3)."""
+    """KL estimator (see `textgym.trainers.losses.kl_estimate`)."""
+    kl_placement: Literal["loss", "reward"] = "loss"
+    """Where β·KL goes: differentiated in the loss (GRPO) or subtracted from the reward (RLHF PPO,
+    REINFORCE++, no gradient through it). Gold standard: k1 in the reward; k1 in the loss has zero
+    expected gradient; k3 in the reward is biased (../shared/reference/004)."""
+    entropy_coef: float = Field(0.0, ge=0.0)
+    """Entropy bonus: the loss gets −coef·H (token mean over policy tokens)."""
+    overlong_filter: bool = False
+    """Mask responses cut at max_new_tokens out of the loss (DAPO's overlong filtering)."""
+    overlong_penalty: OverlongPenaltyConfig | None = None
+    """DAPO's soft length penalty added to the reward; null disables."""
     optim: OptimConfig = Field(default_factory=OptimConfig)
-    """Optimizer."""
+    """Optimizer of the policy."""
     log_every: int = Field(1, ge=1)
     """Log metrics every this many steps."""
     checkpoint_every: int = Field(0, ge=0)
@@ -172,8 +199,8 @@ class GRPOConfig(_Strict):
     """Run the pipeline's `eval` every this many steps during training (0 = never)."""
 
     @model_validator(mode="after")
-    def _batch_sizes(self) -> GRPOConfig:
-        total = self.prompts_per_step * self.group_size
+    def _batch_sizes(self) -> _PolicyGradientConfig:
+        total = self.prompts_per_step * self.group_size  # type: ignore[attr-defined]
         mb = self.minibatch_size or total
         if total % mb:
             raise ValueError(f"minibatch_size={mb} must divide prompts_per_step*group_size={total}")
@@ -182,8 +209,70 @@ class GRPOConfig(_Strict):
         return self
 
 
+class GRPOConfig(_PolicyGradientConfig):
+    """GRPO (Shao et al. 2024) and its family: DAPO, Dr. GRPO, RLOO, REINFORCE++ — options of one trainer.
+
+    Presets: `configs/grpo_arithmetic.yaml`, `dapo_arithmetic.yaml`, `drgrpo_arithmetic.yaml`,
+    `rloo_arithmetic.yaml`.
+    """
+
+    group_size: int = Field(8, ge=2)
+    """Samples per task (G)."""
+    advantage_estimator: Literal["grpo", "rloo", "reinforce_pp"] = "grpo"
+    """Group-relative (GRPO), leave-one-out (RLOO), or token returns normalised over the batch
+    (REINFORCE++, whose KL belongs in the reward)."""
+    scale_rewards: Literal["group", "batch", "none"] = "group"
+    """GRPO advantage scaling: per-group std (GRPO), batch std, or none (Dr. GRPO)."""
+    dynamic_sampling: bool = False
+    """DAPO's dynamic sampling: drop groups whose rewards are all equal and sample more tasks
+    until the batch is full."""
+    max_sampling_tries: int = Field(4, ge=1)
+    """Rollout rounds per step with dynamic sampling; after the cap the batch is filled with
+    dropped groups (they carry zero advantage)."""
+
+
+class CriticConfig(_Strict):
+    """PPO's value model: a transformer backbone with a scalar head per token."""
+
+    path: str | None = None
+    """HF folder to initialise the backbone from (default: the policy the PPO stage starts from)."""
+    optim: OptimConfig = Field(default_factory=lambda: OptimConfig(lr=1e-4))
+    """Optimizer of the critic (its own learning rate)."""
+    value_clip: float | None = Field(0.2, gt=0.0)
+    """ε_v of value clipping around the rollout's values; null disables."""
+
+
+class PPOConfig(_PolicyGradientConfig):
+    """PPO with a per-token critic and GAE, RLHF style (Ouyang et al. 2022; Schulman et al. 2017)."""
+
+    group_size: int = Field(1, ge=1)
+    """Samples per task (PPO needs no groups; more than 1 just samples each task several times)."""
+    loss_aggregation: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"] = "token_mean"
+    """How per-token policy and value losses are reduced."""
+    kl_coef: float = Field(0.05, ge=0.0)
+    """β_0 of the KL penalty to the reference."""
+    kl_estimator: Literal["k1", "k2", "k3"] = "k1"
+    """KL estimator; k1 in the reward is unbiased."""
+    kl_placement: Literal["loss", "reward"] = "reward"
+    """KL in the per-token reward (RLHF) or in the loss."""
+    kl_target: float | None = Field(None, gt=0.0)
+    """Adaptive KL controller target (nats per sequence); null keeps β fixed."""
+    kl_horizon: int = Field(10000, ge=1)
+    """Adaptive controller horizon in sequences."""
+    gamma: float = Field(1.0, ge=0.0, le=1.0)
+    """Discount per policy token."""
+    lam: float = Field(0.95, ge=0.0, le=1.0)
+    """GAE λ."""
+    whiten_advantages: bool = True
+    """Normalise advantages to zero mean and unit variance over the batch's policy tokens."""
+    critic: CriticConfig = Field(default_factory=CriticConfig)
+    """The value model."""
+    critic_warmup_steps: int = Field(0, ge=0)
+    """Iterations at the start that train only the critic (the policy is not updated)."""
+
+
 class RunConfig(_Strict):
-    """A training run: a start model, optional SFT, optional GRPO, and a before/after evaluation."""
+    """A training run: a start model, optional SFT, optional RL (GRPO family or PPO), and an evaluation."""
 
     name: str = Field(..., pattern=r"^[A-Za-z0-9_.-]+$")
     """Run name; outputs go to `<out_dir>/<name>/`."""
@@ -200,15 +289,24 @@ class RunConfig(_Strict):
     sft: SFTConfig | None = None
     """Supervised warm start (runs first when set)."""
     grpo: GRPOConfig | None = None
-    """GRPO stage (runs after SFT when set)."""
+    """GRPO-family stage (runs after SFT when set)."""
+    ppo: PPOConfig | None = None
+    """PPO stage (runs after SFT when set; a run has at most one RL stage)."""
     eval: EvalConfig | None = None
     """Evaluation before and after the last training stage."""
 
     @model_validator(mode="after")
     def _has_stage(self) -> RunConfig:
-        if self.sft is None and self.grpo is None:
-            raise ValueError("a run needs at least one stage: sft or grpo")
+        if self.sft is None and self.grpo is None and self.ppo is None:
+            raise ValueError("a run needs at least one stage: sft, grpo or ppo")
+        if self.grpo is not None and self.ppo is not None:
+            raise ValueError("a run has at most one RL stage: set grpo or ppo, not both")
         return self
+
+    @property
+    def rl(self) -> GRPOConfig | PPOConfig | None:
+        """The RL stage's config (grpo or ppo), if any."""
+        return self.grpo if self.grpo is not None else self.ppo
 
     @property
     def run_dir(self) -> Path:

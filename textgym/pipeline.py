@@ -1,19 +1,20 @@
-"""`textgym train`: start model → SFT → evaluate → GRPO → evaluate → summary, in one run directory.
+"""`textgym train`: start model → SFT → evaluate → RL (GRPO family or PPO) → evaluate → summary.
 
     runs/<name>/config.yaml      the resolved config
     runs/<name>/model_init/      the preset model, when the run builds one
-    runs/<name>/sft/, grpo/      stage directories (see textgym.trainers.common)
+    runs/<name>/sft/, grpo/, ppo/  stage directories (see textgym.trainers.common)
     runs/<name>/eval_before.json, eval_after.json
-    runs/<name>/summary.json     accuracy_before, accuracy_after, n_eval, wall_time_s, ...
+    runs/<name>/summary.json     accuracy_before, accuracy_after, n_eval, wall_time_s, peak_rss_mb, ...
 
-The evaluation brackets the last training stage: with GRPO, "before" is the model
-that enters GRPO (after SFT when there is one). With `resume=True` finished stages
+The evaluation brackets the last training stage: with an RL stage, "before" is the model
+that enters it (after SFT when there is one). With `resume=True` finished stages
 are skipped and an unfinished one continues from its newest checkpoint.
 """
 
 from __future__ import annotations
 
 import json
+import resource
 import shutil
 import time
 from collections.abc import Callable
@@ -42,6 +43,8 @@ def preflight(cfg: RunConfig) -> None:
         envs.append(("sft.env", cfg.sft.env))
     if cfg.grpo:
         envs.append(("grpo.env", cfg.grpo.env))
+    if cfg.ppo:
+        envs.append(("ppo.env", cfg.ppo.env))
     if cfg.eval:
         envs.append(("eval.env", cfg.eval.env))
     for field, env_cfg in envs:
@@ -152,6 +155,7 @@ def run(
         ConfigError: on a bad config, or an existing run directory without `resume`/`overwrite`.
     """
     from textgym.trainers.grpo import GRPOTrainer
+    from textgym.trainers.ppo import PPOTrainer
     from textgym.trainers.sft import SFTTrainer
 
     preflight(cfg)
@@ -164,12 +168,13 @@ def run(
     # 0. Start model.
     model_path = _start_model(cfg, run_dir, echo)
     stage_times: dict[str, float] = {}
+    summary_extra: dict[str, Any] = {}
     before: dict[str, Any] | None = None
 
     # 1. SFT warm start (evaluated before it when it is the only stage).
     if cfg.sft is not None:
         sft_cfg = cfg.sft
-        if cfg.eval is not None and cfg.grpo is None:
+        if cfg.eval is not None and cfg.rl is None:
             before = _cached_eval(run_dir / "eval_before.json", model_path, cfg.eval, device, resume)
         seed_everything(cfg.seed)
         model_path, secs = _run_stage(
@@ -179,26 +184,31 @@ def run(
         if secs is not None:
             stage_times["sft"] = secs
 
-    # 2. GRPO, evaluated before and after.
-    if cfg.grpo is not None:
-        grpo_cfg, eval_cfg = cfg.grpo, cfg.eval
+    # 2. The RL stage (GRPO family or PPO), evaluated before and after.
+    rl_cfg = cfg.rl
+    if rl_cfg is not None:
+        stage = "grpo" if cfg.grpo is not None else "ppo"
+        eval_cfg = cfg.eval
         periodic: Callable[[Any, Any], dict[str, float]] | None = None
         if eval_cfg is not None:
             before = _cached_eval(run_dir / "eval_before.json", model_path, eval_cfg, device, resume)
-            echo(f"eval before grpo: accuracy {before['accuracy']:.3f} on {before['n']} tasks")
-            if grpo_cfg.eval_every:
+            echo(f"eval before {stage}: accuracy {before['accuracy']:.3f} on {before['n']} tasks")
+            if rl_cfg.eval_every:
 
                 def periodic(m: Any, t: Any) -> dict[str, float]:
                     r = evaluate_model(m, t, eval_cfg)
                     return {"eval/accuracy": r.accuracy, "eval/mean_reward": r.mean_reward}
 
-        def build(m: Any, t: Any, d: Path) -> GRPOTrainer:
-            return GRPOTrainer(grpo_cfg, m, t, d, seed=cfg.seed, resume=resume, eval_fn=periodic)
+        trainer_cls = GRPOTrainer if stage == "grpo" else PPOTrainer
+
+        def build(m: Any, t: Any, d: Path) -> Any:
+            return trainer_cls(rl_cfg, m, t, d, seed=cfg.seed, resume=resume, eval_fn=periodic)
 
         seed_everything(cfg.seed + 1)
-        model_path, secs = _run_stage("grpo", grpo_cfg, run_dir, model_path, device, resume, echo, build)
+        model_path, secs = _run_stage(stage, rl_cfg, run_dir, model_path, device, resume, echo, build)
         if secs is not None:
-            stage_times["grpo"] = secs
+            stage_times[stage] = secs
+        summary_extra["models_in_memory"] = _models_in_memory(cfg)
 
     # 3. Evaluate the result and summarise.
     summary: dict[str, Any] = {"name": cfg.name, "final_model": str(model_path), "stage_times_s": stage_times}
@@ -207,8 +217,23 @@ def run(
         after = _cached_eval(run_dir / "eval_after.json", model_path, cfg.eval, device, resume)
         summary.update(_comparison(cfg.eval, before, after))
     summary["wall_time_s"] = time.perf_counter() - start
+    summary.update(summary_extra)
+    summary["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    if torch.cuda.is_available():
+        summary["peak_cuda_mb"] = torch.cuda.max_memory_allocated() / 2**20
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
     return summary
+
+
+def _models_in_memory(cfg: RunConfig) -> list[str]:
+    """Which models the RL stage holds: policy, reference (β > 0), critic (PPO)."""
+    rl = cfg.rl
+    models = ["policy"]
+    if rl is not None and rl.kl_coef > 0:
+        models.append("reference")
+    if cfg.ppo is not None:
+        models.append("critic")
+    return models
 
 
 def _comparison(cfg: EvalConfig, before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:

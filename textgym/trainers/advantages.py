@@ -10,6 +10,8 @@ from typing import Literal
 
 import torch
 
+from textgym.trainers.losses import KLEstimator, kl_estimate
+
 ScaleMode = Literal["group", "batch", "none"]
 
 
@@ -60,3 +62,226 @@ def group_advantages(
         "rollout/zero_std_frac": float((group_std.squeeze(1) == 0).float().mean()),
     }
     return adv, stats
+
+
+def rloo_advantages(rewards: torch.Tensor, group_size: int) -> tuple[torch.Tensor, dict[str, float]]:
+    """REINFORCE Leave-One-Out advantages (Kool et al. 2019; Ahmadian et al. 2024, arXiv:2402.14740, eq. 6).
+
+    `Â_i = r_i − (1/(G−1)) Σ_{j≠i} r_j = G/(G−1) · (r_i − mean(r_g))`: each sample's
+    baseline is the mean reward of the other samples of its task, so the baseline does not
+    depend on the sample it scores (unbiased).
+
+    Args:
+        rewards: [B] episode rewards, grouped contiguously (B = num_groups × G).
+        group_size: G ≥ 2.
+
+    Returns:
+        advantages [B] and stats `adv/mean`, `adv/std`, `rollout/zero_std_frac`.
+
+    Raises:
+        ValueError: if G < 2 or B is not a multiple of G.
+    """
+    if group_size < 2:
+        raise ValueError(f"RLOO needs group_size >= 2, got {group_size}")
+    if rewards.ndim != 1 or rewards.numel() % group_size:
+        raise ValueError(
+            f"rewards must be [B] with B a multiple of group_size={group_size}, got {tuple(rewards.shape)}"
+        )
+    r = rewards.float().view(-1, group_size)
+    baseline = (r.sum(dim=1, keepdim=True) - r) / (group_size - 1)
+    adv = (r - baseline).reshape(-1)
+    stats = {
+        "adv/mean": float(adv.mean()),
+        "adv/std": float(adv.std()) if adv.numel() > 1 else 0.0,
+        "rollout/zero_std_frac": float((r.std(dim=1) == 0).float().mean()),
+    }
+    return adv, stats
+
+
+def token_level_rewards(
+    token_rewards: torch.Tensor,
+    mask: torch.Tensor,
+    logprobs: torch.Tensor | None = None,
+    ref_logprobs: torch.Tensor | None = None,
+    kl_coef: float = 0.0,
+    estimator: KLEstimator = "k1",
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Per-token rewards with the KL penalty folded in: `r_t = R_t − β·KL_est_t` on policy tokens.
+
+    `R_t` holds each turn's reward on that turn's last policy token (`RolloutBatch.token_rewards`);
+    the KL estimate is computed from the rollout's log-probabilities, without gradient, as in
+    RLHF (Ziegler et al. 2019, arXiv:1909.08593, eq. 2; Ouyang et al. 2022, eq. 2). In the
+    reward, k1 = log π/π_ref gives an unbiased estimate of the KL-regularised objective's
+    gradient; k3 in the reward is biased and has been seen to collapse training (Shah et al.
+    2026, table in ../shared/reference/004); k2 sits between.
+
+    Args:
+        token_rewards: [B, L] turn rewards on each turn's last policy token.
+        mask: [B, L] 1.0 on policy tokens.
+        logprobs: [B, L] log π_old of the sampled tokens (needed when kl_coef > 0).
+        ref_logprobs: [B, L] log π_ref of the same tokens (needed when kl_coef > 0).
+        kl_coef: β ≥ 0.
+        estimator: "k1", "k2" or "k3".
+
+    Returns:
+        rewards [B, L] (0 off the mask) and stats `kl/ref` (masked token mean of the estimate),
+        `kl/ref_seq` (mean per-sequence sum), `reward/kl_penalty` (mean per-sequence −β·Σ KL).
+
+    Raises:
+        ValueError: if kl_coef > 0 and either log-prob tensor is missing.
+    """
+    rewards = token_rewards.float() * mask
+    stats: dict[str, float] = {}
+    if kl_coef > 0:
+        if logprobs is None or ref_logprobs is None:
+            raise ValueError("a KL penalty in the reward needs logprobs and ref_logprobs")
+        with torch.no_grad():
+            kl = kl_estimate(logprobs.float(), ref_logprobs.float(), estimator) * mask
+        rewards = rewards - kl_coef * kl
+        n = mask.sum().clamp(min=1.0)
+        seq = kl.sum(-1)
+        stats = {
+            "kl/ref": float(kl.sum() / n),
+            "kl/ref_seq": float(seq.mean()),
+            "reward/kl_penalty": float(-kl_coef * seq.mean()),
+        }
+    return rewards, stats
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Σ m·x / Σ m (0 for an empty mask)."""
+    return (x * mask).sum() / mask.sum().clamp(min=1.0)
+
+
+def masked_var(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Unbiased variance of the masked entries (0 when fewer than two)."""
+    n = mask.sum()
+    mean = masked_mean(x, mask)
+    ss = ((x - mean).pow(2) * mask).sum()
+    return ss / (n - 1) if n > 1 else torch.zeros((), dtype=x.dtype, device=x.device)
+
+
+def whiten(x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, eps: float = 1e-8) -> torch.Tensor:
+    """Normalise the masked entries of `x` to unit variance (and zero mean when `shift_mean`).
+
+    Used for PPO's advantage whitening and REINFORCE++'s global batch normalisation
+    (Hu 2025, arXiv:2501.03262, eq. 9). Entries off the mask are returned as 0.
+
+    Args:
+        x: [B, L] values.
+        mask: [B, L] 1.0 where the entry counts.
+        shift_mean: subtract the masked mean (otherwise only divide by the std).
+        eps: added to the variance before the square root.
+    """
+    inv_std = torch.rsqrt(masked_var(x, mask) + eps)
+    out = (x - masked_mean(x, mask)) * inv_std if shift_mean else x * inv_std
+    return out * mask
+
+
+def discounted_returns(rewards: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0) -> torch.Tensor:
+    """Rewards-to-go over policy tokens: `G_t = Σ_{s ≥ t, s policy} γ^{k(s)−k(t)} r_s`.
+
+    k counts policy tokens only (environment tokens of a multi-turn episode are not time
+    steps). This is REINFORCE++'s return (Hu 2025, arXiv:2501.03262, eq. 8) and GAE with
+    λ = 1 and V = 0.
+
+    Args:
+        rewards: [B, L] per-token rewards (0 off the mask).
+        mask: [B, L] 1.0 on policy tokens.
+        gamma: discount per policy token.
+
+    Returns:
+        [B, L] returns, 0 off the mask.
+    """
+    zeros = torch.zeros_like(rewards)
+    adv, _ = gae(rewards, zeros, mask, gamma=gamma, lam=1.0)
+    return adv
+
+
+def gae(
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    gamma: float = 1.0,
+    lam: float = 0.95,
+    bootstrap: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalized Advantage Estimation (Schulman et al. 2015, arXiv:1506.02438, eq. 16), over policy tokens.
+
+    With k indexing a row's policy tokens in order (environment tokens skipped),
+    `δ_k = r_k + γ·V_{k+1} − V_k` and `Â_k = δ_k + γλ·Â_{k+1}`, where after the row's last
+    policy token `V_{K} = bootstrap` (the critic's value of the final state for a
+    `truncated` episode, 0 for a `terminated` one) and `Â_{K} = 0`. Returns are
+    `R_k = Â_k + V_k`, the critic's regression targets.
+
+    The recursion is vectorised over the batch: one pass over the L columns from right to
+    left, each column updating only the rows whose token there is a policy token.
+
+    Args:
+        rewards: [B, L] per-token rewards (turn rewards on turn-final tokens, −β·KL on each).
+        values: [B, L] V(s_t), the critic's value of the state before token t.
+        mask: [B, L] 1.0 on policy tokens.
+        gamma: discount per policy token.
+        lam: GAE λ.
+        bootstrap: [B] value after each row's last policy token (default 0).
+
+    Returns:
+        advantages [B, L] and returns [B, L], both 0 off the mask.
+    """
+    B, L = rewards.shape
+    rewards, values, mask = rewards.float(), values.float(), mask.float()
+    next_value = torch.zeros(B, device=rewards.device) if bootstrap is None else bootstrap.float().clone()
+    next_adv = torch.zeros(B, device=rewards.device)
+    adv = torch.zeros_like(rewards)
+    for t in range(L - 1, -1, -1):
+        m = mask[:, t]
+        delta = rewards[:, t] + gamma * next_value - values[:, t]
+        a = delta + gamma * lam * next_adv
+        adv[:, t] = a * m
+        keep = m > 0
+        next_adv = torch.where(keep, a, next_adv)
+        next_value = torch.where(keep, values[:, t], next_value)
+    returns = (adv + values) * mask
+    return adv, returns
+
+
+def overlong_penalty(lengths: torch.Tensor, max_len: int, cache_len: int) -> torch.Tensor:
+    """DAPO's soft overlong punishment (Yu et al. 2025, arXiv:2503.14476, eq. 13).
+
+    `0` for `|y| ≤ max_len − cache_len`; `((max_len − cache_len) − |y|) / cache_len` inside the
+    cache window (linear from 0 down to −1); `−1` beyond `max_len`.
+
+    Args:
+        lengths: [B] response lengths in tokens.
+        max_len: L_max, the length at which the penalty reaches −1.
+        cache_len: L_cache, the width of the linear window (1 ≤ cache_len ≤ max_len).
+
+    Returns:
+        [B] penalties in [−1, 0], added to the rewards.
+
+    Raises:
+        ValueError: if cache_len is not within [1, max_len].
+    """
+    if not 1 <= cache_len <= max_len:
+        raise ValueError(f"cache_len must be in [1, max_len={max_len}], got {cache_len}")
+    lengths = lengths.float()
+    start = max_len - cache_len
+    return ((start - lengths) / cache_len).clamp(-1.0, 0.0)
+
+
+def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float:
+    """`1 − Var[R − V] / Var[R]` over the masked tokens: 1 = perfect critic, ≤ 0 = no better than a constant.
+
+    Args:
+        values: [B, L] predictions V.
+        returns: [B, L] targets R.
+        mask: [B, L] 1.0 on tokens that count.
+
+    Returns:
+        The explained variance (nan when Var[R] = 0).
+    """
+    var_r = masked_var(returns, mask)
+    if float(var_r) == 0.0:
+        return float("nan")
+    return float(1.0 - masked_var(returns - values, mask) / var_r)

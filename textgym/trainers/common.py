@@ -77,6 +77,7 @@ def sequence_logprobs(
     temperature: float = 1.0,
     with_entropy: bool = False,
     share_prompts: bool = True,
+    entropy_grad: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probabilities of the response tokens of `batch` under `model`.
 
@@ -95,8 +96,9 @@ def sequence_logprobs(
         model: a causal LM.
         batch: the padded batch (`RolloutBatch` layout: prompt width P, response width L).
         temperature: logits are divided by it (the sampling temperature; 0 is treated as 1).
-        with_entropy: also return the per-token entropy (no grad).
+        with_entropy: also return the per-token entropy (no grad unless `entropy_grad`).
         share_prompts: compute each group's prompt once when the batch allows it.
+        entropy_grad: keep the entropy in the autograd graph (for an entropy bonus).
 
     Returns:
         logprobs [B, L] (0 where the batch has padding — mask it), entropy [B, L] or None.
@@ -137,7 +139,9 @@ def sequence_logprobs(
     targets = batch.input_ids[:, P:]  # [B, L]
     logprobs = logits.gather(-1, targets[..., None])[..., 0] - torch.logsumexp(logits, dim=-1)
     entropy = None
-    if with_entropy:
+    if with_entropy and entropy_grad:
+        entropy = entropy_from_logits(logits)
+    elif with_entropy:
         with torch.no_grad():
             entropy = entropy_from_logits(logits.detach())
     return logprobs, entropy
@@ -259,10 +263,12 @@ def save_checkpoint(
     scheduler: LambdaLR,
     state: dict[str, Any],
     keep: int = 2,
+    extra: Callable[[Path], None] | None = None,
 ) -> Path:
     """Write `checkpoints/step_<step>/` atomically (temp folder, fsync, rename) and prune old ones.
 
-    `state` is JSON-serialisable trainer state (the data cursor, counters).
+    `state` is JSON-serialisable trainer state (the data cursor, counters); `extra(folder)`
+    may write more files into the checkpoint before it is renamed into place (PPO's critic).
     """
     root = stage_dir / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
@@ -277,9 +283,12 @@ def save_checkpoint(
     torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
     torch.save(_rng_state(), tmp / "rng.pt")
     (tmp / "state.json").write_text(json.dumps({"step": step, **state}), encoding="utf-8")
-    for f in tmp.iterdir():
-        with f.open("rb") as fh:
-            os.fsync(fh.fileno())
+    if extra is not None:
+        extra(tmp)
+    for f in tmp.rglob("*"):
+        if f.is_file():
+            with f.open("rb") as fh:
+                os.fsync(fh.fileno())
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)
@@ -297,24 +306,36 @@ def latest_checkpoint(stage_dir: Path) -> Path | None:
     return max(done, key=lambda p: int(p.name.split("_")[1])) if done else None
 
 
-def load_checkpoint(
-    ckpt: Path, model: PreTrainedModel, optimizer: torch.optim.Optimizer, scheduler: LambdaLR
-) -> dict[str, Any]:
-    """Restore model weights, optimizer, scheduler and RNG states from `ckpt`; return its state.json."""
+def load_weights(folder: Path, model: torch.nn.Module) -> None:
+    """Load the `*.safetensors` weights of `folder` into `model` in place (tied lm_head allowed).
+
+    Raises:
+        RuntimeError: if a parameter is missing or unexpected.
+    """
     from safetensors.torch import load_file
 
-    files = sorted(ckpt.glob("*.safetensors"))
     weights: dict[str, torch.Tensor] = {}
-    for f in files:
+    for f in sorted(folder.glob("*.safetensors")):
         weights.update(load_file(str(f)))
     missing, unexpected = model.load_state_dict(weights, strict=False)
     tied = {k for k in missing if "lm_head" in k}
     if set(missing) - tied or unexpected:
         raise RuntimeError(
-            f"checkpoint {ckpt} does not match the model: missing {missing}, unexpected {unexpected}"
+            f"checkpoint {folder} does not match the model: missing {missing}, unexpected {unexpected}"
         )
-    if tied:
+    if tied and isinstance(model, PreTrainedModel):
         model.tie_weights()
+
+
+def load_checkpoint(
+    ckpt: Path, model: PreTrainedModel, optimizer: torch.optim.Optimizer, scheduler: LambdaLR
+) -> dict[str, Any]:
+    """Restore model weights, optimizer, scheduler and RNG states from `ckpt`; return its state.json.
+
+    Raises:
+        RuntimeError: if the checkpoint's weights do not match `model`'s parameters.
+    """
+    load_weights(ckpt, model)
     optimizer.load_state_dict(torch.load(ckpt / "optimizer.pt", weights_only=False))
     scheduler.load_state_dict(torch.load(ckpt / "scheduler.pt", weights_only=False))
     _set_rng_state(torch.load(ckpt / "rng.pt", weights_only=False))

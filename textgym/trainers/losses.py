@@ -108,14 +108,23 @@ def clipped_policy_loss(
     num_seqs: int | None = None,
     num_tokens: float | None = None,
     norm_len: int | None = None,
+    dual_clip: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """PPO's clipped surrogate with asymmetric clipping and an optional KL term in the loss.
+    """PPO's clipped surrogate with asymmetric clipping, dual-clip and an optional KL term in the loss.
 
     Per token, with ρ = exp(log π_θ − log π_old):
     `ℓ = −min(ρ·Â, clip(ρ, 1−clip_low, 1+clip_high)·Â) + β·KL_est(π_θ‖π_ref)`
     (Schulman et al. 2017, arXiv:1707.06347, eq. 7; GRPO's KL in the loss, Shao et al. 2024
     eq. 3; clip-higher `clip_high > clip_low`, DAPO, Yu et al. 2025, eq. 10), reduced by
-    `aggregate`.
+    `aggregate`. With `dual_clip = c > 1`, tokens with Â < 0 have their surrogate loss capped
+    at −c·Â, so a huge ratio on a bad token cannot make an unbounded step (Ye et al. 2020,
+    arXiv:1912.09729, eq. 5).
+
+    KL in the loss: what the gradient of `β·KL_est` does depends on the estimator (Shah et
+    al. 2026, table in ../shared/reference/004): k3 (GRPO) is stable but biased as a gradient
+    of KL(π_θ‖π_ref); k2's gradient equals that of the reverse KL for on-policy samples; k1
+    has zero expected gradient (noise only) — put k1 in the reward instead
+    (`kl_in_reward_penalty` / `token_level_rewards`).
 
     Args:
         logprobs: [B, L] log π_θ of the taken tokens (requires grad).
@@ -131,14 +140,15 @@ def clipped_policy_loss(
         ref_logprobs: [B, L] log π_ref, required when `kl_coef > 0`.
         kl_coef: β.
         kl_estimator: "k1" | "k2" | "k3" (see `kl_estimate`).
+        dual_clip: c > 1 of dual-clip PPO, or None.
 
     Returns:
         The scalar loss, and detached stats: `loss/policy`, `kl/ref` (masked token mean of the
-        estimate), `clip/frac_low`, `clip/frac_high`, `clip/frac`, `ratio/mean`, `ratio/max`,
-        `kl/old_approx` (k3 estimate of KL(π_old‖π_θ)).
+        estimate), `clip/frac_low`, `clip/frac_high`, `clip/frac`, `clip/frac_dual`,
+        `ratio/mean`, `ratio/max`, `kl/old_approx` (k3 estimate of KL(π_old‖π_θ)).
 
     Raises:
-        ValueError: if `kl_coef > 0` and `ref_logprobs` is None.
+        ValueError: if `kl_coef > 0` and `ref_logprobs` is None, or `dual_clip <= 1`.
     """
     if advantages.ndim == 1:
         advantages = advantages[:, None].expand_as(logprobs)
@@ -146,6 +156,13 @@ def clipped_policy_loss(
     ratio = torch.exp(log_ratio)
     clipped = ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
     pg = -torch.minimum(ratio * advantages, clipped * advantages)  # [B, L]
+    dual = None
+    if dual_clip is not None:
+        if dual_clip <= 1.0:
+            raise ValueError(f"dual_clip must be > 1, got {dual_clip}")
+        capped = torch.minimum(pg, -dual_clip * advantages)
+        dual = (advantages < 0) & (capped < pg)
+        pg = torch.where(advantages < 0, capped, pg)
     per_token = pg
     kl = None
     if kl_coef > 0:
@@ -168,6 +185,7 @@ def clipped_policy_loss(
             "clip/frac_low": float((low * mask).sum() / n),
             "clip/frac_high": float((high * mask).sum() / n),
             "clip/frac": float(((low + high) * mask).sum() / n),
+            "clip/frac_dual": 0.0 if dual is None else float((dual.float() * mask).sum() / n),
             "ratio/mean": float((ratio * mask).sum() / n),
             "ratio/max": float(ratio.masked_fill(mask == 0, 0.0).max()) if mask.any() else 1.0,
             "kl/old_approx": float(((log_ratio.exp() - 1 - log_ratio) * mask).sum() / n),
@@ -205,3 +223,58 @@ def sft_loss(
     """
     loss = aggregate(-logprobs, mask, "token_mean", num_tokens=num_tokens)
     return loss, {"loss/sft": float(loss.detach())}
+
+
+def value_loss(
+    values: torch.Tensor,
+    old_values: torch.Tensor,
+    returns: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    clip_range: float | None = 0.2,
+    aggregation: Aggregation = "token_mean",
+    num_seqs: int | None = None,
+    num_tokens: float | None = None,
+    norm_len: int | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The critic's squared error, optionally clipped around the rollout's values.
+
+    Per token: `ℓ_V = ½·max((V − R)², (V_old + clip(V − V_old, −ε_v, ε_v) − R)²)` with
+    R the GAE return (PPO2's value clipping, Dhariwal et al. 2017 OpenAI Baselines;
+    Ouyang et al. 2022 use it in InstructGPT's PPO). `clip_range=None` gives plain
+    `½·(V − R)²`.
+
+    Args:
+        values: [B, L] the critic's current values (requires grad).
+        old_values: [B, L] the values recorded at rollout time (no grad).
+        returns: [B, L] targets R = Â + V_old.
+        mask: [B, L] 1.0 on policy tokens.
+        clip_range: ε_v in reward units, or None.
+        aggregation: the reduction mode (see `aggregate`).
+        num_seqs: minibatch size when this is a micro-batch (see `aggregate`).
+        num_tokens: minibatch token count when this is a micro-batch (see `aggregate`).
+        norm_len: the constant of `seq_mean_token_sum_norm` (see `aggregate`).
+
+    Returns:
+        The scalar loss and stats `loss/value`, `value/clip_frac` (fraction of tokens where
+        the clipped term was the larger), `value/mean`.
+    """
+    err = (values - returns).pow(2)
+    if clip_range is not None:
+        clipped = old_values + (values - old_values).clamp(-clip_range, clip_range)
+        err_clipped = (clipped - returns).pow(2)
+        per_token = 0.5 * torch.maximum(err, err_clipped)
+    else:
+        err_clipped = err
+        per_token = 0.5 * err
+    loss = aggregate(
+        per_token, mask, aggregation, num_seqs=num_seqs, num_tokens=num_tokens, norm_len=norm_len
+    )
+    with torch.no_grad():
+        n = mask.sum().clamp(min=1.0)
+        stats = {
+            "loss/value": float(loss),
+            "value/clip_frac": float(((err_clipped > err).float() * mask).sum() / n),
+            "value/mean": float((values * mask).sum() / n),
+        }
+    return loss, stats

@@ -1,0 +1,396 @@
+"""The on-policy loop every RL trainer shares (GRPO family and PPO).
+
+One iteration: 1 rollout (`collect`) · 2 score and shape rewards (the env's rubric,
+DAPO's overlong penalty, a KL penalty when it goes in the reward) · 3 advantages
+(`compute_advantages`, the subclass's estimator) · 4 update: μ epochs over shuffled
+minibatches of the clipped surrogate, accumulating over micro-batches, plus the
+critic's value loss when there is one · 5 log (the loop checkpoints).
+
+The importance ratio's denominator is the sampling log-probability recorded during the
+rollout (no extra forward pass); `kl/old_approx` at the first minibatch measures any
+sampler/trainer mismatch.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from textgym.agents.llm_agent import LLMAgent, SamplingParams
+from textgym.agents.rollout import rollout
+from textgym.agents.trajectory import RolloutBatch, Trajectory
+from textgym.config import GRPOConfig, PPOConfig
+from textgym.trainers.advantages import overlong_penalty
+from textgym.trainers.common import (
+    MetricsLogger,
+    TaskSampler,
+    build_optimizer,
+    latest_checkpoint,
+    load_checkpoint,
+    run_loop,
+    save_checkpoint,
+    save_final,
+    sequence_logprobs,
+)
+from textgym.trainers.losses import aggregate, clipped_policy_loss
+
+EvalFn = Callable[[PreTrainedModel, PreTrainedTokenizerBase], dict[str, float]]
+
+
+def chunks(idx: torch.Tensor, size: int) -> list[torch.Tensor]:
+    """Split a 1-D index tensor into consecutive pieces of `size` (the last may be shorter)."""
+    return [idx[i : i + size] for i in range(0, len(idx), size)]
+
+
+def rollout_metrics(trajs: list[Trajectory]) -> dict[str, float]:
+    """Reward, accuracy, reward terms and length statistics of a rollout batch."""
+    rewards = torch.tensor([t.reward for t in trajs])
+    lengths = torch.tensor([float(t.response_length) for t in trajs])
+    m = {
+        "rollout/reward_mean": float(rewards.mean()),
+        "rollout/reward_std": float(rewards.std()) if len(trajs) > 1 else 0.0,
+        "rollout/response_length_mean": float(lengths.mean()),
+        "rollout/response_length_max": float(lengths.max()),
+        "rollout/overlong_frac": sum(t.finish_reason == "length" for t in trajs) / len(trajs),
+    }
+    terms: dict[str, list[float]] = defaultdict(list)
+    for t in trajs:
+        for k, v in t.reward_terms.items():
+            terms[k].append(v)
+    for k, vs in terms.items():
+        m[f"rollout/{k.split('/', 1)[1]}_mean"] = sum(vs) / len(vs)
+    if "reward/correct" in terms:
+        m["rollout/accuracy"] = sum(v >= 1.0 for v in terms["reward/correct"]) / len(terms["reward/correct"])
+    return m
+
+
+def apply_overlong_penalty(trajs: list[Trajectory], max_len: int, cache_len: int, factor: float) -> None:
+    """Add DAPO's soft overlong penalty (`advantages.overlong_penalty`) to each trajectory in place.
+
+    The penalty goes into `reward`, into the last policy token's `token_rewards` (so per-token
+    returns see it) and into `reward_terms["reward/overlong"]`.
+    """
+    lengths = torch.tensor([t.response_length for t in trajs])
+    pens = factor * overlong_penalty(lengths, max_len, cache_len)
+    for t, p in zip(trajs, pens.tolist(), strict=True):
+        t.reward += p
+        t.reward_terms["reward/overlong"] = p
+        pos = t.loss_mask.nonzero()
+        if len(pos):
+            t.token_rewards[int(pos[-1])] += p
+
+
+class OnPolicyTrainer:
+    """Base of the on-policy trainers: rollouts, reference, the clipped policy update, checkpoints.
+
+    Subclasses implement `compute_advantages(batch, trajs, metrics) -> [B] or [B, L]` and may
+    add a critic through `_critic_loss` / `_critic_step` hooks.
+
+    Args:
+        cfg: the stage config (GRPOConfig or PPOConfig).
+        model: the policy (already on its device).
+        tokenizer: its tokenizer (chat template, pad and EOS ids).
+        stage_dir: where metrics, TensorBoard events and checkpoints go.
+        seed: seed of task sampling.
+        resume: continue from the newest checkpoint in `stage_dir` when there is one.
+        eval_fn: called as `eval_fn(model, tokenizer) -> {metric: value}` every `cfg.eval_every` steps.
+    """
+
+    name = "rl"
+
+    def __init__(
+        self,
+        cfg: GRPOConfig | PPOConfig,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        stage_dir: Path,
+        *,
+        seed: int = 0,
+        resume: bool = False,
+        eval_fn: EvalFn | None = None,
+    ):
+        self.cfg, self.policy, self.tokenizer, self.stage_dir = cfg, model, tokenizer, Path(stage_dir)
+        self.stage_dir.mkdir(parents=True, exist_ok=True)
+        self.device = next(model.parameters()).device
+        self.eval_fn = eval_fn
+        B = cfg.prompts_per_step * cfg.group_size
+        self.agent = LLMAgent(model, tokenizer, batch_size=B)
+        self.params = SamplingParams(**cfg.sampling.model_dump())
+        self.envs = [gym.make(cfg.env.id, **cfg.env.kwargs) for _ in range(B)]
+        self.sampler = TaskSampler(len(self.envs[0].unwrapped.tasks), seed)  # type: ignore[attr-defined]
+        self.minibatch_size = cfg.minibatch_size or B
+        self.micro_batch_size = cfg.micro_batch_size or self.minibatch_size
+        updates = cfg.steps * cfg.epochs * (B // self.minibatch_size)
+        self.optimizer, self.scheduler = build_optimizer(model, cfg.optim, updates)
+        # The reference is the stage's start model (frozen); β = 0 never builds one. It is copied
+        # before a checkpoint is loaded, so a resumed run has the same reference.
+        self.reference: PreTrainedModel | None = None
+        if cfg.kl_coef > 0:
+            self.reference = copy.deepcopy(model).eval().requires_grad_(False)
+        self.step = 0
+        self._ref_logprobs: torch.Tensor | None = None
+        self._setup(updates)
+        ckpt = latest_checkpoint(self.stage_dir) if resume else None
+        if ckpt is not None:
+            state = load_checkpoint(ckpt, model, self.optimizer, self.scheduler)
+            self.step, self.sampler.cursor = int(state["step"]), int(state["cursor"])
+            self._load_extra(ckpt, state)
+        self.logger = MetricsLogger(self.stage_dir, resume_step=self.step if ckpt is not None else None)
+
+    # --- hooks ---------------------------------------------------------------------------
+    def _setup(self, updates: int) -> None:
+        """Build subclass state (critic, KL controller) before a checkpoint is loaded."""
+
+    def _load_extra(self, ckpt: Path, state: dict[str, Any]) -> None:
+        """Restore subclass state from a checkpoint."""
+
+    def _extra_state(self) -> dict[str, Any]:
+        """JSON-serialisable subclass state for checkpoints."""
+        return {}
+
+    def _save_extra(self, folder: Path) -> None:
+        """Write subclass files (the critic) into a checkpoint folder."""
+
+    def compute_advantages(
+        self, batch: RolloutBatch, trajs: list[Trajectory], metrics: dict[str, float]
+    ) -> torch.Tensor:
+        """Return [B] per-sequence or [B, L] per-token advantages; add stats to `metrics`."""
+        raise NotImplementedError
+
+    def _critic_loss(
+        self, sub: RolloutBatch, rows: torch.Tensor, num_seqs: int, num_tokens: float
+    ) -> tuple[torch.Tensor, dict[str, float]] | None:
+        """The critic's loss on a micro-batch (None: no critic)."""
+        return None
+
+    def _critic_step(self) -> dict[str, float]:
+        """Step the critic's optimizer after a minibatch; return its stats."""
+        return {}
+
+    def _update_policy(self) -> bool:
+        """Whether this iteration steps the policy (PPO's critic warm-up says no)."""
+        return True
+
+    # --- the iteration -------------------------------------------------------------------
+    def collect(self, n_prompts: int) -> list[Trajectory]:
+        """Roll out `group_size` samples of the next `n_prompts` tasks (shaping applied)."""
+        cfg = self.cfg
+        tasks = self.sampler.next(n_prompts)
+        trajs = rollout(
+            self.agent,
+            self.envs,
+            tasks,
+            self.params,
+            group_size=cfg.group_size,
+            max_turns=cfg.max_turns or 16,
+            env_id=cfg.env.id,
+        )
+        if cfg.overlong_penalty is not None:
+            op = cfg.overlong_penalty
+            apply_overlong_penalty(trajs, op.max_len, op.cache_len, op.factor)
+        return trajs
+
+    def sample(self, metrics: dict[str, float]) -> list[Trajectory]:
+        """The step's trajectories (`prompts_per_step × group_size`); subclasses may resample."""
+        trajs = self.collect(self.cfg.prompts_per_step)
+        metrics.update(rollout_metrics(trajs))
+        return trajs
+
+    def train_step(self) -> dict[str, float]:
+        """One iteration (rollout, score, advantages, update); returns its metrics."""
+        cfg = self.cfg
+        t0 = time.perf_counter()
+        metrics: dict[str, float] = {}
+        trajs = self.sample(metrics)
+        t_rollout = time.perf_counter() - t0
+
+        batch = RolloutBatch.from_trajectories(trajs, int(self.tokenizer.pad_token_id)).to(self.device)  # type: ignore[arg-type]
+        if cfg.overlong_filter:
+            cut = torch.tensor([t.finish_reason == "length" for t in trajs], device=self.device)
+            batch.loss_mask = batch.loss_mask * (~cut).float()[:, None]
+            metrics["rollout/overlong_masked"] = float(cut.float().mean())
+
+        t1 = time.perf_counter()
+        self._ref_logprobs = self._reference_logprobs(batch)
+        advantages = self.compute_advantages(batch, trajs, metrics)
+        metrics.update(self.update(batch, advantages, ref_logprobs=self._ref_logprobs))
+        t_update = time.perf_counter() - t1
+
+        self.step += 1
+        step_s = time.perf_counter() - t0
+        tokens = float(batch.loss_mask.sum())
+        metrics.update(
+            {
+                "lr": float(self.scheduler.get_last_lr()[0]),
+                "time/rollout_s": t_rollout,
+                "time/update_s": t_update,
+                "time/step_s": step_s,
+                "throughput/tokens_per_s": tokens / step_s,
+            }
+        )
+        return metrics
+
+    def update(
+        self, batch: RolloutBatch, advantages: torch.Tensor, ref_logprobs: torch.Tensor | None = None
+    ) -> dict[str, float]:
+        """μ epochs over shuffled minibatches of `batch`, accumulating over micro-batches.
+
+        Args:
+            batch: the rollout batch (on the policy's device).
+            advantages: [B] per-sequence or [B, L] per-token advantages.
+            ref_logprobs: [B, L] log π_ref of the batch (computed here when the KL is in the
+                loss and it is not given).
+
+        Returns:
+            Loss, KL, clip, entropy and gradient-norm metrics, averaged over optimizer steps
+            (losses) or policy tokens (the rest).
+        """
+        cfg = self.cfg
+        if cfg.kl_placement != "loss":
+            ref_logprobs = None
+        elif ref_logprobs is None:
+            ref_logprobs = self._reference_logprobs(batch)
+        kl_coef = cfg.kl_coef if cfg.kl_placement == "loss" else 0.0
+        advantages = advantages.to(self.device)
+        step_policy = self._update_policy()
+        sums: dict[str, float] = defaultdict(float)
+        weights: dict[str, float] = defaultdict(float)
+        updates = 0
+        self.policy.train(step_policy)
+        for _ in range(cfg.epochs):
+            for mb in chunks(torch.randperm(len(batch)), self.minibatch_size):
+                num_tokens = float(batch.loss_mask[mb].sum().clamp(min=1.0))
+                self.optimizer.zero_grad(set_to_none=True)
+                for micro in chunks(mb, self.micro_batch_size):
+                    sub = batch.select(micro)
+                    micro_d = micro.to(self.device)
+                    Lm = sub.loss_mask.shape[1]
+                    w = float(sub.loss_mask.sum())
+                    critic = self._critic_loss(sub, micro_d, len(mb), num_tokens)
+                    if critic is not None:
+                        critic[0].backward()
+                        for k, v in critic[1].items():
+                            if k.startswith("loss/"):
+                                sums[k] += v
+                            else:
+                                sums[k] += v * w
+                                weights[k] += w
+                    if not step_policy:
+                        continue
+                    logprobs, entropy, logits_entropy = self._policy_forward(sub)
+                    adv = advantages[micro_d] if advantages.ndim == 1 else advantages[micro_d, :Lm]
+                    loss, stats = clipped_policy_loss(
+                        logprobs,
+                        sub.old_logprobs,
+                        adv,
+                        sub.loss_mask,
+                        clip_low=cfg.clip_low,
+                        clip_high=cfg.clip_high,
+                        dual_clip=cfg.dual_clip,
+                        aggregation=cfg.loss_aggregation,
+                        ref_logprobs=None if ref_logprobs is None else ref_logprobs[micro_d, :Lm],
+                        kl_coef=kl_coef,
+                        kl_estimator=cfg.kl_estimator,
+                        num_seqs=len(mb),
+                        num_tokens=num_tokens,
+                        norm_len=cfg.sampling.max_new_tokens,
+                    )
+                    if logits_entropy is not None:
+                        bonus = aggregate(logits_entropy, sub.loss_mask, "token_mean", num_tokens=num_tokens)
+                        loss = loss - cfg.entropy_coef * bonus
+                        stats["loss/entropy_bonus"] = float(-cfg.entropy_coef * bonus.detach())
+                    loss.backward()
+                    stats["entropy"] = float((entropy * sub.loss_mask).sum() / max(w, 1.0))
+                    stats["loss/total"] = float(loss.detach())
+                    for k, v in stats.items():
+                        if k.startswith("loss/"):
+                            sums[k] += v  # micro-batch losses add up to the minibatch loss
+                        else:
+                            sums[k] += v * w
+                            weights[k] += w
+                if step_policy:
+                    if cfg.optim.max_grad_norm is not None:
+                        gn = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.optim.max_grad_norm)
+                        sums["grad_norm"] += float(gn)
+                        weights["grad_norm"] += 1.0
+                    self.optimizer.step()
+                    self.scheduler.step()
+                for k, v in self._critic_step().items():
+                    sums[k] += v
+                    weights[k] += 1.0
+                updates += 1
+        return {
+            k: v / updates if k.startswith("loss/") else v / max(weights[k], 1e-12) for k, v in sums.items()
+        }
+
+    def _policy_forward(self, sub: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """(logprobs [B, L], entropy [B, L] no grad, entropy with grad or None)."""
+        grad = self.cfg.entropy_coef > 0
+        logprobs, entropy = sequence_logprobs(
+            self.policy, sub, self.cfg.sampling.temperature, with_entropy=True, entropy_grad=grad
+        )
+        assert entropy is not None
+        return logprobs, entropy.detach(), entropy if grad else None
+
+    @torch.no_grad()
+    def _reference_logprobs(self, batch: RolloutBatch) -> torch.Tensor | None:
+        """[B, L] log π_ref of the batch's tokens (None without a reference)."""
+        if self.reference is None:
+            return None
+        parts = []
+        for micro in chunks(torch.arange(len(batch)), self.micro_batch_size):
+            sub = batch.select(micro)
+            lp, _ = sequence_logprobs(self.reference, sub, self.cfg.sampling.temperature)
+            parts.append(torch.nn.functional.pad(lp, (0, batch.loss_mask.shape[1] - lp.shape[1])))
+        return torch.cat(parts)
+
+    # --- checkpoints and the loop --------------------------------------------------------
+    def save(self) -> Path:
+        """Checkpoint the current step."""
+        return save_checkpoint(
+            self.stage_dir,
+            self.step,
+            self.policy,
+            self.tokenizer,
+            self.optimizer,
+            self.scheduler,
+            {"cursor": self.sampler.cursor, **self._extra_state()},
+            keep=self.cfg.keep_checkpoints,
+            extra=self._save_extra,
+        )
+
+    def describe(self, m: dict[str, float]) -> str:
+        """One progress line from a step's metrics."""
+        return (
+            f"reward {m['rollout/reward_mean']:.3f}  len {m['rollout/response_length_mean']:.1f}"
+            f"  clip {m.get('clip/frac', 0.0):.3f}  entropy {m.get('entropy', 0.0):.3f}"
+            f"  {m['time/step_s']:.2f}s/step"
+        )
+
+    def train(self, echo: Callable[[str], None] | None = None) -> Path:
+        """Run until `cfg.steps`, logging and checkpointing; return the saved final model folder."""
+        cfg = self.cfg
+
+        def periodic_eval(metrics: dict[str, float]) -> None:
+            if self.eval_fn is not None and cfg.eval_every and self.step % cfg.eval_every == 0:
+                metrics.update(self.eval_fn(self.policy, self.tokenizer))
+
+        run_loop(
+            self,
+            name=self.name,
+            steps=cfg.steps,
+            log_every=cfg.log_every,
+            checkpoint_every=cfg.checkpoint_every,
+            echo=echo,
+            after_step=periodic_eval,
+            describe=self.describe,
+        )
+        return save_final(self.stage_dir, self.policy, self.tokenizer)

@@ -1,0 +1,223 @@
+"""PPO with a per-token critic and GAE, RLHF style.
+
+Schulman et al. 2017 (arXiv:1707.06347); Ziegler et al. 2019 (arXiv:1909.08593); Ouyang et
+al. 2022, InstructGPT (arXiv:2203.02155).
+
+Models in memory: the policy, the critic (a transformer backbone with a scalar head per
+token, initialised from the policy or `critic.path`), and the frozen reference when β > 0.
+
+Per iteration: roll out; per-token rewards `r_t = R_t − β·KL_t` (each turn's reward R on its
+last policy token, the KL estimate from the rollout's log-probabilities, k1 by default);
+values V(s_t) of the state before each response token; GAE(γ, λ) over policy tokens only
+(environment tokens of multi-turn episodes are skipped, a `truncated` episode bootstraps
+from the critic's value of its final state, a `terminated` one from 0); returns = Â + V;
+advantages whitened; then μ epochs over minibatches of the clipped surrogate for the policy
+and the (clipped) value loss for the critic, each with its own optimizer. β is fixed or
+adapted towards `kl_target` (`kl_control.AdaptiveKLController`).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoModelForTokenClassification, PreTrainedModel
+
+from textgym.agents.trajectory import RolloutBatch, Trajectory
+from textgym.config import PPOConfig
+from textgym.trainers.advantages import explained_variance, gae, masked_mean, token_level_rewards, whiten
+from textgym.trainers.common import build_optimizer, load_weights
+from textgym.trainers.kl_control import AdaptiveKLController, FixedKLController
+from textgym.trainers.losses import value_loss
+from textgym.trainers.on_policy import OnPolicyTrainer, chunks
+
+
+def build_critic(policy: PreTrainedModel, path: str | None = None) -> PreTrainedModel:
+    """A value model: `AutoModelForTokenClassification` with one label (a scalar per token).
+
+    The backbone is the policy's (copied from the model in memory) or loaded from `path`;
+    the head is zero-initialised, so every value starts at 0. Dropout is off.
+
+    Args:
+        policy: the policy; its config and backbone weights are used when `path` is None.
+        path: a local HF folder to take the backbone from instead.
+
+    Returns:
+        The critic on the policy's device, in fp32.
+
+    Raises:
+        RuntimeError: if the policy's backbone does not fit the critic's (a custom architecture).
+    """
+    device = next(policy.parameters()).device
+    if path is not None:
+        critic = AutoModelForTokenClassification.from_pretrained(path, num_labels=1, classifier_dropout=0.0)
+    else:
+        config = policy.config.__class__.from_dict(
+            {**policy.config.to_dict(), "num_labels": 1, "classifier_dropout": 0.0}
+        )
+        critic = AutoModelForTokenClassification.from_config(config)
+        critic.base_model.load_state_dict(policy.base_model.state_dict())
+    with torch.no_grad():
+        critic.score.weight.zero_()
+        if critic.score.bias is not None:
+            critic.score.bias.zero_()
+    return critic.float().to(device)
+
+
+def sequence_values(critic: PreTrainedModel, batch: RolloutBatch) -> torch.Tensor:
+    """Values of the states along the response: [B, L + 1].
+
+    Column t < L is V(s_t), the value of the prefix before response token t (read from the
+    head at position P − 1 + t); column n_i (the row's response length) is the value of the
+    whole sequence, used to bootstrap a truncated episode.
+
+    Args:
+        critic: a token-classification model with one label.
+        batch: the padded batch (prompt width P, response width L).
+    """
+    P = batch.prompt_width
+    out = critic(
+        input_ids=batch.input_ids,
+        attention_mask=batch.attention_mask,
+        position_ids=batch.position_ids,
+        use_cache=False,
+    )
+    return out.logits[:, P - 1 :, 0].float()
+
+
+class PPOTrainer(OnPolicyTrainer):
+    """Trains `model` in place with PPO and a learned critic on `cfg.env`.
+
+    See `OnPolicyTrainer` for the arguments; `cfg` is a `PPOConfig`. The critic is
+    checkpointed beside the policy (`checkpoints/step_N/critic/`) and saved to
+    `<stage_dir>/critic/` at the end.
+    """
+
+    name = "ppo"
+    cfg: PPOConfig
+
+    def _setup(self, updates: int) -> None:
+        cfg = self.cfg
+        self.critic = build_critic(self.policy, cfg.critic.path)
+        self.critic_optimizer, self.critic_scheduler = build_optimizer(self.critic, cfg.critic.optim, updates)
+        self.kl_ctl: FixedKLController = (
+            AdaptiveKLController(cfg.kl_coef, cfg.kl_target, cfg.kl_horizon)
+            if cfg.kl_target is not None
+            else FixedKLController(cfg.kl_coef)
+        )
+
+    def _extra_state(self) -> dict[str, Any]:
+        return {"kl_coef": self.kl_ctl.value}
+
+    def _save_extra(self, folder: Path) -> None:
+        d = folder / "critic"
+        self.critic.save_pretrained(d)
+        torch.save(self.critic_optimizer.state_dict(), d / "optimizer.pt")
+        torch.save(self.critic_scheduler.state_dict(), d / "scheduler.pt")
+
+    def _load_extra(self, ckpt: Path, state: dict[str, Any]) -> None:
+        d = ckpt / "critic"
+        load_weights(d, self.critic)
+        self.critic_optimizer.load_state_dict(torch.load(d / "optimizer.pt", weights_only=False))
+        self.critic_scheduler.load_state_dict(torch.load(d / "scheduler.pt", weights_only=False))
+        self.kl_ctl.value = float(state.get("kl_coef", self.kl_ctl.value))
+
+    def _update_policy(self) -> bool:
+        return self.step >= self.cfg.critic_warmup_steps
+
+    @torch.no_grad()
+    def _values(self, batch: RolloutBatch) -> torch.Tensor:
+        self.critic.eval()
+        parts = []
+        L = batch.loss_mask.shape[1]
+        for micro in chunks(torch.arange(len(batch)), self.micro_batch_size):
+            sub = batch.select(micro)
+            v = sequence_values(self.critic, sub)
+            parts.append(torch.nn.functional.pad(v, (0, L + 1 - v.shape[1])))
+        return torch.cat(parts)
+
+    def compute_advantages(
+        self, batch: RolloutBatch, trajs: list[Trajectory], metrics: dict[str, float]
+    ) -> torch.Tensor:
+        """[B, L] GAE advantages; stores values and returns for the critic's loss."""
+        cfg = self.cfg
+        mask = batch.loss_mask
+        beta = self.kl_ctl.value
+        in_reward = cfg.kl_placement == "reward" and beta > 0
+        rewards, kl_stats = token_level_rewards(
+            batch.token_rewards,
+            mask,
+            batch.old_logprobs if in_reward else None,
+            self._ref_logprobs if in_reward else None,
+            kl_coef=beta if in_reward else 0.0,
+            estimator=cfg.kl_estimator,
+        )
+        metrics.update(kl_stats)
+        values_all = self._values(batch)  # [B, L+1]
+        L = mask.shape[1]
+        values = values_all[:, :L]
+        n_cols = batch.attention_mask[:, batch.prompt_width :].sum(-1)  # [B] response columns used
+        truncated = torch.tensor([t.truncated for t in trajs], device=mask.device)
+        final_value = values_all.gather(1, n_cols[:, None].clamp(max=L))[:, 0]
+        bootstrap = torch.where(truncated, final_value, torch.zeros_like(final_value))
+        adv, returns = gae(rewards, values, mask, gamma=cfg.gamma, lam=cfg.lam, bootstrap=bootstrap)
+        self._old_values, self._returns = values * mask, returns
+        metrics["value/explained_variance"] = explained_variance(values, returns, mask)
+        metrics["value/mean_rollout"] = float(masked_mean(values, mask))
+        metrics["returns/mean"] = float(masked_mean(returns, mask))
+        metrics["kl/coef"] = beta
+        if cfg.whiten_advantages:
+            adv = whiten(adv, mask)
+        if "kl/ref_seq" in kl_stats:
+            self.kl_ctl.update(kl_stats["kl/ref_seq"], len(batch))
+        elif self._ref_logprobs is not None:  # KL in the loss: still track it for the controller
+            kl = (batch.old_logprobs - self._ref_logprobs) * mask
+            self.kl_ctl.update(float(kl.sum(-1).mean()), len(batch))
+        return adv
+
+    def _critic_loss(
+        self, sub: RolloutBatch, rows: torch.Tensor, num_seqs: int, num_tokens: float
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        cfg = self.cfg
+        self.critic.train()
+        Lm = sub.loss_mask.shape[1]
+        values = sequence_values(self.critic, sub)[:, :Lm]
+        return value_loss(
+            values,
+            self._old_values[rows, :Lm],
+            self._returns[rows, :Lm],
+            sub.loss_mask,
+            clip_range=cfg.critic.value_clip,
+            aggregation=cfg.loss_aggregation,
+            num_seqs=num_seqs,
+            num_tokens=num_tokens,
+            norm_len=cfg.sampling.max_new_tokens,
+        )
+
+    def _critic_step(self) -> dict[str, float]:
+        stats = {}
+        if self.cfg.critic.optim.max_grad_norm is not None:
+            gn = torch.nn.utils.clip_grad_norm_(self.critic.parameters(), self.cfg.critic.optim.max_grad_norm)
+            stats["value/grad_norm"] = float(gn)
+        self.critic_optimizer.step()
+        self.critic_scheduler.step()
+        self.critic_optimizer.zero_grad(set_to_none=True)
+        return stats
+
+    def describe(self, m: dict[str, float]) -> str:
+        """One progress line, with the critic's explained variance and β."""
+        return (
+            super().describe(m)
+            + f"  ev {m.get('value/explained_variance', float('nan')):.2f}  β {m.get('kl/coef', 0.0):.3g}"
+        )
+
+    def train(self, echo: Any = None) -> Path:
+        """Run until `cfg.steps`; save the policy to `final/` and the critic to `critic/`."""
+        final = super().train(echo)
+        self.critic.save_pretrained(self.stage_dir / "critic")
+        (self.stage_dir / "critic" / "textgym.json").write_text(
+            json.dumps({"role": "critic", "kl_coef": self.kl_ctl.value}), encoding="utf-8"
+        )
+        return final
