@@ -4,12 +4,41 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
+import gymnasium as gym
 import pytest
 import torch
 
+from textgym.envs.base import TextEnv
+from textgym.types import Task
+
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 torch.set_num_threads(2)
+
+
+class EchoTurnsEnv(TextEnv):
+    """A 3-turn test env: replies with a tool message each turn, reward 1 per turn, ends after 3 turns."""
+
+    def __init__(self, **kwargs: Any):
+        super().__init__([Task(f"echo/{i}", f"Say something #{i}.") for i in range(4)], **kwargs)
+        self.turn = 0
+
+    def initial_messages(self, task):
+        self.turn = 0
+        return [{"role": "user", "content": task.prompt}]
+
+    def respond(self, action):
+        self.turn += 1
+        done = self.turn >= 3
+        obs = [] if done else [{"role": "tool", "content": f"turn {self.turn}: you said {len(action)} chars"}]
+        return obs, 1.0, done, {"reward/turn": 1.0}
+
+
+ECHO_ENV_ID = "textgym-test/EchoTurns-v0"
+"""EchoTurnsEnv cut by `TimeLimit` after 2 of its 3 turns, so every episode is `truncated`."""
+if ECHO_ENV_ID not in gym.registry:
+    gym.register(ECHO_ENV_ID, entry_point=EchoTurnsEnv, max_episode_steps=2, disable_env_checker=True)
 
 TEST_DATA = Path(__file__).resolve().parent / "data"
 """Test-only data: Math-Verify's equivalence cases (Apache-2.0), copied from ../shared/data."""

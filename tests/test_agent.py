@@ -1,34 +1,13 @@
 from __future__ import annotations
 
-from typing import Any
-
 import gymnasium as gym
 import pytest
 import torch
+from conftest import EchoTurnsEnv
 
 import textgym  # noqa: F401
 from textgym.agents import LLMAgent, RolloutBatch, SamplingParams, rollout
-from textgym.envs.base import TextEnv
 from textgym.trainers.common import sequence_logprobs
-from textgym.types import Task
-
-
-class EchoTurnsEnv(TextEnv):
-    """A 3-turn test env: replies with a tool message each turn, reward 1 per turn, ends after 3 turns."""
-
-    def __init__(self, **kwargs: Any):
-        super().__init__([Task(f"echo/{i}", f"Say something #{i}.") for i in range(4)], **kwargs)
-        self.turn = 0
-
-    def initial_messages(self, task):
-        self.turn = 0
-        return [{"role": "user", "content": task.prompt}]
-
-    def respond(self, action):
-        self.turn += 1
-        done = self.turn >= 3
-        obs = [] if done else [{"role": "tool", "content": f"turn {self.turn}: you said {len(action)} chars"}]
-        return obs, 1.0, done, {"reward/turn": 1.0}
 
 
 @pytest.fixture(params=["bpe", "byte"])

@@ -66,9 +66,11 @@ def kl_estimate(
     With `log_ratio = log π_ref − log π_θ` at the sampled token:
     k1 = −log_ratio; k2 = ½·log_ratio²; k3 = exp(log_ratio) − 1 − log_ratio (≥ 0, unbiased).
 
-    Gradients when differentiated in the loss (see ../shared/reference/004): k1 has zero
-    expected gradient (use it in the reward); k2's gradient is that of the reverse KL;
-    k3 in the loss is GRPO's choice (DeepSeekMath eq. 4) and is biased as a gradient of KL.
+    Expected gradients for on-policy samples (see ../shared/reference/004; checked exactly in
+    tests/test_advantages.py): differentiated in the loss, k1 gives 0 (noise only), k2 gives
+    ∇KL(π_θ‖π_ref), and k3 (GRPO, DeepSeekMath eq. 4) gives ∇KL(π_ref‖π_θ) — the forward KL,
+    biased as a gradient of the reverse one. Subtracted from the reward (no gradient through
+    it), k1 gives exactly ∇KL(π_θ‖π_ref); k3 there is biased.
 
     Args:
         logprobs: [B, L] log π_θ of the sampled tokens.
@@ -121,10 +123,10 @@ def clipped_policy_loss(
     arXiv:1912.09729, eq. 5).
 
     KL in the loss: what the gradient of `β·KL_est` does depends on the estimator (Shah et
-    al. 2026, table in ../shared/reference/004): k3 (GRPO) is stable but biased as a gradient
-    of KL(π_θ‖π_ref); k2's gradient equals that of the reverse KL for on-policy samples; k1
-    has zero expected gradient (noise only) — put k1 in the reward instead
-    (`kl_in_reward_penalty` / `token_level_rewards`).
+    al. 2026, table in ../shared/reference/004): k3 (GRPO) is stable but its expected gradient
+    is that of the forward KL(π_ref‖π_θ); k2's is that of the reverse KL(π_θ‖π_ref) for
+    on-policy samples; k1 has zero expected gradient (noise only) — put k1 in the reward
+    instead (`textgym.trainers.advantages.token_level_rewards`).
 
     Args:
         logprobs: [B, L] log π_θ of the taken tokens (requires grad).

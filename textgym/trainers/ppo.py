@@ -34,6 +34,9 @@ from textgym.trainers.losses import value_loss
 from textgym.trainers.on_policy import OnPolicyTrainer, chunks
 
 
+_VALUE_HEAD: dict[str, Any] = {"id2label": {0: "value"}, "label2id": {"value": 0}, "classifier_dropout": 0.0}
+
+
 def build_critic(policy: PreTrainedModel, path: str | None = None) -> PreTrainedModel:
     """A value model: `AutoModelForTokenClassification` with one label (a scalar per token).
 
@@ -52,11 +55,9 @@ def build_critic(policy: PreTrainedModel, path: str | None = None) -> PreTrained
     """
     device = next(policy.parameters()).device
     if path is not None:
-        critic = AutoModelForTokenClassification.from_pretrained(path, num_labels=1, classifier_dropout=0.0)
+        critic = AutoModelForTokenClassification.from_pretrained(path, **_VALUE_HEAD)
     else:
-        config = policy.config.__class__.from_dict(
-            {**policy.config.to_dict(), "num_labels": 1, "classifier_dropout": 0.0}
-        )
+        config = policy.config.__class__.from_dict({**policy.config.to_dict(), **_VALUE_HEAD})
         critic = AutoModelForTokenClassification.from_config(config)
         critic.base_model.load_state_dict(policy.base_model.state_dict())
     with torch.no_grad():

@@ -1,0 +1,202 @@
+"""PPO and the GRPO family (DAPO, Dr. GRPO, RLOO, REINFORCE++) as trainers, on a real tiny model."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from conftest import ECHO_ENV_ID
+from conftest import WARM_ENV as ENV
+
+from textgym.agents import RolloutBatch
+from textgym.config import GRPOConfig, PPOConfig
+from textgym.models import load_model
+from textgym.trainers.advantages import explained_variance
+from textgym.trainers.common import latest_checkpoint, seed_everything
+from textgym.trainers.grpo import GRPOTrainer
+from textgym.trainers.ppo import PPOTrainer, sequence_values
+
+SAMPLING = {"temperature": 1.0, "max_new_tokens": 8}
+
+
+def ppo_cfg(**over):
+    base = {
+        "env": ENV,
+        "steps": 2,
+        "prompts_per_step": 4,
+        "group_size": 2,
+        "sampling": SAMPLING,
+        "optim": {"lr": 1e-3},
+        "critic": {"optim": {"lr": 1e-3}},
+    }
+    base.update(over)
+    return PPOConfig.model_validate(base)
+
+
+def grpo_cfg(**over):
+    base = {"env": ENV, "steps": 1, "prompts_per_step": 4, "group_size": 4, "sampling": SAMPLING}
+    base.update(over)
+    return GRPOConfig.model_validate(base)
+
+
+def records(d):
+    return [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_ppo_two_steps(warm_model_dir, tmp_path):
+    seed_everything(0)
+    model, tok = load_model(warm_model_dir)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    trainer = PPOTrainer(ppo_cfg(kl_target=0.5), model, tok, tmp_path)
+    critic_head = trainer.critic.score.weight.detach().clone()
+    assert torch.count_nonzero(critic_head) == 0  # zero-initialised head: V = 0 at the start
+    trainer.train()
+    rows = records(tmp_path)
+    assert [r["step"] for r in rows] == [1, 2]
+    for r in rows:
+        for key in (
+            "loss/policy",
+            "loss/value",
+            "kl/ref",
+            "kl/coef",
+            "value/explained_variance",
+            "grad_norm",
+        ):
+            assert key in r and (math.isfinite(r[key]) or key == "value/explained_variance"), key
+    assert rows[0]["kl/ref"] == pytest.approx(0.0, abs=1e-6)  # policy == reference at step 1
+    assert rows[1]["kl/coef"] != rows[0]["kl/coef"]  # the adaptive controller moved β
+    assert any(not torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    assert not torch.equal(trainer.critic.score.weight, critic_head)
+    ckpt = latest_checkpoint(tmp_path)
+    assert ckpt is not None and (ckpt / "critic" / "optimizer.pt").is_file()
+    assert (tmp_path / "critic" / "config.json").is_file() and (tmp_path / "final" / "config.json").is_file()
+
+
+def test_ppo_resume_gives_the_same_next_step(warm_model_dir, tmp_path):
+    def fresh(steps, stage_dir, resume=False):
+        seed_everything(0)
+        model, tok = load_model(warm_model_dir)
+        return PPOTrainer(
+            ppo_cfg(steps=steps, checkpoint_every=1, kl_target=0.5), model, tok, stage_dir, resume=resume
+        )
+
+    straight = fresh(2, tmp_path / "a")
+    straight.train()
+    fresh(1, tmp_path / "b").train()
+    resumed = fresh(2, tmp_path / "b", resume=True)
+    assert resumed.step == 1
+    resumed.train()
+    a, b = records(tmp_path / "a")[1], records(tmp_path / "b")[1]
+    for k in a:
+        if not k.startswith(("time", "throughput")):
+            assert a[k] == pytest.approx(b[k], rel=1e-6, abs=1e-9, nan_ok=True), k
+    for p, q in zip(straight.critic.parameters(), resumed.critic.parameters(), strict=True):
+        torch.testing.assert_close(p, q, rtol=0, atol=1e-6)
+
+
+def test_the_critic_fits_the_returns_of_a_batch(warm_model_dir, tmp_path):
+    """Critic-only updates (policy frozen by the warm-up) drive explained variance up on a fixed batch."""
+    seed_everything(0)
+    model, tok = load_model(warm_model_dir)
+    policy_before = {k: v.clone() for k, v in model.state_dict().items()}
+    cfg = ppo_cfg(
+        critic_warmup_steps=10**6,
+        critic={"optim": {"lr": 3e-3}, "value_clip": None},
+        kl_coef=0.0,
+        prompts_per_step=8,
+        group_size=1,
+    )
+    trainer = PPOTrainer(cfg, model, tok, tmp_path)
+    trajs = trainer.collect(cfg.prompts_per_step)
+    batch = RolloutBatch.from_trajectories(trajs, tok.pad_token_id)
+    assert 0 < float(batch.rewards.mean()) < 1
+    metrics: dict[str, float] = {}
+    adv = trainer.compute_advantages(batch, trajs, metrics)
+    returns, mask = trainer._returns.clone(), batch.loss_mask
+    assert math.isnan(metrics["value/explained_variance"]) or metrics["value/explained_variance"] < 0.1
+    for _ in range(100):
+        trainer.update(batch, adv)
+    with torch.no_grad():
+        values = sequence_values(trainer.critic, batch)[:, : mask.shape[1]]
+    assert explained_variance(values, returns, mask) > 0.7  # from < 0.1 before the updates
+    assert all(torch.equal(v, policy_before[k]) for k, v in model.state_dict().items())
+
+
+def test_ppo_multi_turn_masks_env_tokens_and_bootstraps_truncation(tiny_model_dir, tmp_path):
+    seed_everything(0)
+    model, tok = load_model(tiny_model_dir)
+    cfg = ppo_cfg(
+        env={"id": ECHO_ENV_ID},
+        prompts_per_step=2,
+        group_size=2,
+        kl_coef=0.0,
+        lam=1.0,
+        whiten_advantages=False,
+    )
+    trainer = PPOTrainer(cfg, model, tok, tmp_path)
+    with torch.no_grad():  # a non-zero critic so the bootstrap value is visible
+        trainer.critic.score.bias.fill_(0.25)
+    trajs = trainer.collect(cfg.prompts_per_step)
+    assert all(t.truncated and not t.terminated for t in trajs)  # TimeLimit(2) cut the 3-turn episode
+    assert all(t.reward == 2.0 for t in trajs)
+    batch = RolloutBatch.from_trajectories(trajs, tok.pad_token_id)
+    adv = trainer.compute_advantages(batch, trajs, {})
+    mask = batch.loss_mask
+    env_cols = (mask == 0) & (batch.attention_mask[:, batch.prompt_width :] == 1)
+    assert bool(env_cols.any()) and torch.all(adv[env_cols] == 0)
+    # γ = λ = 1, V ≡ 0.25 everywhere: Â_t = Σ rewards after t + V_boot − V_t = rewards-to-go + 0.25 − 0.25
+    for i in range(len(batch)):
+        cols = mask[i].nonzero().flatten()
+        first_turn_end = int(batch.token_rewards[i].nonzero().flatten()[0])
+        for c in cols.tolist():
+            expected = 2.0 if c <= first_turn_end else 1.0
+            assert float(adv[i, c]) == pytest.approx(expected, abs=1e-5)
+    metrics = trainer.update(batch, adv)
+    assert math.isfinite(metrics["loss/value"])
+
+
+@pytest.mark.parametrize(
+    "over",
+    [
+        {"advantage_estimator": "rloo"},
+        {
+            "advantage_estimator": "reinforce_pp",
+            "kl_coef": 0.01,
+            "kl_placement": "reward",
+            "kl_estimator": "k1",
+        },
+        {"scale_rewards": "none", "loss_aggregation": "seq_mean_token_sum_norm"},
+        {"kl_coef": 0.05, "kl_placement": "reward", "kl_estimator": "k3", "dual_clip": 3.0},
+        {"entropy_coef": 0.01, "overlong_penalty": {"max_len": 8, "cache_len": 4}, "overlong_filter": True},
+    ],
+    ids=["rloo", "reinforce_pp", "drgrpo", "kl_reward_dual_clip", "entropy_overlong"],
+)
+def test_grpo_family_steps(warm_model_dir, tmp_path, over):
+    seed_everything(0)
+    model, tok = load_model(warm_model_dir)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    metrics = GRPOTrainer(grpo_cfg(**over), model, tok, tmp_path).train_step()
+    assert math.isfinite(metrics["loss/total"]) and math.isfinite(metrics["grad_norm"])
+    assert any(not torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    if "overlong_penalty" in over:
+        assert "rollout/overlong_mean" in metrics and metrics["rollout/overlong_mean"] <= 0
+        assert "rollout/overlong_masked" in metrics and "loss/entropy_bonus" in metrics
+    if over.get("kl_placement") == "reward":
+        assert metrics["kl/ref"] == pytest.approx(0.0, abs=1e-6)  # measured on the rollout, before updating
+
+
+def test_dynamic_sampling_keeps_only_informative_groups(warm_model_dir, tmp_path):
+    seed_everything(0)
+    model, tok = load_model(warm_model_dir)
+    trainer = GRPOTrainer(grpo_cfg(dynamic_sampling=True, max_sampling_tries=3), model, tok, tmp_path)
+    metrics: dict[str, float] = {}
+    trajs = trainer.sample(metrics)
+    assert len(trajs) == 16 and 1 <= metrics["sampling/rounds"] <= 3
+    groups = [trajs[i : i + 4] for i in range(0, 16, 4)]
+    constant = sum(len({t.reward for t in g}) == 1 for g in groups)
+    assert constant == metrics["sampling/filled_groups"]  # only filler groups are uninformative
+    assert [t.group for t in trajs] == [i // 4 for i in range(16)]
+    for g in groups:
+        assert len({t.task_index for t in g}) == 1
