@@ -220,6 +220,11 @@ class OnPolicyTrainer:
 
         t1 = time.perf_counter()
         self._ref_logprobs = self._reference_logprobs(batch)
+        if self._ref_logprobs is not None:
+            # One KL measure whatever the estimator and placement: k3 of π_old vs π_ref per token.
+            lr = (self._ref_logprobs - batch.old_logprobs).clamp(-20.0, 20.0)
+            k3 = (lr.exp() - 1.0 - lr) * batch.loss_mask
+            metrics["kl/rollout_k3"] = float(k3.sum() / batch.loss_mask.sum().clamp(min=1.0))
         advantages = self.compute_advantages(batch, trajs, metrics)
         metrics.update(self.update(batch, advantages, ref_logprobs=self._ref_logprobs))
         t_update = time.perf_counter() - t1

@@ -33,7 +33,6 @@ from textgym.trainers.kl_control import AdaptiveKLController, FixedKLController
 from textgym.trainers.losses import value_loss
 from textgym.trainers.on_policy import OnPolicyTrainer, chunks
 
-
 _VALUE_HEAD: dict[str, Any] = {"id2label": {0: "value"}, "label2id": {"value": 0}, "classifier_dropout": 0.0}
 
 
