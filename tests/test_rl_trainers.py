@@ -200,3 +200,13 @@ def test_dynamic_sampling_keeps_only_informative_groups(warm_model_dir, tmp_path
     assert [t.group for t in trajs] == [i // 4 for i in range(16)]
     for g in groups:
         assert len({t.task_index for t in g}) == 1
+
+
+def test_critic_epochs_beyond_the_policys_train_the_critic_alone(warm_model_dir, tmp_path):
+    seed_everything(0)
+    model, tok = load_model(warm_model_dir)
+    trainer = PPOTrainer(ppo_cfg(steps=1, critic={"epochs": 3}), model, tok, tmp_path)
+    metrics = trainer.train_step()
+    assert trainer.scheduler.last_epoch == 1  # one policy update
+    assert trainer.critic_scheduler.last_epoch == 3  # three critic updates
+    assert math.isfinite(metrics["loss/value"]) and math.isfinite(metrics["loss/policy"])

@@ -240,6 +240,9 @@ class CriticConfig(_Strict):
     """Optimizer of the critic (its own learning rate)."""
     value_clip: float | None = Field(0.2, gt=0.0)
     """ε_v of value clipping around the rollout's values; null disables."""
+    epochs: int = Field(1, ge=1)
+    """Passes of the critic over each rollout batch; those beyond the policy's `epochs` train
+    the critic alone (a cheap way to let the value model keep up)."""
 
 
 class PPOConfig(_PolicyGradientConfig):

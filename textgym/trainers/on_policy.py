@@ -244,7 +244,13 @@ class OnPolicyTrainer:
         return metrics
 
     def update(
-        self, batch: RolloutBatch, advantages: torch.Tensor, ref_logprobs: torch.Tensor | None = None
+        self,
+        batch: RolloutBatch,
+        advantages: torch.Tensor,
+        ref_logprobs: torch.Tensor | None = None,
+        *,
+        epochs: int | None = None,
+        step_policy: bool | None = None,
     ) -> dict[str, float]:
         """μ epochs over shuffled minibatches of `batch`, accumulating over micro-batches.
 
@@ -253,6 +259,8 @@ class OnPolicyTrainer:
             advantages: [B] per-sequence or [B, L] per-token advantages.
             ref_logprobs: [B, L] log π_ref of the batch (computed here when the KL is in the
                 loss and it is not given).
+            epochs: passes over the batch (default `cfg.epochs`).
+            step_policy: False trains only the critic (default: `_update_policy()`).
 
         Returns:
             Loss, KL, clip, entropy and gradient-norm metrics, averaged over optimizer steps
@@ -265,12 +273,12 @@ class OnPolicyTrainer:
             ref_logprobs = self._reference_logprobs(batch)
         kl_coef = cfg.kl_coef if cfg.kl_placement == "loss" else 0.0
         advantages = advantages.to(self.device)
-        step_policy = self._update_policy()
+        step_policy = self._update_policy() if step_policy is None else step_policy
         sums: dict[str, float] = defaultdict(float)
         weights: dict[str, float] = defaultdict(float)
         updates = 0
         self.policy.train(step_policy)
-        for _ in range(cfg.epochs):
+        for _ in range(cfg.epochs if epochs is None else epochs):
             for mb in chunks(torch.randperm(len(batch)), self.minibatch_size):
                 num_tokens = float(batch.loss_mask[mb].sum().clamp(min=1.0))
                 self.optimizer.zero_grad(set_to_none=True)

@@ -101,7 +101,10 @@ class PPOTrainer(OnPolicyTrainer):
     def _setup(self, updates: int) -> None:
         cfg = self.cfg
         self.critic = build_critic(self.policy, cfg.critic.path)
-        self.critic_optimizer, self.critic_scheduler = build_optimizer(self.critic, cfg.critic.optim, updates)
+        critic_updates = updates // cfg.epochs * max(cfg.epochs, cfg.critic.epochs)
+        self.critic_optimizer, self.critic_scheduler = build_optimizer(
+            self.critic, cfg.critic.optim, critic_updates
+        )
         self.kl_ctl: FixedKLController = (
             AdaptiveKLController(cfg.kl_coef, cfg.kl_target, cfg.kl_horizon)
             if cfg.kl_target is not None
@@ -176,6 +179,27 @@ class PPOTrainer(OnPolicyTrainer):
             kl = (batch.old_logprobs - self._ref_logprobs) * mask
             self.kl_ctl.update(float(kl.sum(-1).mean()), len(batch))
         return adv
+
+    def update(
+        self,
+        batch: RolloutBatch,
+        advantages: torch.Tensor,
+        ref_logprobs: torch.Tensor | None = None,
+        *,
+        epochs: int | None = None,
+        step_policy: bool | None = None,
+    ) -> dict[str, float]:
+        """The shared update (policy and critic, `cfg.epochs`), then critic-only passes up to `critic.epochs`.
+
+        See `OnPolicyTrainer.update` for the arguments. The value stats returned are those
+        of the last pass.
+        """
+        stats = super().update(batch, advantages, ref_logprobs, epochs=epochs, step_policy=step_policy)
+        extra = self.cfg.critic.epochs - (self.cfg.epochs if epochs is None else epochs)
+        if extra > 0:
+            critic_stats = super().update(batch, advantages, ref_logprobs, epochs=extra, step_policy=False)
+            stats.update({k: v for k, v in critic_stats.items() if k.startswith(("loss/value", "value/"))})
+        return stats
 
     def _critic_loss(
         self, sub: RolloutBatch, rows: torch.Tensor, num_seqs: int, num_tokens: float
