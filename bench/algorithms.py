@@ -63,7 +63,9 @@ def main() -> None:
             "eval=null", f"model.init_seed={args.init_seed}", "--overwrite",
         )  # fmt: skip
 
-    results = []
+    results_path = out / "results.json"
+    previous = json.loads(results_path.read_text()) if results_path.is_file() else []
+    results = [r for r in previous if r["algo"] not in args.algos]  # keep other algorithms' rows
     for algo in args.algos:
         stage = "ppo" if algo == "ppo" else "grpo"
         extra = [f"{stage}.steps={args.steps}"] if args.steps else []
@@ -87,7 +89,8 @@ def main() -> None:
                 "best_explained_variance": best_explained_variance(out / algo / stage),
             }
         )
-        (out / "results.json").write_text(json.dumps(results, indent=2))
+        results.sort(key=lambda r: ALGOS.index(r["algo"]))
+        results_path.write_text(json.dumps(results, indent=2))
 
     print()
     header = ["algorithm", "accuracy before", "after", "gain (points)", "RL time (s)", "peak RSS (MB)"]
