@@ -358,11 +358,23 @@ class OnPolicyTrainer:
         """[B, L] log π_ref of the batch's tokens (None without a reference)."""
         if self.reference is None:
             return None
+        reference, T = self.reference, self.cfg.sampling.temperature
+        return self.per_micro_batch(batch, lambda sub: sequence_logprobs(reference, sub, T)[0])
+
+    @torch.no_grad()
+    def per_micro_batch(
+        self, batch: RolloutBatch, fn: Callable[[RolloutBatch], torch.Tensor], extra_columns: int = 0
+    ) -> torch.Tensor:
+        """Apply `fn` to each micro-batch of `batch` without gradient and stitch the rows back.
+
+        `fn(sub)` returns [b, L_sub + extra_columns] for a micro-batch trimmed to L_sub response
+        columns; each piece is right-padded with 0 to `L + extra_columns` before concatenation.
+        """
+        width = batch.loss_mask.shape[1] + extra_columns
         parts = []
         for micro in chunks(torch.arange(len(batch)), self.micro_batch_size):
-            sub = batch.select(micro)
-            lp, _ = sequence_logprobs(self.reference, sub, self.cfg.sampling.temperature)
-            parts.append(torch.nn.functional.pad(lp, (0, batch.loss_mask.shape[1] - lp.shape[1])))
+            out = fn(batch.select(micro))
+            parts.append(torch.nn.functional.pad(out, (0, width - out.shape[1])))
         return torch.cat(parts)
 
     # --- checkpoints and the loop --------------------------------------------------------

@@ -31,7 +31,7 @@ from textgym.trainers.advantages import explained_variance, gae, masked_mean, to
 from textgym.trainers.common import build_optimizer, load_weights
 from textgym.trainers.kl_control import AdaptiveKLController, FixedKLController
 from textgym.trainers.losses import value_loss
-from textgym.trainers.on_policy import OnPolicyTrainer, chunks
+from textgym.trainers.on_policy import OnPolicyTrainer
 
 _VALUE_HEAD: dict[str, Any] = {"id2label": {0: "value"}, "label2id": {"value": 0}, "classifier_dropout": 0.0}
 
@@ -133,13 +133,7 @@ class PPOTrainer(OnPolicyTrainer):
     @torch.no_grad()
     def _values(self, batch: RolloutBatch) -> torch.Tensor:
         self.critic.eval()
-        parts = []
-        L = batch.loss_mask.shape[1]
-        for micro in chunks(torch.arange(len(batch)), self.micro_batch_size):
-            sub = batch.select(micro)
-            v = sequence_values(self.critic, sub)
-            parts.append(torch.nn.functional.pad(v, (0, L + 1 - v.shape[1])))
-        return torch.cat(parts)
+        return self.per_micro_batch(batch, lambda sub: sequence_values(self.critic, sub), extra_columns=1)
 
     def compute_advantages(
         self, batch: RolloutBatch, trajs: list[Trajectory], metrics: dict[str, float]
