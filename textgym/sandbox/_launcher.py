@@ -1,0 +1,209 @@
+"""Code shared by the sandbox backends, standard library only.
+
+The process backend imports `apply_limits` and `CappedReader` on the host. The docker
+backend ships this file's source into its containers and runs `main()` there as root
+(capabilities dropped to a few): it reads one JSON request on stdin, writes the files
+into the tmpfs work dir, runs the command as the unprivileged uid with rlimits and a
+wall-clock timeout, kills every process the command left behind, and prints one JSON
+line with the result. The untrusted command never runs with the launcher's uid, so it
+cannot signal, trace or impersonate it.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import IO, Any
+
+SANDBOX_UID = 65534
+"""The unprivileged uid (and gid) the untrusted command runs as: `nobody`."""
+
+MEMORY_ERROR_MARKERS = (b"MemoryError", b"Cannot allocate memory", b"std::bad_alloc", b"out of memory")
+"""Text on stderr by which a process that hit its address-space limit is recognised as OOM."""
+
+
+def apply_limits(limits: dict[str, Any]) -> None:
+    """Set the calling process's rlimits (called between fork and exec; inherited by children).
+
+    Keys: `cpu_s` (RLIMIT_CPU, seconds), `memory_bytes` (RLIMIT_AS, bytes; 0 = unlimited),
+    `max_processes` (RLIMIT_NPROC), `max_file_bytes` (RLIMIT_FSIZE, bytes),
+    `max_open_files` (RLIMIT_NOFILE). Core dumps are disabled.
+    """
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    cpu = int(limits["cpu_s"])
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+    if limits.get("memory_bytes"):
+        mem = int(limits["memory_bytes"])
+        resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
+    if limits.get("max_processes"):
+        n = int(limits["max_processes"])
+        resource.setrlimit(resource.RLIMIT_NPROC, (n, n))
+    fsize = int(limits["max_file_bytes"])
+    resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
+    nofile = int(limits["max_open_files"])
+    resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+
+
+class CappedReader(threading.Thread):
+    """Drain a pipe in a thread, keeping its first `cap` bytes and counting the rest.
+
+    Draining continues past the cap so the writer never blocks on a full pipe.
+    After `join()`, `data` holds at most `cap` bytes and `truncated` says whether more came.
+    """
+
+    def __init__(self, stream: IO[bytes], cap: int):
+        super().__init__(daemon=True)
+        self.stream, self.cap = stream, int(cap)
+        self.chunks: list[bytes] = []
+        self.kept = 0
+        self.truncated = False
+
+    def run(self) -> None:
+        """Read until EOF."""
+        read = getattr(self.stream, "read1", self.stream.read)
+        try:
+            while True:
+                chunk = read(65536)
+                if not chunk:
+                    break
+                room = self.cap - self.kept
+                if room > 0:
+                    self.chunks.append(chunk[:room])
+                    self.kept += min(room, len(chunk))
+                if len(chunk) > max(room, 0):
+                    self.truncated = True
+        except (OSError, ValueError):
+            pass
+
+    @property
+    def data(self) -> bytes:
+        """The bytes kept (at most `cap`)."""
+        return b"".join(self.chunks)
+
+
+def looks_oom(stderr: bytes, returncode: int | None, timed_out: bool) -> bool:
+    """Whether a run died of its memory limit: an allocation failure on stderr, or SIGKILL not sent by us."""
+    if timed_out:
+        return False
+    tail = stderr[-4096:]
+    return returncode not in (0, None) and (
+        any(m in tail for m in MEMORY_ERROR_MARKERS) or returncode == -signal.SIGKILL
+    )
+
+
+def _clean_dir(path: str) -> None:
+    for name in os.listdir(path):
+        p = os.path.join(path, name)
+        if os.path.isdir(p) and not os.path.islink(p):
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            try:
+                os.unlink(p)
+            except OSError:
+                pass
+
+
+def _drop_privileges_and_limit(limits: dict[str, Any]) -> None:
+    os.setsid()
+    os.setgroups([])
+    os.setgid(SANDBOX_UID)
+    os.setuid(SANDBOX_UID)
+    apply_limits(limits)
+
+
+def _kill_leftovers() -> None:
+    """Kill every process of the sandbox uid (the command's strays: daemons, fork bombs)."""
+    for _ in range(3):
+        try:
+            pid = os.fork()
+        except OSError:
+            return
+        if pid == 0:  # child: become the sandbox uid, then signal all of its processes
+            try:
+                os.setgid(SANDBOX_UID)
+                os.setuid(SANDBOX_UID)
+                os.kill(-1, signal.SIGKILL)
+            finally:
+                os._exit(0)
+        os.waitpid(pid, 0)
+
+
+def main() -> None:
+    """Container side of the docker backend: one request on stdin, one JSON result line on stdout."""
+    request = json.loads(sys.stdin.buffer.read())
+    workdir = request.get("workdir", "/work")
+    for d in (workdir, "/tmp"):
+        _clean_dir(d)
+    for rel, b64 in request["files"].items():
+        path = os.path.join(workdir, rel)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as f:
+            f.write(base64.b64decode(b64))
+    for root, dirs, files in os.walk(workdir):
+        for n in dirs + files:
+            os.chown(os.path.join(root, n), SANDBOX_UID, SANDBOX_UID)
+    limits = request["limits"]
+    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": workdir, "LANG": "C.UTF-8", "TMPDIR": "/tmp"}
+    start = time.monotonic()
+    proc = subprocess.Popen(
+        request["cmd"],
+        cwd=workdir,
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        preexec_fn=lambda: _drop_privileges_and_limit(limits),  # noqa: PLW1509 (single-threaded child)
+    )
+    out, err = CappedReader(proc.stdout, limits["max_output_bytes"]), CappedReader(  # type: ignore[arg-type]
+        proc.stderr,  # type: ignore[arg-type]
+        limits["max_output_bytes"],
+    )
+    out.start()
+    err.start()
+    stdin = base64.b64decode(request.get("stdin") or "")
+    try:
+        assert proc.stdin is not None
+        proc.stdin.write(stdin)
+        proc.stdin.close()
+    except OSError:
+        pass
+    timed_out = False
+    try:
+        proc.wait(timeout=float(limits["timeout_s"]))
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        proc.wait()
+    duration = time.monotonic() - start
+    _kill_leftovers()
+    out.join(timeout=2)
+    err.join(timeout=2)
+    result = {
+        "exit_code": proc.returncode,
+        "stdout": base64.b64encode(out.data).decode(),
+        "stderr": base64.b64encode(err.data).decode(),
+        "stdout_truncated": out.truncated,
+        "stderr_truncated": err.truncated,
+        "timed_out": timed_out,
+        "oom": looks_oom(err.data, proc.returncode, timed_out),
+        "duration_s": duration,
+    }
+    for d in (workdir, "/tmp"):
+        _clean_dir(d)
+    sys.stdout.write(json.dumps(result) + "\n")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,96 @@
+"""The `unsafe_local` backend: a plain subprocess with rlimits and NO isolation.
+
+For development on a machine with neither bubblewrap nor Docker. The code runs as you,
+sees your files and your network. It is never a default: it must be named explicitly,
+and it warns each time one is created.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+
+from textgym.sandbox._launcher import CappedReader, apply_limits, looks_oom
+from textgym.sandbox.base import ExecRequest, ExecResult, SandboxBackend
+
+
+class UnsafeLocalBackend(SandboxBackend):
+    """Run commands in a temporary directory as the current user, with rlimits only.
+
+    Warns (`UserWarning`) on creation: this is not a sandbox.
+    """
+
+    name = "unsafe_local"
+
+    def __init__(self, max_workers: int = 4):
+        super().__init__(max_workers=max_workers)
+        warnings.warn(
+            "sandbox backend 'unsafe_local' runs untrusted code WITHOUT isolation (your uid, files and "
+            "network); use it only for development, never on model output you do not trust",
+            UserWarning,
+            stacklevel=2,
+        )
+
+    @classmethod
+    def check(cls) -> tuple[bool, str]:
+        """Always 'not a sandbox'."""
+        return False, "no isolation: development only"
+
+    def execute(self, request: ExecRequest) -> ExecResult:
+        """Run `request` in a temporary directory (rlimits, wall-clock kill of the process group)."""
+        limits = request.limits()
+        with tempfile.TemporaryDirectory(prefix="textgym-unsafe-") as work:
+            for rel, data in request.file_bytes().items():
+                path = os.path.join(work, rel)
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                with open(path, "wb") as f:
+                    f.write(data)
+            cmd = list(request.cmd)
+            if cmd[0] in ("python", "python3"):
+                cmd[0] = sys.executable
+            start = time.monotonic()
+            proc = subprocess.Popen(
+                cmd,
+                cwd=work,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+                preexec_fn=lambda: apply_limits(limits),  # noqa: PLW1509
+            )
+            assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+            out = CappedReader(proc.stdout, request.max_output_bytes)
+            err = CappedReader(proc.stderr, request.max_output_bytes)
+            out.start()
+            err.start()
+            try:
+                proc.stdin.write(request.stdin_bytes())
+                proc.stdin.close()
+            except OSError:
+                pass
+            timed_out = False
+            try:
+                proc.wait(timeout=request.timeout_s)
+            except subprocess.TimeoutExpired:
+                timed_out = True
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+            duration = time.monotonic() - start
+            out.join(timeout=5)
+            err.join(timeout=5)
+        return ExecResult(
+            exit_code=proc.returncode,
+            stdout=out.data.decode("utf-8", errors="replace"),
+            stderr=err.data.decode("utf-8", errors="replace"),
+            stdout_truncated=out.truncated,
+            stderr_truncated=err.truncated,
+            timed_out=timed_out,
+            oom=looks_oom(err.data, proc.returncode, timed_out),
+            duration_s=duration,
+            backend=self.name,
+        )
