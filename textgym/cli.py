@@ -24,8 +24,10 @@ app = typer.Typer(
 )
 model_app = typer.Typer(help="Build models locally.", no_args_is_help=True)
 verify_app = typer.Typer(help="Run a verifier on completions from a file.", no_args_is_help=True)
+sandbox_app = typer.Typer(help="Isolated code execution: check backends, build the docker image.", no_args_is_help=True)
 app.add_typer(model_app, name="model")
 app.add_typer(verify_app, name="verify")
+app.add_typer(sandbox_app, name="sandbox")
 console = Console()
 
 
@@ -305,6 +307,41 @@ def plot_cmd(
         _fail(f"no metrics.jsonl under {run_dir}", code=1)
     for p in written:
         console.print(f"wrote {p}")
+
+
+@sandbox_app.command("check")
+def sandbox_check_cmd() -> None:
+    """Say which sandbox backends work on this machine, and why not where not (exit 1 when none does)."""
+    from textgym.sandbox import check_backends
+
+    table = Table("backend", "works", "details")
+    rows = check_backends()
+    for name, ok, why in rows:
+        table.add_row(name, "yes" if ok else "no", why)
+    console.print(table)
+    if not any(ok for _, ok, _ in rows):
+        raise typer.Exit(1)
+
+
+@sandbox_app.command("build-image")
+def sandbox_build_image_cmd(
+    tag: Annotated[str, typer.Option(help="Image name:tag to create.")] = "textgym-sandbox:latest",
+    python: Annotated[
+        str | None, typer.Option(help="Interpreter to ship (default: /usr/bin/python3 or the current one).")
+    ] = None,
+) -> None:
+    """Build the docker backend's image locally (no registry): Python + stdlib + its shared libraries."""
+    from textgym.sandbox import SandboxError
+    from textgym.sandbox.image import build_image
+
+    try:
+        facts = build_image(tag, python)
+    except SandboxError as e:
+        _fail(str(e), code=1)
+    console.print(
+        f"built {facts['image']} ({facts['id'][:19]}): python {facts['version']} from {facts['python']}, "
+        f"{facts['files']} files, {facts['bytes'] / 1e6:.1f} MB"
+    )
 
 
 def main() -> None:

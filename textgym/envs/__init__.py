@@ -4,19 +4,37 @@ from gymnasium.envs.registration import register
 
 from textgym.envs.arithmetic import ArithmeticEnv, ArithmeticTasks
 from textgym.envs.base import SingleTurnEnv, TextEnv, math_rubric
+from textgym.envs.code import CodeEnv, HumanEvalEnv, MBPPEnv
 from textgym.envs.math_qa import GSM8KEnv, MATH500Env
 from textgym.envs.spaces import ChatMessages, UnicodeText
 
 register(id="textgym/Arithmetic-v0", entry_point="textgym.envs.arithmetic:ArithmeticEnv")
 register(id="textgym/GSM8K-v0", entry_point="textgym.envs.math_qa:GSM8KEnv")
 register(id="textgym/MATH500-v0", entry_point="textgym.envs.math_qa:MATH500Env")
+register(id="textgym/HumanEval-v0", entry_point="textgym.envs.code:HumanEvalEnv")
+register(id="textgym/MBPP-v0", entry_point="textgym.envs.code:MBPPEnv")
+register(
+    id="textgym/HumanEvalFeedback-v0",
+    entry_point="textgym.envs.code:HumanEvalEnv",
+    kwargs={"feedback": True},
+    max_episode_steps=3,
+)
+register(
+    id="textgym/MBPPFeedback-v0",
+    entry_point="textgym.envs.code:MBPPEnv",
+    kwargs={"feedback": True},
+    max_episode_steps=3,
+)
 
 __all__ = [
     "ArithmeticEnv",
     "ArithmeticTasks",
     "ChatMessages",
+    "CodeEnv",
     "GSM8KEnv",
+    "HumanEvalEnv",
     "MATH500Env",
+    "MBPPEnv",
     "SingleTurnEnv",
     "TextEnv",
     "UnicodeText",

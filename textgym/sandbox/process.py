@@ -20,6 +20,7 @@ it never falls back to running code unsandboxed.
 from __future__ import annotations
 
 import os
+import queue
 import shutil
 import signal
 import stat
@@ -46,6 +47,10 @@ _INSTALL_HINT = (
 )
 _ETC_FILES = ("/etc/ld.so.cache", "/etc/localtime", "/etc/alternatives", "/etc/nsswitch.conf")
 _NET_ETC_FILES = ("/etc/resolv.conf", "/etc/hosts", "/etc/ssl", "/etc/ca-certificates")
+HOST_UID_BASE = 0x70000000
+"""Host uids of the sandboxes when textgym runs as root: one per worker slot (base + slot), so the
+process-count rlimit and the right to signal are per sandbox, not shared by concurrent runs."""
+_SETUP_RETRIES = 4
 _PASSWD = f"root:x:0:0:root:/root:/usr/sbin/nologin\nnobody:x:{SANDBOX_UID}:{SANDBOX_UID}:nobody:{WORKDIR}:/usr/sbin/nologin\n"
 _GROUP = f"root:x:0:\nnogroup:x:{SANDBOX_UID}:\n"
 
@@ -83,6 +88,10 @@ def _memfd(name: str, data: bytes) -> int:
     return fd
 
 
+class _TransientSetupError(SandboxError):
+    """bubblewrap failed with EAGAIN (resources still held by a run being torn down)."""
+
+
 class ProcessBackend(SandboxBackend):
     """Run each command in its own bubblewrap sandbox (see the module docstring for what is isolated).
 
@@ -91,8 +100,9 @@ class ProcessBackend(SandboxBackend):
             (default: `default_python()`); its prefix is mounted read-only when it is not under /usr.
         max_workers: how many sandboxes `run_batch` runs at once.
         workdir_bytes: size cap of the tmpfs work dir (bytes); `/tmp` gets a quarter of it.
-        drop_host_uid: start bubblewrap as host uid 65534 (default: when running as root and
-            the interpreter is readable by any user).
+        drop_host_uid: start bubblewrap as an unprivileged host uid, one per concurrent run
+            (`HOST_UID_BASE + slot`; default: when running as root and the interpreter is readable
+            by any user). Inside the sandbox the uid is always 65534.
 
     Raises:
         SandboxUnavailableError: when `bwrap` is not installed (the message says how to install it)
@@ -121,6 +131,8 @@ class ProcessBackend(SandboxBackend):
             drop_host_uid = os.geteuid() == 0 and _others_can_reach(Path(self.python))
         self.drop_host_uid = bool(drop_host_uid)
         self._mounts = self._system_mounts()
+        self._slots: queue.SimpleQueue[int] = queue.SimpleQueue()
+        self._next_slot = 0
 
     # -- setup -------------------------------------------------------------------------
     def _system_mounts(self) -> list[str]:
@@ -148,7 +160,7 @@ class ProcessBackend(SandboxBackend):
         if not result.ok:
             return False, f"bwrap ran but the test program failed: exit {result.exit_code}: {result.stderr[-300:]}"
         version = subprocess.run([backend.bwrap, "--version"], capture_output=True, text=True).stdout.strip()
-        uid = SANDBOX_UID if backend.drop_host_uid else os.geteuid()
+        uid = f"{HOST_UID_BASE}+slot" if backend.drop_host_uid else str(os.geteuid())
         return True, (
             f"{version}; python {result.stdout.strip()} ({backend.python}); host uid {uid}; "
             f"{result.duration_s:.2f} s per run"
@@ -189,12 +201,37 @@ class ProcessBackend(SandboxBackend):
             cmd[0] = self.python
         return [*argv, "--", *cmd]
 
+    def _acquire_slot(self) -> int:
+        try:
+            return self._slots.get_nowait()
+        except queue.Empty:
+            with self._lock:
+                self._next_slot += 1
+                return self._next_slot - 1
+
     def execute(self, request: ExecRequest) -> ExecResult:
         """Run `request` in a fresh sandbox; see `SandboxBackend.run`.
+
+        A setup failure for lack of resources (EAGAIN while processes of a previous run in
+        the same slot are still being torn down) is retried with backoff.
 
         Raises:
             SandboxError: when bubblewrap cannot be started or fails to set up the sandbox.
         """
+        slot = self._acquire_slot()
+        try:
+            for attempt in range(_SETUP_RETRIES):
+                try:
+                    return self._execute(request, HOST_UID_BASE + slot)
+                except _TransientSetupError as e:
+                    if attempt == _SETUP_RETRIES - 1:
+                        raise SandboxError(str(e)) from None
+                    time.sleep(0.05 * 4**attempt)
+        finally:
+            self._slots.put(slot)
+        raise AssertionError("unreachable")
+
+    def _execute(self, request: ExecRequest, host_uid: int) -> ExecResult:
         fds: list[int] = []
         limits = request.limits()
         info_r, info_w = os.pipe()  # bwrap writes {"child-pid": N} here once the sandbox is set up
@@ -202,7 +239,7 @@ class ProcessBackend(SandboxBackend):
             fds.append(info_w)
             argv = self._argv(request, fds)
             argv[1:1] = ["--info-fd", str(info_w)]
-            ids = {"user": SANDBOX_UID, "group": SANDBOX_UID, "extra_groups": []} if self.drop_host_uid else {}
+            ids = {"user": host_uid, "group": host_uid, "extra_groups": []} if self.drop_host_uid else {}
             start = time.monotonic()
             proc = subprocess.Popen(
                 argv,
@@ -257,6 +294,8 @@ class ProcessBackend(SandboxBackend):
             os.close(info_r)
         if b"child-pid" not in info and not timed_out:
             first = stderr.decode(errors="replace").strip().splitlines()[:1]
+            if first and "temporarily unavailable" in first[0]:
+                raise _TransientSetupError(f"bubblewrap could not set up the sandbox: {first[0]}")
             raise SandboxError(f"bubblewrap could not set up the sandbox: {first[0] if first else proc.returncode}")
         code = proc.returncode
         if code > 128 and not timed_out and code - 128 in set(signal.Signals):

@@ -1,10 +1,12 @@
 """Verifiers: callables `(completion, task) -> Score`, combined by a weighted `Rubric`."""
 
 from textgym.verifiers.base import Rubric, RubricTerm, Score, Verifier
+from textgym.verifiers.code import CodeVerifier, extract_code
 from textgym.verifiers.format import FormatVerifier
 from textgym.verifiers.math import MathVerifier, extract_answer, math_equal
 
 __all__ = [
+    "CodeVerifier",
     "FormatVerifier",
     "MathVerifier",
     "Rubric",
@@ -12,5 +14,6 @@ __all__ = [
     "Score",
     "Verifier",
     "extract_answer",
+    "extract_code",
     "math_equal",
 ]

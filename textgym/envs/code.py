@@ -1,0 +1,220 @@
+"""`textgym/HumanEval-v0`, `textgym/MBPP-v0` and their multi-turn `...Feedback-v0` variants.
+
+The agent writes Python; the `CodeVerifier` runs the task's unit tests on it in the
+sandbox (`sandbox="process"` by default, or `"docker"`). Data ship inside the package
+(`textgym/data/humaneval`, `textgym/data/mbpp`, with licences and provenance);
+`task_index` *i* is row *i* of the file.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from functools import lru_cache
+from importlib import resources
+from typing import Any
+
+from textgym.envs.base import TextEnv
+from textgym.sandbox import SandboxBackend
+from textgym.types import Message, Task
+from textgym.verifiers.code import CodeVerifier, split_check_function
+
+HUMANEVAL_INSTRUCTION = (
+    "Complete the following Python function. Reply with the complete function "
+    "(signature included) in a ```python code block."
+)
+MBPP_INSTRUCTION = "Write a Python function for the task below. Reply with the code in a ```python code block."
+FEEDBACK_TEMPLATE = (
+    "Your code failed the tests.\n\nFailing test:\n```python\n{test}\n```\n\nError:\n```\n{error}\n```\n\n"
+    "Fix the code and reply with the complete corrected solution in a ```python code block."
+)
+MAX_FEEDBACK_CHARS = 2000
+
+
+@lru_cache(maxsize=2)
+def humaneval_tasks(mode: str = "binary") -> tuple[Task, ...]:
+    """HumanEval's 164 problems (Chen et al. 2021, arXiv:2107.03374) as code tasks.
+
+    Each task's metadata holds `prompt_code` (the signature and docstring the solution
+    continues), `entry_point`, and the tests: in "binary" mode one unit `check(entry_point)`
+    after the dataset's test code; in "fraction" mode one unit per statement of `check`.
+    `solution` is the canonical solution as a full function in a ```python block.
+    """
+    path = resources.files("textgym").joinpath("data", "humaneval", "HumanEval.jsonl.gz")
+    with path.open("rb") as raw, gzip.open(raw, "rt", encoding="utf-8") as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    tasks = []
+    for row in rows:
+        entry = row["entry_point"]
+        if mode == "binary":
+            tests, setup = [f"check({entry})"], row["test"]
+        else:
+            tests, setup = split_check_function(row["test"], entry), ""
+        tasks.append(
+            Task(
+                task_id=row["task_id"],
+                prompt=f"```python\n{row['prompt'].rstrip()}\n```",
+                solution=f"```python\n{row['prompt']}{row['canonical_solution']}```",
+                metadata={
+                    "prompt_code": row["prompt"],
+                    "entry_point": entry,
+                    "tests": tests,
+                    "setup": setup,
+                    "canonical_solution": row["canonical_solution"],
+                },
+            )
+        )
+    return tuple(tasks)
+
+
+@lru_cache(maxsize=2)
+def mbpp_tasks(subset: str = "sanitized") -> tuple[Task, ...]:
+    """MBPP (Austin et al. 2021, arXiv:2108.07732): "sanitized" (427 rows) or "full" (974).
+
+    The prompt is the task text followed by its test asserts (as in the paper's prompts);
+    the tests are the `test_list` asserts (the full set's `challenge_test_list` is not used),
+    after `test_imports` (sanitized, placed before the solution) or `test_setup_code`
+    (full, placed after the solution, whose classes it uses).
+
+    Raises:
+        ValueError: on an unknown subset.
+    """
+    base = resources.files("textgym").joinpath("data", "mbpp")
+    if subset == "sanitized":
+        rows = json.loads(base.joinpath("sanitized-mbpp.json").read_text(encoding="utf-8"))
+    elif subset == "full":
+        text = base.joinpath("mbpp.jsonl").read_text(encoding="utf-8")
+        rows = [json.loads(line) for line in text.splitlines() if line.strip()]
+    else:
+        raise ValueError(f"MBPP subset must be 'sanitized' or 'full', got {subset!r}")
+    tasks = []
+    for row in rows:
+        text = row["prompt"] if subset == "sanitized" else row["text"]
+        tests = list(row["test_list"])
+        # sanitized: imports go before the solution; full: the setup code uses the solution's
+        # classes (e.g. `Node`), so it runs after it, as in the original evaluation.
+        prefix = "\n".join(row.get("test_imports", [])) if subset == "sanitized" else ""
+        setup = "" if subset == "sanitized" else row["test_setup_code"].replace("\r\n", "\n")
+        code = row["code"].replace("\r\n", "\n")
+        tasks.append(
+            Task(
+                task_id=f"mbpp/{row['task_id']}",
+                prompt=text.strip() + "\nYour code should pass these tests:\n" + "\n".join(tests),
+                solution=f"```python\n{code.rstrip()}\n```",
+                metadata={"tests": tests, "prefix": prefix, "setup": setup, "reference_code": code},
+            )
+        )
+    return tuple(tasks)
+
+
+class CodeEnv(TextEnv):
+    """Write Python that passes hidden unit tests, run in the sandbox.
+
+    ## Description
+    One programming problem per episode. The agent's reply is scored by `CodeVerifier`:
+    its last ```python block (or the whole reply) runs with the task's tests in the sandbox.
+
+    ## Action Space
+    `UnicodeText`: the agent's reply, any string.
+
+    ## Observation Space
+    `ChatMessages`: one user message after `reset`. Single-turn: `[]` after `step`.
+    With `feedback=True`, a failed attempt is answered by a user message holding the
+    failing test and the error (stderr tail), and the agent may try again.
+
+    ## Rewards
+    `correct`: 1.0 when all tests pass (`mode="binary"`), or the fraction of asserts that
+    pass (`mode="fraction"`). With feedback, each step's reward is the change of the score
+    from the previous attempt, so the episode's return equals the final attempt's score
+    whichever turn is final; `info["reward/correct"]` is the attempt's own score.
+
+    ## Episode End
+    Single-turn: terminates after one step. Feedback: terminates when an attempt scores
+    1.0; otherwise the turn limit is `TimeLimit` (`max_episode_steps`, 3 for the
+    registered `...Feedback-v0` ids), which truncates.
+
+    ## Arguments
+    `sandbox` ("process" | "docker" | a backend), `mode`, `timeout_s`, `memory_mb`
+    (per run), `feedback`, `instruction`; plus `TextEnv`'s.
+
+    ## Version History
+    - v0: initial version.
+    """
+
+    def __init__(
+        self,
+        tasks: tuple[Task, ...],
+        *,
+        instruction: str,
+        sandbox: str | SandboxBackend = "process",
+        mode: str = "binary",
+        feedback: bool = False,
+        timeout_s: float = 10.0,
+        memory_mb: int = 1024,
+        **kwargs: Any,
+    ):
+        super().__init__(tasks, **kwargs)
+        self.verifier = CodeVerifier(sandbox, mode=mode, timeout_s=timeout_s, memory_mb=memory_mb)
+        self.instruction = instruction
+        self.feedback = bool(feedback)
+        self._last_score = 0.0
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[list[Message], dict[str, Any]]:
+        """Pose a task (see `TextEnv.reset`)."""
+        self._last_score = 0.0
+        return super().reset(seed=seed, options=options)
+
+    def initial_messages(self, task: Task) -> list[Message]:
+        """The instruction, then the task."""
+        return [{"role": "user", "content": f"{self.instruction}\n\n{task.prompt}"}]
+
+    def _outcome(self, score: float, info: dict[str, Any]) -> tuple[list[Message], float, bool, dict[str, Any]]:
+        reward = score - self._last_score if self.feedback else score
+        self._last_score = score
+        if not self.feedback or score >= 1.0:
+            return [], reward, True, info
+        details = info.get("details", {})
+        message = FEEDBACK_TEMPLATE.format(
+            test=str(details.get("failed_test", ""))[:MAX_FEEDBACK_CHARS],
+            error=str(details.get("error") or info.get("error", ""))[-MAX_FEEDBACK_CHARS:],
+        )
+        return [{"role": "user", "content": message}], reward, False, info
+
+    def respond(self, action: str) -> tuple[list[Message], float, bool, dict[str, Any]]:
+        """Run the tests on the action's code; end or give feedback (see the class docstring)."""
+        assert self.task is not None
+        score = self.verifier(action, self.task)
+        info: dict[str, Any] = {"reward/correct": score.reward, "details": score.details}
+        if score.reward < 1.0 and score.details.get("error"):
+            info["error"] = str(score.details["error"]).strip().splitlines()[-1][:300]
+        return self._outcome(score.reward, info)
+
+    def invalid_action(self, reason: str) -> tuple[list[Message], float, bool, dict[str, Any]]:
+        """Score an unusable action 0.0; with feedback, say what was wrong and continue."""
+        info: dict[str, Any] = {"reward/correct": 0.0, "error": reason, "details": {"error": reason}}
+        return self._outcome(self.invalid_action_reward, info)
+
+
+class HumanEvalEnv(CodeEnv):
+    """HumanEval (164 problems): complete a Python function from its signature and docstring.
+
+    See `CodeEnv` for spaces, rewards and arguments. The agent may reply with the whole
+    function (recommended) or with the body alone (HumanEval's original completion format).
+    """
+
+    def __init__(self, instruction: str = HUMANEVAL_INSTRUCTION, mode: str = "binary", **kwargs: Any):
+        if mode not in ("binary", "fraction"):
+            raise ValueError(f"mode must be 'binary' or 'fraction', got {mode!r}")
+        super().__init__(humaneval_tasks(mode), instruction=instruction, mode=mode, **kwargs)
+
+
+class MBPPEnv(CodeEnv):
+    """MBPP: write a Python function from a one-line description and three test asserts.
+
+    `subset="sanitized"` (427 rows, default) or `"full"` (974). See `CodeEnv`.
+    """
+
+    def __init__(self, subset: str = "sanitized", instruction: str = MBPP_INSTRUCTION, **kwargs: Any):
+        super().__init__(mbpp_tasks(subset), instruction=instruction, **kwargs)

@@ -1,0 +1,233 @@
+"""Code verifier: run a task's unit tests against a completion's code in the sandbox.
+
+The code is the completion's last fenced ```python block (```py, ```python3 too; an
+unclosed final block counts, as in a generation cut at max tokens), else its last bare
+``` block, else the whole completion. The program that runs is assembled from the task
+(`task.metadata`, see `CodeTaskSpec`), then each test unit is executed after it in the same
+namespace by a harness that reports per unit through a private channel (stdout of the
+program is redirected), so `print("passed")`, `sys.exit(0)` or `os._exit(0)` before the
+tests cannot fake a pass: units without a report fail.
+
+Reward: 1.0 when the program loads and every counted unit passes, else 0.0
+(`mode="binary"`, default); or the fraction of counted units that pass (`mode="fraction"`).
+Details carry the first failing unit's source, its error, and the tail of stderr.
+
+Scope: the sandbox isolates the host from the code; the harness shares the program's
+process, so code written to inspect the harness's frames could forge a report. That is
+reward hacking, not an escape; the verifier is not adversarially robust against it.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+import secrets
+import textwrap
+from importlib import resources
+from typing import Any
+
+from textgym.sandbox import ExecRequest, ExecResult, SandboxBackend, get_backend
+from textgym.types import Task
+from textgym.verifiers.base import Score
+
+_FENCE_RE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)(?:```|\Z)", re.DOTALL)
+_PYTHON_TAGS = ("python", "py", "python3")
+HARNESS_SOURCE = resources.files("textgym.verifiers").joinpath("_code_harness.py").read_text(encoding="utf-8")
+STDERR_TAIL_CHARS = 1500
+
+
+def extract_code(completion: str) -> str:
+    """The code in a completion: last ```python block, else last bare ``` block, else all of it.
+
+    Line endings are normalised to "\\n"; leading indentation is kept (HumanEval bodies
+    continue the prompt's function).
+    """
+    text = completion.replace("\r\n", "\n")
+    blocks = [(m.group(1).lower(), m.group(2)) for m in _FENCE_RE.finditer(text)]
+    for wanted in (_PYTHON_TAGS, ("",)):
+        chosen = [body for tag, body in blocks if tag in wanted]
+        if chosen:
+            return chosen[-1]
+    return text
+
+
+def defines_function(code: str, name: str) -> bool:
+    """True when `code` defines `name` at top level (`def name(` or `async def name(`)."""
+    return re.search(rf"^(?:async\s+)?def\s+{re.escape(name)}\s*\(", code, re.MULTILINE) is not None
+
+
+def split_check_function(test_source: str, entry_point: str) -> list[str]:
+    """Split HumanEval's `def check(candidate): ...` into one unit per top-level statement.
+
+    Returns the test code (which defines `check`) unchanged as setup is not needed: each
+    unit is the statement's source, dedented, run with `candidate` bound to the entry point
+    (the first unit binds it). Module-level statements outside `check` (e.g. METADATA,
+    imports) come first.
+
+    Raises:
+        ValueError: when the source has no `check` function.
+    """
+    tree = ast.parse(test_source)
+    lines = test_source.splitlines(keepends=True)
+    units = [f"candidate = {entry_point}"]
+    check = None
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name == "check":
+            check = node
+        else:
+            units.append("".join(lines[node.lineno - 1 : node.end_lineno]))
+    if check is None:
+        raise ValueError("test source has no `def check(candidate)`")
+    for stmt in check.body:
+        segment = "".join(lines[stmt.lineno - 1 : stmt.end_lineno])
+        units.append(textwrap.dedent(segment))
+    return units
+
+
+def _has_assert(source: str) -> bool:
+    try:
+        return any(isinstance(n, ast.Assert) for n in ast.walk(ast.parse(source)))
+    except SyntaxError:
+        return True
+
+
+def build_program(completion: str, task: Task) -> tuple[str, list[str]]:
+    """Assemble `(program, test_units)` for a code task from its metadata and the completion.
+
+    `task.metadata` keys: `prefix` (code before the solution, e.g. imports), `prompt_code`
+    and `entry_point` (HumanEval: the prompt the body continues; a completion that defines
+    `entry_point` itself replaces the prompt's function instead), `tests` (list of test
+    units), `setup` (code after the solution, before the tests: e.g. `def check`).
+
+    Raises:
+        KeyError: when the task lacks `tests` (it is not a code task).
+    """
+    meta = task.metadata
+    code = extract_code(completion)
+    prompt_code = meta.get("prompt_code", "")
+    entry = meta.get("entry_point", "")
+    if prompt_code:
+        head = prompt_code if prompt_code.endswith("\n") else prompt_code + "\n"
+        if entry and defines_function(code, entry):
+            program = head + "    pass\n\n" + code  # keep the prompt's imports and helpers
+        else:
+            program = head + code
+    else:
+        program = code
+    prefix = meta.get("prefix", "")
+    if prefix:
+        program = prefix.rstrip("\n") + "\n" + program
+    setup = meta.get("setup", "")
+    if setup:
+        program = program.rstrip("\n") + "\n\n" + setup
+    return program + "\n", list(meta["tests"])
+
+
+class CodeVerifier:
+    """Reward a completion by running the task's tests on its code in a sandbox.
+
+    Args:
+        sandbox: backend name ("process", "docker", "unsafe_local") or a backend instance.
+        mode: "binary" (1.0 iff all counted units pass) or "fraction" (share of counted units passed).
+        timeout_s: wall-clock limit of one run (program + all its tests), seconds.
+        memory_mb: address-space limit of the run, MiB.
+
+    Raises:
+        ValueError: on an unknown mode or backend.
+        SandboxUnavailableError: when the backend cannot run on this machine.
+    """
+
+    def __init__(
+        self,
+        sandbox: str | SandboxBackend = "process",
+        mode: str = "binary",
+        timeout_s: float = 10.0,
+        memory_mb: int = 1024,
+    ):
+        if mode not in ("binary", "fraction"):
+            raise ValueError(f"mode must be 'binary' or 'fraction', got {mode!r}")
+        self.backend = get_backend(sandbox)
+        self.mode = mode
+        self.timeout_s = float(timeout_s)
+        self.memory_mb = int(memory_mb)
+
+    def request(self, completion: str, task: Task) -> tuple[ExecRequest, str, list[str]]:
+        """The sandbox request for one completion, its nonce and its test units."""
+        program, tests = build_program(completion, task)
+        nonce = secrets.token_hex(16)
+        spec = {"program": program, "tests": tests, "stop_at_first_failure": self.mode == "binary"}
+        req = ExecRequest(
+            files={"harness.py": HARNESS_SOURCE, "spec.json": json.dumps(spec)},
+            cmd=("python3", "-I", "harness.py"),
+            stdin=nonce + "\n",
+            timeout_s=self.timeout_s,
+            memory_mb=self.memory_mb,
+        )
+        return req, nonce, tests
+
+    def score_result(self, result: ExecResult, nonce: str, tests: list[str]) -> Score:
+        """Turn a harness run into a `Score` (see the module docstring)."""
+        reports: dict[Any, dict[str, Any]] = {}
+        for line in result.stdout.splitlines():
+            if line.startswith(nonce + " "):
+                try:
+                    rec = json.loads(line[len(nonce) + 1 :])
+                except json.JSONDecodeError:
+                    continue
+                reports[rec.get("unit")] = rec
+        counted = [i for i, t in enumerate(tests) if _has_assert(t)] or list(range(len(tests)))
+        loaded = reports.get("program", {}).get("ok", False)
+        passed = [i for i in counted if loaded and reports.get(i, {}).get("ok", False)]
+        details: dict[str, Any] = {
+            "passed": len(passed),
+            "total": len(counted),
+            "exit_code": result.exit_code,
+            "timed_out": result.timed_out,
+            "oom": result.oom,
+            "duration_s": round(result.duration_s, 4),
+        }
+        failing = None
+        if not loaded:
+            rec = reports.get("program")
+            details["failed_test"] = "(the program itself)"
+            details["error"] = rec["error"] if rec else self._why_no_report(result)
+        else:
+            failing = next((i for i in range(len(tests)) if not reports.get(i, {}).get("ok", False)), None)
+            if failing is not None:
+                rec = reports.get(failing)
+                details["failed_test"] = tests[failing]
+                details["error"] = rec["error"] if rec else self._why_no_report(result)
+        tail = result.stderr[-STDERR_TAIL_CHARS:]
+        if tail:
+            details["stderr_tail"] = tail
+        if self.mode == "binary":
+            reward = 1.0 if loaded and len(passed) == len(counted) and failing is None else 0.0
+        else:
+            reward = len(passed) / len(counted) if counted else 0.0
+        return Score(reward, details)
+
+    @staticmethod
+    def _why_no_report(result: ExecResult) -> str:
+        if result.timed_out:
+            return f"timed out after {result.duration_s:.1f} s"
+        if result.oom:
+            return "ran out of memory"
+        return f"no result reported (the process exited with {result.exit_code} before the test ran)"
+
+    def __call__(self, completion: str, task: Task) -> Score:
+        """Score one completion (see the module docstring). Never raises on the completion's content.
+
+        Raises:
+            SandboxError: when the sandbox itself fails (not the code in it).
+        """
+        if not isinstance(completion, str):
+            return Score(0.0, {"error": f"completion must be a str, got {type(completion).__name__}"})
+        req, nonce, tests = self.request(completion, task)
+        return self.score_result(self.backend.execute(req), nonce, tests)
+
+    def score_batch(self, completions: list[str], tasks: list[Task]) -> list[Score]:
+        """Score many completions through the backend's bounded worker pool; scores in order."""
+        built = [self.request(c, t) for c, t in zip(completions, tasks, strict=True)]
+        results = self.backend.run_batch([b[0] for b in built])
+        return [self.score_result(r, n, t) for r, (_, n, t) in zip(results, built, strict=True)]
