@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 # pulls a multi-GB CUDA build on a CPU machine. On a GPU machine: make TORCH_SPEC=torch install
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: install quickstart test test-fast lint typecheck bench clean
+.PHONY: install quickstart test test-fast lint typecheck bench sandbox-image clean
 
 install: $(VENV)/.installed
 
@@ -19,6 +19,10 @@ $(VENV)/.installed: pyproject.toml
 
 quickstart: install
 	$(BIN)/textgym train configs/quickstart.yaml --overwrite
+
+# The docker sandbox backend's image, built locally (no registry): needs a running Docker engine.
+sandbox-image: install
+	$(BIN)/textgym sandbox build-image
 
 lint: install
 	$(BIN)/ruff check textgym tests bench

@@ -24,7 +24,9 @@ app = typer.Typer(
 )
 model_app = typer.Typer(help="Build models locally.", no_args_is_help=True)
 verify_app = typer.Typer(help="Run a verifier on completions from a file.", no_args_is_help=True)
-sandbox_app = typer.Typer(help="Isolated code execution: check backends, build the docker image.", no_args_is_help=True)
+sandbox_app = typer.Typer(
+    help="Isolated code execution: check backends, build the docker image.", no_args_is_help=True
+)
 app.add_typer(model_app, name="model")
 app.add_typer(verify_app, name="verify")
 app.add_typer(sandbox_app, name="sandbox")

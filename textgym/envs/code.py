@@ -23,7 +23,9 @@ HUMANEVAL_INSTRUCTION = (
     "Complete the following Python function. Reply with the complete function "
     "(signature included) in a ```python code block."
 )
-MBPP_INSTRUCTION = "Write a Python function for the task below. Reply with the code in a ```python code block."
+MBPP_INSTRUCTION = (
+    "Write a Python function for the task below. Reply with the code in a ```python code block."
+)
 FEEDBACK_TEMPLATE = (
     "Your code failed the tests.\n\nFailing test:\n```python\n{test}\n```\n\nError:\n```\n{error}\n```\n\n"
     "Fix the code and reply with the complete corrected solution in a ```python code block."
@@ -170,7 +172,9 @@ class CodeEnv(TextEnv):
         """The instruction, then the task."""
         return [{"role": "user", "content": f"{self.instruction}\n\n{task.prompt}"}]
 
-    def _outcome(self, score: float, info: dict[str, Any]) -> tuple[list[Message], float, bool, dict[str, Any]]:
+    def _outcome(
+        self, score: float, info: dict[str, Any]
+    ) -> tuple[list[Message], float, bool, dict[str, Any]]:
         reward = score - self._last_score if self.feedback else score
         self._last_score = score
         if not self.feedback or score >= 1.0:

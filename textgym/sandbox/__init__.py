@@ -91,7 +91,9 @@ def run(
     return get_backend(backend).run(files, code, **kwargs)
 
 
-def run_batch(requests: Sequence[ExecRequest], *, backend: str | SandboxBackend = DEFAULT_BACKEND) -> list[ExecResult]:
+def run_batch(
+    requests: Sequence[ExecRequest], *, backend: str | SandboxBackend = DEFAULT_BACKEND
+) -> list[ExecResult]:
     """Run many requests on the shared `backend` with its bounded worker pool; results in order."""
     return get_backend(backend).run_batch(requests)
 

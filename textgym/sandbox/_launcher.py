@@ -12,6 +12,7 @@ cannot signal, trace or impersonate it.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import resource
@@ -105,10 +106,8 @@ def _clean_dir(path: str) -> None:
         if os.path.isdir(p) and not os.path.islink(p):
             shutil.rmtree(p, ignore_errors=True)
         else:
-            try:
+            with contextlib.suppress(OSError):
                 os.unlink(p)
-            except OSError:
-                pass
 
 
 def _drop_privileges_and_limit(limits: dict[str, Any]) -> None:
@@ -160,12 +159,11 @@ def main() -> None:
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
-        preexec_fn=lambda: _drop_privileges_and_limit(limits),  # noqa: PLW1509 (single-threaded child)
+        preexec_fn=lambda: _drop_privileges_and_limit(limits),
     )
-    out, err = CappedReader(proc.stdout, limits["max_output_bytes"]), CappedReader(  # type: ignore[arg-type]
-        proc.stderr,  # type: ignore[arg-type]
-        limits["max_output_bytes"],
-    )
+    assert proc.stdout is not None and proc.stderr is not None
+    out = CappedReader(proc.stdout, limits["max_output_bytes"])
+    err = CappedReader(proc.stderr, limits["max_output_bytes"])
     out.start()
     err.start()
     stdin = base64.b64decode(request.get("stdin") or "")
@@ -180,10 +178,8 @@ def main() -> None:
         proc.wait(timeout=float(limits["timeout_s"]))
     except subprocess.TimeoutExpired:
         timed_out = True
-        try:
+        with contextlib.suppress(OSError):
             os.killpg(proc.pid, signal.SIGKILL)
-        except OSError:
-            pass
         proc.wait()
     duration = time.monotonic() - start
     _kill_leftovers()

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
-from typing import Any
+from typing import Any, Self
 
 DEFAULT_TIMEOUT_S = 10.0
 DEFAULT_MEMORY_MB = 512
@@ -122,7 +122,7 @@ class ExecRequest:
         return {k: v.encode() if isinstance(v, str) else bytes(v) for k, v in self.files.items()}
 
     def stdin_bytes(self) -> bytes:
-        """stdin encoded as UTF-8 when given as text."""
+        """Stdin encoded as UTF-8 when given as text."""
         return self.stdin.encode() if isinstance(self.stdin, str) else bytes(self.stdin)
 
     def limits(self) -> dict[str, Any]:
@@ -246,7 +246,7 @@ class SandboxBackend(ABC):
     def close(self) -> None:  # noqa: B027 (optional hook)
         """Release what the backend holds (containers, pools). Safe to call twice."""
 
-    def __enter__(self) -> SandboxBackend:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -17,6 +17,7 @@ image (`textgym sandbox build-image`, or any image with python3 on PATH: `image=
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import socket
@@ -37,7 +38,10 @@ from textgym.sandbox.base import (
 from textgym.sandbox.image import DEFAULT_IMAGE
 
 LAUNCHER_SOURCE = (Path(__file__).parent / "_launcher.py").read_text(encoding="utf-8")
-_IDLE = "import os, time\nwhile True:\n    try:\n        os.wait()\n    except ChildProcessError:\n        time.sleep(1)\n"
+_IDLE = (  # pid 1 of each container: reap orphans, otherwise sleep
+    "import os, time\nwhile True:\n    try:\n        os.wait()\n"
+    "    except ChildProcessError:\n        time.sleep(1)\n"
+)
 _CAPS = ["CHOWN", "DAC_OVERRIDE", "FOWNER", "KILL", "SETGID", "SETUID"]
 LABEL = "textgym.sandbox"
 
@@ -155,7 +159,10 @@ class DockerBackend(SandboxBackend):
         except (SandboxError, OSError) as e:
             return False, str(e)
         if not result.ok:
-            return False, f"the test program failed in the container: exit {result.exit_code}: {result.stderr[-300:]}"
+            return (
+                False,
+                f"the test program failed in the container: exit {result.exit_code}: {result.stderr[-300:]}",
+            )
         return True, (
             f"engine {version}; image {backend.image}; python {result.stdout.strip()}; "
             f"{warm.duration_s:.2f} s per run in a warm container"
@@ -205,10 +212,8 @@ class DockerBackend(SandboxBackend):
     def _discard(self, container: Any) -> None:
         with self._pool_lock:
             self._all.discard(container.id)
-        try:
+        with contextlib.suppress(Exception):
             container.remove(force=True)
-        except Exception:
-            pass
 
     def warm(self, n: int | None = None) -> None:
         """Start containers until `n` (default `max_workers`) are idle in the pool."""
@@ -219,10 +224,8 @@ class DockerBackend(SandboxBackend):
     @staticmethod
     def _remove_all(client: Any, ids: set[str]) -> None:
         for cid in list(ids):
-            try:
+            with contextlib.suppress(Exception):
                 client.api.remove_container(cid, force=True)
-            except Exception:
-                pass
         ids.clear()
 
     def close(self) -> None:
@@ -240,7 +243,9 @@ class DockerBackend(SandboxBackend):
             SandboxError: when the engine or the container fails (twice in a row).
         """
         if request.network:
-            raise ValueError("the docker backend runs without network; use sandbox='process' with network=True")
+            raise ValueError(
+                "the docker backend runs without network; use sandbox='process' with network=True"
+            )
         payload = json.dumps(
             {
                 "files": {k: base64.b64encode(v).decode() for k, v in request.file_bytes().items()},
@@ -257,7 +262,9 @@ class DockerBackend(SandboxBackend):
                 result = self._exec(container, payload, request, start)
             except TimeoutError:
                 self._discard(container)  # the launcher itself overran: kill everything in it
-                return ExecResult(-9, "", "", timed_out=True, duration_s=time.monotonic() - start, backend=self.name)
+                return ExecResult(
+                    -9, "", "", timed_out=True, duration_s=time.monotonic() - start, backend=self.name
+                )
             except SandboxError as e:
                 self._discard(container)
                 last_error = e
@@ -281,10 +288,8 @@ class DockerBackend(SandboxBackend):
             raw.shutdown(socket.SHUT_WR)
             out, err = _read_frames(sock, start + request.timeout_s + self.grace_s)
         finally:
-            try:
+            with contextlib.suppress(OSError):
                 sock.close()
-            except OSError:
-                pass
         try:
             data = json.loads(out.decode().strip().splitlines()[-1])
         except (ValueError, IndexError):
@@ -292,7 +297,8 @@ class DockerBackend(SandboxBackend):
             if info.get("ExitCode") == 137:  # the cgroup OOM killer took the launcher with the command
                 return ExecResult(-9, "", err.decode(errors="replace"), oom=True, backend=self.name)
             raise SandboxError(
-                f"launcher gave no result (exit {info.get('ExitCode')}): {err.decode(errors='replace')[-500:]}"
+                f"launcher gave no result (exit {info.get('ExitCode')}): "
+                f"{err.decode(errors='replace')[-500:]}"
             ) from None
         return ExecResult(
             exit_code=int(data["exit_code"]),

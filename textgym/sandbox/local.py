@@ -61,7 +61,7 @@ class UnsafeLocalBackend(SandboxBackend):
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 start_new_session=True,
-                preexec_fn=lambda: apply_limits(limits),  # noqa: PLW1509
+                preexec_fn=lambda: apply_limits(limits),
             )
             assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
             out = CappedReader(proc.stdout, request.max_output_bytes)

@@ -19,6 +19,7 @@ it never falls back to running code unsandboxed.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import shutil
@@ -51,7 +52,10 @@ HOST_UID_BASE = 0x70000000
 """Host uids of the sandboxes when textgym runs as root: one per worker slot (base + slot), so the
 process-count rlimit and the right to signal are per sandbox, not shared by concurrent runs."""
 _SETUP_RETRIES = 4
-_PASSWD = f"root:x:0:0:root:/root:/usr/sbin/nologin\nnobody:x:{SANDBOX_UID}:{SANDBOX_UID}:nobody:{WORKDIR}:/usr/sbin/nologin\n"
+_PASSWD = (
+    "root:x:0:0:root:/root:/usr/sbin/nologin\n"
+    f"nobody:x:{SANDBOX_UID}:{SANDBOX_UID}:nobody:{WORKDIR}:/usr/sbin/nologin\n"
+)
 _GROUP = f"root:x:0:\nnogroup:x:{SANDBOX_UID}:\n"
 
 
@@ -158,7 +162,10 @@ class ProcessBackend(SandboxBackend):
         except (SandboxError, OSError) as e:
             return False, str(e)
         if not result.ok:
-            return False, f"bwrap ran but the test program failed: exit {result.exit_code}: {result.stderr[-300:]}"
+            return (
+                False,
+                f"bwrap ran but the test program failed: exit {result.exit_code}: {result.stderr[-300:]}",
+            )
         version = subprocess.run([backend.bwrap, "--version"], capture_output=True, text=True).stdout.strip()
         uid = f"{HOST_UID_BASE}+slot" if backend.drop_host_uid else str(os.geteuid())
         return True, (
@@ -182,7 +189,7 @@ class ProcessBackend(SandboxBackend):
             fds.append(fd)
             argv += ["--ro-bind-data", str(fd), path]
         dirs: set[str] = set()
-        for rel, data in request.file_bytes().items():
+        for rel in request.files:
             parent = os.path.dirname(rel)
             while parent and parent not in dirs:
                 dirs.add(parent)
@@ -193,7 +200,16 @@ class ProcessBackend(SandboxBackend):
             fd = _memfd(rel, data)
             fds.append(fd)
             argv += ["--file", str(fd), f"{WORKDIR}/{rel}"]
-        argv += ["--chdir", WORKDIR, "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID), "--cap-drop", "ALL"]
+        argv += [
+            "--chdir",
+            WORKDIR,
+            "--uid",
+            str(SANDBOX_UID),
+            "--gid",
+            str(SANDBOX_UID),
+            "--cap-drop",
+            "ALL",
+        ]
         argv += ["--clearenv", "--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin"]
         argv += ["--setenv", "HOME", WORKDIR, "--setenv", "LANG", "C.UTF-8", "--setenv", "TMPDIR", "/tmp"]
         cmd = list(request.cmd)
@@ -239,7 +255,7 @@ class ProcessBackend(SandboxBackend):
             fds.append(info_w)
             argv = self._argv(request, fds)
             argv[1:1] = ["--info-fd", str(info_w)]
-            ids = {"user": host_uid, "group": host_uid, "extra_groups": []} if self.drop_host_uid else {}
+            drop = self.drop_host_uid
             start = time.monotonic()
             proc = subprocess.Popen(
                 argv,
@@ -248,8 +264,10 @@ class ProcessBackend(SandboxBackend):
                 stderr=subprocess.PIPE,
                 pass_fds=fds,
                 start_new_session=True,
-                preexec_fn=lambda: apply_limits(limits),  # noqa: PLW1509 (rlimits must be set in the child)
-                **ids,  # type: ignore[arg-type]
+                preexec_fn=lambda: apply_limits(limits),
+                user=host_uid if drop else None,
+                group=host_uid if drop else None,
+                extra_groups=[] if drop else None,
             )
         except OSError as e:
             os.close(info_r)
@@ -267,19 +285,15 @@ class ProcessBackend(SandboxBackend):
         except OSError:  # the command exited without reading its input
             pass
         finally:
-            try:
+            with contextlib.suppress(OSError):
                 proc.stdin.close()
-            except OSError:
-                pass
         timed_out = False
         try:
             proc.wait(timeout=request.timeout_s)
         except subprocess.TimeoutExpired:
             timed_out = True
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
             proc.wait()
         duration = time.monotonic() - start
         out.join(timeout=5)
@@ -296,7 +310,9 @@ class ProcessBackend(SandboxBackend):
             first = stderr.decode(errors="replace").strip().splitlines()[:1]
             if first and "temporarily unavailable" in first[0]:
                 raise _TransientSetupError(f"bubblewrap could not set up the sandbox: {first[0]}")
-            raise SandboxError(f"bubblewrap could not set up the sandbox: {first[0] if first else proc.returncode}")
+            raise SandboxError(
+                f"bubblewrap could not set up the sandbox: {first[0] if first else proc.returncode}"
+            )
         code = proc.returncode
         if code > 128 and not timed_out and code - 128 in set(signal.Signals):
             code = -(code - 128)  # bwrap reports a child killed by signal N as 128 + N

@@ -109,10 +109,9 @@ def build_program(completion: str, task: Task) -> tuple[str, list[str]]:
     entry = meta.get("entry_point", "")
     if prompt_code:
         head = prompt_code if prompt_code.endswith("\n") else prompt_code + "\n"
-        if entry and defines_function(code, entry):
-            program = head + "    pass\n\n" + code  # keep the prompt's imports and helpers
-        else:
-            program = head + code
+        # a completion that defines the entry point replaces the prompt's function (whose body
+        # becomes `pass`), keeping the prompt's imports and helpers; a bare body continues it
+        program = head + "    pass\n\n" + code if entry and defines_function(code, entry) else head + code
     else:
         program = code
     prefix = meta.get("prefix", "")
@@ -185,7 +184,6 @@ class CodeVerifier:
             "exit_code": result.exit_code,
             "timed_out": result.timed_out,
             "oom": result.oom,
-            "duration_s": round(result.duration_s, 4),
         }
         failing = None
         if not loaded:

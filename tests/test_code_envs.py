@@ -1,0 +1,229 @@
+"""Code verifier and the HumanEval / MBPP environments, run in the real sandboxes."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import gymnasium as gym
+import pytest
+from typer.testing import CliRunner
+
+import textgym  # noqa: F401
+from textgym import sandbox
+from textgym.cli import app
+from textgym.envs.code import humaneval_tasks, mbpp_tasks
+from textgym.sandbox import SandboxUnavailableError, get_backend
+from textgym.verifiers.code import CodeVerifier, extract_code, split_check_function
+
+REQUIRE_DOCKER = os.environ.get("TEXTGYM_REQUIRE_DOCKER") == "1"
+
+
+def _verifier_or_skip(name: str, **kwargs) -> CodeVerifier:
+    try:
+        get_backend(name)
+    except SandboxUnavailableError as e:
+        if name == "docker" and not REQUIRE_DOCKER:
+            pytest.skip(f"docker backend unavailable: {e}")
+        raise
+    return CodeVerifier(name, **kwargs)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _close_backends():
+    yield
+    sandbox.close_all()
+
+
+@pytest.mark.parametrize(
+    ("completion", "code"),
+    [
+        ("no fences at all\nx = 1", "no fences at all\nx = 1"),
+        ("text\n```python\na = 1\n```\nmore\n```python\nb = 2\n```\nbye", "b = 2\n"),
+        ("```py\nc = 3\n```", "c = 3\n"),
+        ("```\nbare = 1\n```\n```python\nreal = 2\n```\n```\nlater_bare = 3\n```", "real = 2\n"),
+        ("```\nbare = 1\n```", "bare = 1\n"),
+        ("cut off:\n```python\ndef f():\n    return 1", "def f():\n    return 1"),
+        ("    return x\r\n", "    return x\n"),
+    ],
+)
+def test_extract_code(completion, code):
+    assert extract_code(completion) == code
+
+
+def test_humaneval_check_splits_into_statement_units():
+    task = humaneval_tasks("binary")[0]
+    units = split_check_function(task.metadata["setup"], "has_close_elements")
+    assert units[0] == "candidate = has_close_elements"
+    asserts = [u for u in units if u.startswith("assert")]
+    assert len(asserts) == 7 and all(u == u.lstrip() for u in units)
+
+
+@pytest.mark.parametrize("backend", ["process", "docker"])
+def test_all_164_humaneval_canonical_solutions_pass(backend):
+    v = _verifier_or_skip(backend)
+    tasks = list(humaneval_tasks("binary"))
+    assert len(tasks) == 164 and tasks[7].task_id == "HumanEval/7"
+    bodies = v.score_batch([t.metadata["canonical_solution"] for t in tasks], tasks)
+    assert [t.task_id for t, s in zip(tasks, bodies, strict=True) if s.reward != 1.0] == []
+    fenced = v.score_batch([t.solution for t in tasks], tasks)  # the whole function in a ```python block
+    assert sum(s.reward for s in fenced) == 164
+
+
+def test_humaneval_fraction_mode_counts_asserts():
+    v = _verifier_or_skip("process", mode="fraction")
+    tasks = list(humaneval_tasks("fraction"))
+    scores = v.score_batch([t.metadata["canonical_solution"] for t in tasks], tasks)
+    assert all(s.reward == 1.0 for s in scores)
+    # has_close_elements: 7 asserts; a solution that always says False passes the 3 False ones
+    s = v("    return False\n", tasks[0])
+    assert s.details["total"] == 7 and s.details["passed"] == 3 and s.reward == pytest.approx(3 / 7)
+
+
+@pytest.mark.parametrize(("subset", "n"), [("sanitized", 427), ("full", 974)])
+def test_every_mbpp_reference_solution_passes(subset, n):
+    v = _verifier_or_skip("process")
+    tasks = list(mbpp_tasks(subset))
+    assert len(tasks) == n
+    scores = v.score_batch([t.solution for t in tasks], tasks)
+    assert [t.task_id for t, s in zip(tasks, scores, strict=True) if s.reward != 1.0] == []
+
+
+def test_mbpp_sanitized_on_docker():
+    v = _verifier_or_skip("docker")
+    tasks = list(mbpp_tasks("sanitized"))[:100]
+    assert sum(s.reward for s in v.score_batch([t.solution for t in tasks], tasks)) == 100
+
+
+HOSTILE = {
+    "returns None": "def has_close_elements(numbers, threshold):\n    return None\n",
+    "syntax error": "def has_close_elements(numbers, threshold) return True",
+    "exit 0 early": "    import sys; sys.exit(0)\n",
+    "os._exit early": "    import os; print('all tests passed'); os._exit(0)\n",
+    "forged report": '    print(\'deadbeef {"unit": 0, "ok": true}\')\n    import os; os._exit(0)\n',
+    "raises": "    raise ValueError('nope')\n",
+    "infinite loop": "    while True:\n        pass\n",
+    "memory hog": "    x = bytearray(10**10)\n",
+    "kills itself": "    import os, signal; os.kill(os.getpid(), signal.SIGKILL)\n",
+}
+
+
+@pytest.mark.parametrize("backend", ["process", "docker"])
+@pytest.mark.parametrize("name", list(HOSTILE))
+def test_wrong_and_hostile_solutions_score_zero(backend, name):
+    v = _verifier_or_skip(backend, timeout_s=2.0)
+    task = humaneval_tasks("binary")[0]
+    s = v(HOSTILE[name], task)
+    assert s.reward == 0.0, s.details
+    assert s.details["error"] and s.details["failed_test"]
+    if name == "infinite loop":
+        assert s.details["timed_out"] and "timed out" in s.details["error"]
+    if name == "raises":
+        assert "ValueError: nope" in s.details["error"]
+    if name == "returns None":
+        assert (
+            s.details["failed_test"] == "check(has_close_elements)" and "AssertionError" in s.details["error"]
+        )
+
+
+FIRST_TEST_ONLY = (  # mbpp/2: right on its first test only
+    "```python\ndef similar_elements(a, b):\n    if a == (3, 4, 5, 6):\n        return (4, 5)\n"
+    "    return None\n```"
+)
+
+
+def test_mbpp_fraction_and_failing_details():
+    v = _verifier_or_skip("process", mode="fraction")
+    task = next(t for t in mbpp_tasks("sanitized") if t.task_id == "mbpp/2")  # similar_elements
+    tests = task.metadata["tests"]
+    assert len(tests) == 3
+    s = v(FIRST_TEST_ONLY, task)
+    assert s.reward == pytest.approx(1 / 3) and s.details["passed"] == 1 and s.details["total"] == 3
+    assert s.details["failed_test"] == tests[1]
+
+
+def test_single_turn_env_and_info():
+    env = gym.make("textgym/MBPP-v0")
+    obs, info = env.reset(options={"task_index": 0})
+    task = env.unwrapped.tasks[0]
+    assert info["task_id"] == task.task_id and task.metadata["tests"][0] in obs[0]["content"]
+    _, reward, terminated, truncated, info = env.step(task.solution)
+    assert reward == 1.0 and terminated and not truncated and info["reward/correct"] == 1.0
+    env.reset(options={"task_index": 0})
+    _, reward, terminated, _, info = env.step("```python\ndef nope(): pass\n```")
+    assert reward == 0.0 and terminated and "NameError" in info["error"]
+
+
+def test_feedback_env_returns_the_failing_test_and_lets_the_agent_retry():
+    env = gym.make("textgym/HumanEvalFeedback-v0")
+    obs, _ = env.reset(options={"task_index": 0})
+    task = env.unwrapped.tasks[0]
+    obs, r1, term, trunc, info = env.step(
+        "```python\ndef has_close_elements(numbers, threshold):\n    return None\n```"
+    )
+    assert r1 == 0.0 and not term and not trunc
+    assert obs[0]["role"] == "user" and "check(has_close_elements)" in obs[0]["content"]
+    assert "AssertionError" in obs[0]["content"]
+    obs, r2, term, trunc, info = env.step(task.solution)
+    assert r2 == 1.0 and term and obs == [] and info["reward/correct"] == 1.0
+
+
+def test_feedback_rewards_telescope_to_the_final_attempt_and_timelimit_truncates():
+    env = gym.make("textgym/MBPPFeedback-v0", mode="fraction")
+    task_index = next(i for i, t in enumerate(env.unwrapped.tasks) if t.task_id == "mbpp/2")
+    env.reset(options={"task_index": task_index})
+    good = env.unwrapped.tasks[task_index].solution
+    rewards, scores = [], []
+    for action in (good, "", "```python\ndef similar_elements(a, b):\n    return None\n```"):
+        if rewards and not scores[-1] < 1.0:
+            break
+        _, r, term, _, info = env.step(action)
+        rewards.append(r)
+        scores.append(info["reward/correct"])
+    assert scores == [1.0] and rewards == [1.0] and term  # solved at once: terminated
+    env.reset(options={"task_index": task_index})
+    outcomes = [env.step(a) for a in (FIRST_TEST_ONLY, "", FIRST_TEST_ONLY)]
+    scores = [o[4]["reward/correct"] for o in outcomes]
+    assert scores == pytest.approx([1 / 3, 0.0, 1 / 3])
+    assert [o[1] for o in outcomes] == pytest.approx([1 / 3, -1 / 3, 1 / 3])
+    assert sum(o[1] for o in outcomes) == pytest.approx(scores[-1])  # return = final attempt's score
+    assert outcomes[1][4]["error"] == "empty action" and not outcomes[1][2]
+    assert outcomes[-1][3] and not outcomes[-1][2]  # cut by TimeLimit(3): truncated, not terminated
+
+
+@pytest.mark.parametrize("backend", ["process", "docker"])
+def test_score_cli_on_humaneval(tmp_path, backend):
+    _verifier_or_skip(backend)
+    tasks = humaneval_tasks("binary")
+    lines = [{"task_index": i, "completion": t.metadata["canonical_solution"]} for i, t in enumerate(tasks)]
+    lines += [{"task_index": 0, "completion": ""}, {"task_index": 1, "completion": "    return None\n"}]
+    path = tmp_path / "in.jsonl"
+    path.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    r = CliRunner().invoke(
+        app,
+        [
+            "score",
+            "--env",
+            "textgym/HumanEval-v0",
+            "--input",
+            str(path),
+            "--env-kwargs",
+            f"sandbox={backend}",
+        ],
+        catch_exceptions=False,
+    )
+    assert r.exit_code == 0, r.output
+    out = [json.loads(x) for x in r.output.strip().splitlines()]
+    assert [o["reward"] for o in out] == [1.0] * 164 + [0.0, 0.0]
+    assert out[-2]["reason"] == "empty action" and "AssertionError" in out[-1]["reason"]
+
+
+def test_sandbox_cli_check_and_bad_backend_kwarg():
+    r = CliRunner().invoke(app, ["sandbox", "check"], catch_exceptions=False)
+    assert r.exit_code == 0 and "process" in r.output and "bubblewrap" in r.output
+    r = CliRunner().invoke(
+        app,
+        ["score", "--env", "textgym/HumanEval-v0", "--input", "x.jsonl", "--env-kwargs", "sandbox=nope"],
+        catch_exceptions=False,
+    )
+    assert r.exit_code == 2 and "unknown sandbox backend 'nope'" in r.output
