@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -259,3 +260,47 @@ def test_gsm8k_config_runs_end_to_end_with_the_tiny_model(tmp_path, tiny_model_d
         for line in (tmp_path / "gsm8k_grpo" / "grpo" / "metrics.jsonl").read_text().splitlines()
     ]
     assert len(rows) == 2 and rows[-1]["rollout/response_length_mean"] > 0
+
+
+@pytest.mark.parametrize("sandbox", ["process", "docker"])
+def test_mbpp_config_trains_against_the_sandbox(tmp_path, tiny_model_dir, sandbox):
+    if sandbox == "docker":
+        from textgym.sandbox import SandboxUnavailableError, get_backend
+
+        try:
+            get_backend("docker")
+        except SandboxUnavailableError as e:
+            if os.environ.get("TEXTGYM_REQUIRE_DOCKER") == "1":
+                raise
+            pytest.skip(str(e))
+    r = invoke(
+        "train",
+        ROOT / "configs" / "mbpp_grpo.yaml",
+        f"out_dir={tmp_path}",
+        f"model.path={tiny_model_dir}",
+        "device=cpu",
+        f"grpo.env.kwargs.sandbox={sandbox}",
+        f"eval.env.kwargs.sandbox={sandbox}",
+        "grpo.steps=1",
+        "grpo.prompts_per_step=2",
+        "grpo.group_size=2",
+        "grpo.minibatch_size=4",
+        "grpo.micro_batch_size=2",
+        "grpo.sampling.max_new_tokens=16",
+        "eval.n=3",
+        "eval.sampling.max_new_tokens=16",
+    )
+    assert r.exit_code == 0, r.output
+    run = tmp_path / "mbpp_grpo"
+    rows = [json.loads(line) for line in (run / "grpo" / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 1 and "rollout/correct_mean" in rows[0]  # the code env's reward term was logged
+    assert rows[0]["rollout/reward_mean"] == 0.0  # a random tiny model's text fails the tests
+    assert json.loads((run / "eval_after.json").read_text())["n"] == 3
+
+
+def test_unknown_sandbox_in_config_fails_before_work(tmp_path):
+    r = invoke(
+        "train", ROOT / "configs" / "mbpp_grpo.yaml", f"out_dir={tmp_path}", "grpo.env.kwargs.sandbox=dockr"
+    )
+    assert r.exit_code == 2 and "grpo.env.kwargs" in r.output and "unknown sandbox backend 'dockr'" in r.output
+    assert not (tmp_path / "mbpp_grpo").exists()

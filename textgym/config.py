@@ -58,6 +58,15 @@ class EnvConfig(_Strict):
             raise ValueError(f"unknown environment id {v!r}; registered textgym ids: {known}")
         return v
 
+    @field_validator("kwargs")
+    @classmethod
+    def _known_sandbox(cls, v: dict[str, Any]) -> dict[str, Any]:
+        from textgym.sandbox import BACKENDS
+
+        if "sandbox" in v and v["sandbox"] not in BACKENDS:
+            raise ValueError(f"unknown sandbox backend {v['sandbox']!r}; choose one of {list(BACKENDS)}")
+        return v
+
 
 class SamplingConfig(_Strict):
     """Sampling parameters of rollouts (see `textgym.agents.SamplingParams`)."""

@@ -69,9 +69,18 @@ def humaneval_tasks(mode: str = "binary") -> tuple[Task, ...]:
     return tuple(tasks)
 
 
-@lru_cache(maxsize=2)
-def mbpp_tasks(subset: str = "sanitized") -> tuple[Task, ...]:
+MBPP_SPLITS = {"all": (1, 974), "prompt": (1, 10), "test": (11, 510), "validation": (511, 600), "train": (601, 974)}
+"""MBPP's task-id ranges per split (google-research/mbpp README), inclusive."""
+
+
+@lru_cache(maxsize=8)
+def mbpp_tasks(subset: str = "sanitized", split: str = "all") -> tuple[Task, ...]:
     """MBPP (Austin et al. 2021, arXiv:2108.07732): "sanitized" (427 rows) or "full" (974).
+
+    `split` selects the upstream task-id range (`MBPP_SPLITS`: train 601-974, test 11-510,
+    validation 511-600, prompt 1-10; sanitized: 120 / 257 / 43 / 7 rows); "all" keeps every
+    row, so task *i* is row *i* of the file. Within a split, task *i* is the split's *i*-th
+    row in file order.
 
     The prompt is the task text followed by its test asserts (as in the paper's prompts);
     the tests are the `test_list` asserts (the full set's `challenge_test_list` is not used),
@@ -79,8 +88,11 @@ def mbpp_tasks(subset: str = "sanitized") -> tuple[Task, ...]:
     (full, placed after the solution, whose classes it uses).
 
     Raises:
-        ValueError: on an unknown subset.
+        ValueError: on an unknown subset or split.
     """
+    if split not in MBPP_SPLITS:
+        raise ValueError(f"MBPP split must be one of {sorted(MBPP_SPLITS)}, got {split!r}")
+    low, high = MBPP_SPLITS[split]
     base = resources.files("textgym").joinpath("data", "mbpp")
     if subset == "sanitized":
         rows = json.loads(base.joinpath("sanitized-mbpp.json").read_text(encoding="utf-8"))
@@ -91,6 +103,8 @@ def mbpp_tasks(subset: str = "sanitized") -> tuple[Task, ...]:
         raise ValueError(f"MBPP subset must be 'sanitized' or 'full', got {subset!r}")
     tasks = []
     for row in rows:
+        if not low <= int(row["task_id"]) <= high:
+            continue
         text = row["prompt"] if subset == "sanitized" else row["text"]
         tests = list(row["test_list"])
         # sanitized: imports go before the solution; full: the setup code uses the solution's
@@ -217,8 +231,11 @@ class HumanEvalEnv(CodeEnv):
 class MBPPEnv(CodeEnv):
     """MBPP: write a Python function from a one-line description and three test asserts.
 
-    `subset="sanitized"` (427 rows, default) or `"full"` (974). See `CodeEnv`.
+    `subset="sanitized"` (427 rows, default) or `"full"` (974); `split="all"` (default),
+    "train", "test", "validation" or "prompt" (see `mbpp_tasks`). See `CodeEnv`.
     """
 
-    def __init__(self, subset: str = "sanitized", instruction: str = MBPP_INSTRUCTION, **kwargs: Any):
-        super().__init__(mbpp_tasks(subset), instruction=instruction, **kwargs)
+    def __init__(
+        self, subset: str = "sanitized", split: str = "all", instruction: str = MBPP_INSTRUCTION, **kwargs: Any
+    ):
+        super().__init__(mbpp_tasks(subset, split), instruction=instruction, **kwargs)
