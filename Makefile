@@ -31,11 +31,14 @@ lint: install
 typecheck: install
 	$(BIN)/mypy
 
+# Tests run against the real sandboxes: tools/with_sandbox_services.sh installs bubblewrap and
+# docker.io when missing (as root), starts a Docker engine when none answers (and stops it after),
+# and builds the sandbox image.
 test: lint typecheck
-	$(BIN)/python -m pytest -q
+	tools/with_sandbox_services.sh $(BIN) $(BIN)/python -m pytest -q
 
 test-fast: install
-	$(BIN)/python -m pytest -q -m "not slow"
+	tools/with_sandbox_services.sh $(BIN) $(BIN)/python -m pytest -q -m "not slow"
 
 bench: install
 	$(BIN)/pip install --quiet -e ".[bench]"

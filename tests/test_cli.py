@@ -302,5 +302,6 @@ def test_unknown_sandbox_in_config_fails_before_work(tmp_path):
     r = invoke(
         "train", ROOT / "configs" / "mbpp_grpo.yaml", f"out_dir={tmp_path}", "grpo.env.kwargs.sandbox=dockr"
     )
-    assert r.exit_code == 2 and "grpo.env.kwargs" in r.output and "unknown sandbox backend 'dockr'" in r.output
+    assert r.exit_code == 2 and "grpo.env.kwargs" in r.output
+    assert "unknown sandbox backend 'dockr'" in r.output
     assert not (tmp_path / "mbpp_grpo").exists()

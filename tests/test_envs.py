@@ -13,8 +13,16 @@ from textgym.envs.math_qa import gsm8k_tasks, math500_tasks
 TEXTGYM_IDS = sorted(k for k in gym.registry if k.startswith("textgym/"))
 
 
-def test_registry_has_the_math_envs():
+def test_registry_has_the_math_and_code_envs():
     assert {"textgym/Arithmetic-v0", "textgym/GSM8K-v0", "textgym/MATH500-v0"} <= set(TEXTGYM_IDS)
+    code = {
+        "textgym/HumanEval-v0",
+        "textgym/MBPP-v0",
+        "textgym/HumanEvalFeedback-v0",
+        "textgym/MBPPFeedback-v0",
+    }
+    assert code <= set(TEXTGYM_IDS)
+    assert gym.spec("textgym/MBPPFeedback-v0").max_episode_steps == 3
 
 
 @pytest.mark.parametrize("env_id", TEXTGYM_IDS)
@@ -46,6 +54,10 @@ def test_same_seed_same_episode(env_id):
         ("textgym/GSM8K-v0", {"split": "train"}, 7473),
         ("textgym/MATH500-v0", {}, 500),
         ("textgym/Arithmetic-v0", {"split": "test", "n_test": 300}, 300),
+        ("textgym/HumanEval-v0", {}, 164),
+        ("textgym/MBPP-v0", {}, 427),
+        ("textgym/MBPP-v0", {"subset": "full"}, 974),
+        ("textgym/MBPP-v0", {"split": "test"}, 257),
     ],
 )
 def test_task_index_selects_row(env_id, kwargs, n):
@@ -80,9 +92,38 @@ def test_gsm8k_math500_ship_licences():
     from importlib import resources
 
     root = resources.files("textgym").joinpath("data")
-    for d in ("gsm8k", "math500"):
+    for d in ("gsm8k", "math500", "humaneval"):
         assert "MIT" in root.joinpath(d, "LICENSE").read_text(encoding="utf-8")
         assert root.joinpath(d, "PROVENANCE.md").is_file()
+    assert "CC BY 4.0" in root.joinpath("mbpp", "LICENSE").read_text(encoding="utf-8")
+    assert root.joinpath("mbpp", "PROVENANCE.md").is_file()
+
+
+def test_code_task_rows_match_the_shipped_files():
+    import gzip
+    import hashlib
+    import json
+    from importlib import resources
+
+    from textgym.envs.code import humaneval_tasks, mbpp_tasks
+
+    root = resources.files("textgym").joinpath("data")
+    raw = root.joinpath("humaneval", "HumanEval.jsonl.gz").read_bytes()
+    assert hashlib.sha256(raw).hexdigest().startswith("b796127e635a67f9")  # PROVENANCE.md checksum
+    rows = [json.loads(line) for line in gzip.decompress(raw).decode().splitlines()]
+    tasks = humaneval_tasks()
+    assert [t.task_id for t in tasks] == [r["task_id"] for r in rows]
+    assert (
+        tasks[42].metadata["prompt_code"] == rows[42]["prompt"]
+        and rows[42]["prompt"].strip() in tasks[42].prompt
+    )
+    sanitized = json.loads(root.joinpath("mbpp", "sanitized-mbpp.json").read_text(encoding="utf-8"))
+    assert [t.task_id for t in mbpp_tasks("sanitized")] == [f"mbpp/{r['task_id']}" for r in sanitized]
+    assert mbpp_tasks("sanitized")[9].metadata["tests"] == sanitized[9]["test_list"]
+    train = mbpp_tasks("full", "train")
+    assert len(train) == 374 and train[0].task_id == "mbpp/601" and train[-1].task_id == "mbpp/974"
+    with pytest.raises(ValueError, match="MBPP split"):
+        mbpp_tasks("full", "dev")
 
 
 def test_arithmetic_generator_is_seeded_and_held_out():

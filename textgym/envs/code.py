@@ -69,7 +69,13 @@ def humaneval_tasks(mode: str = "binary") -> tuple[Task, ...]:
     return tuple(tasks)
 
 
-MBPP_SPLITS = {"all": (1, 974), "prompt": (1, 10), "test": (11, 510), "validation": (511, 600), "train": (601, 974)}
+MBPP_SPLITS = {
+    "all": (1, 974),
+    "prompt": (1, 10),
+    "test": (11, 510),
+    "validation": (511, 600),
+    "train": (601, 974),
+}
 """MBPP's task-id ranges per split (google-research/mbpp README), inclusive."""
 
 
@@ -236,6 +242,10 @@ class MBPPEnv(CodeEnv):
     """
 
     def __init__(
-        self, subset: str = "sanitized", split: str = "all", instruction: str = MBPP_INSTRUCTION, **kwargs: Any
+        self,
+        subset: str = "sanitized",
+        split: str = "all",
+        instruction: str = MBPP_INSTRUCTION,
+        **kwargs: Any,
     ):
         super().__init__(mbpp_tasks(subset, split), instruction=instruction, **kwargs)

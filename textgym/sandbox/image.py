@@ -11,6 +11,7 @@ Users with a registry can skip this and point the backend at any image that has
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -169,6 +170,9 @@ def build_rootfs(out: str | Path, python: str | None = None) -> dict[str, Any]:
 def build_image(tag: str = DEFAULT_IMAGE, python: str | None = None, client: Any = None) -> dict[str, Any]:
     """Build the root filesystem and `docker import` it as `tag` into the local engine.
 
+    The image `tag` named before, if any, is removed once the new one has the tag (unless a
+    container still uses it).
+
     Returns:
         `build_rootfs`'s facts plus `"image"` (the tag) and `"id"` (the image id).
 
@@ -179,6 +183,10 @@ def build_image(tag: str = DEFAULT_IMAGE, python: str | None = None, client: Any
     from textgym.sandbox.docker import connect
 
     client = client or connect()
+    try:
+        previous = client.images.get(tag).id
+    except Exception:
+        previous = None
     repository, _, version = tag.rpartition(":") if ":" in tag.split("/")[-1] else (tag, "", "latest")
     with tempfile.TemporaryDirectory() as tmp:
         tarball = os.path.join(tmp, "rootfs.tar")
@@ -193,4 +201,7 @@ def build_image(tag: str = DEFAULT_IMAGE, python: str | None = None, client: Any
             image = client.images.get(tag)
         except Exception as e:
             raise SandboxError(f"docker import of {tarball} as {tag} failed: {e}") from e
+    if previous and previous != image.id:  # the old image lost its tag: do not leave it behind
+        with contextlib.suppress(Exception):
+            client.images.remove(previous)
     return {**facts, "image": tag, "id": image.id}
