@@ -165,7 +165,7 @@ def test_feedback_env_returns_the_failing_test_and_lets_the_agent_retry():
     assert obs[0]["role"] == "user" and "check(has_close_elements)" in obs[0]["content"]
     assert "AssertionError" in obs[0]["content"]
     obs, r2, term, trunc, info = env.step(task.solution)
-    assert r2 == 1.0 and term and obs == [] and info["reward/correct"] == 1.0
+    assert r2 == 1.0 and term and obs == [] and info["reward/correct"] == 1.0 and info["attempt_score"] == 1.0
 
 
 def test_feedback_rewards_telescope_to_the_final_attempt_and_timelimit_truncates():
@@ -179,13 +179,14 @@ def test_feedback_rewards_telescope_to_the_final_attempt_and_timelimit_truncates
             break
         _, r, term, _, info = env.step(action)
         rewards.append(r)
-        scores.append(info["reward/correct"])
+        scores.append(info["attempt_score"])
     assert scores == [1.0] and rewards == [1.0] and term  # solved at once: terminated
     env.reset(options={"task_index": task_index})
     outcomes = [env.step(a) for a in (FIRST_TEST_ONLY, "", FIRST_TEST_ONLY)]
-    scores = [o[4]["reward/correct"] for o in outcomes]
+    scores = [o[4]["attempt_score"] for o in outcomes]
     assert scores == pytest.approx([1 / 3, 0.0, 1 / 3])
     assert [o[1] for o in outcomes] == pytest.approx([1 / 3, -1 / 3, 1 / 3])
+    assert [o[4]["reward/correct"] for o in outcomes] == [o[1] for o in outcomes]
     assert sum(o[1] for o in outcomes) == pytest.approx(scores[-1])  # return = final attempt's score
     assert outcomes[1][4]["error"] == "empty action" and not outcomes[1][2]
     assert outcomes[-1][3] and not outcomes[-1][2]  # cut by TimeLimit(3): truncated, not terminated

@@ -148,7 +148,9 @@ class CodeEnv(TextEnv):
     `correct`: 1.0 when all tests pass (`mode="binary"`), or the fraction of asserts that
     pass (`mode="fraction"`). With feedback, each step's reward is the change of the score
     from the previous attempt, so the episode's return equals the final attempt's score
-    whichever turn is final; `info["reward/correct"]` is the attempt's own score.
+    whichever turn is final; the `reward/correct` term is that change too (so terms summed
+    over the episode also give the final score), and `info["attempt_score"]` is the attempt's
+    own score.
 
     ## Episode End
     Single-turn: terminates after one step. Feedback: terminates when an attempt scores
@@ -197,6 +199,8 @@ class CodeEnv(TextEnv):
     ) -> tuple[list[Message], float, bool, dict[str, Any]]:
         reward = score - self._last_score if self.feedback else score
         self._last_score = score
+        info["attempt_score"] = score
+        info["reward/correct"] = reward  # terms sum over turns to the final attempt's score, like the reward
         if not self.feedback or score >= 1.0:
             return [], reward, True, info
         details = info.get("details", {})
@@ -210,14 +214,14 @@ class CodeEnv(TextEnv):
         """Run the tests on the action's code; end or give feedback (see the class docstring)."""
         assert self.task is not None
         score = self.verifier(action, self.task)
-        info: dict[str, Any] = {"reward/correct": score.reward, "details": score.details}
+        info: dict[str, Any] = {"details": score.details}
         if score.reward < 1.0 and score.details.get("error"):
             info["error"] = str(score.details["error"]).strip().splitlines()[-1][:300]
         return self._outcome(score.reward, info)
 
     def invalid_action(self, reason: str) -> tuple[list[Message], float, bool, dict[str, Any]]:
         """Score an unusable action 0.0; with feedback, say what was wrong and continue."""
-        info: dict[str, Any] = {"reward/correct": 0.0, "error": reason, "details": {"error": reason}}
+        info: dict[str, Any] = {"error": reason, "details": {"error": reason}}
         return self._outcome(self.invalid_action_reward, info)
 
 
