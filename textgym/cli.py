@@ -172,8 +172,15 @@ def train_cmd(
 
 @app.command("eval")
 def eval_cmd(
-    model: Annotated[Path, typer.Option(help="Local Hugging Face model folder.")],
     env: Annotated[str, typer.Option(help="Environment id, e.g. textgym/Arithmetic-v0.")],
+    model: Annotated[
+        Path | None, typer.Option(help="Local Hugging Face model folder (--agent model).")
+    ] = None,
+    agent_kind: Annotated[
+        str,
+        typer.Option("--agent", help="model (needs --model), oracle (reads the hidden solution) or random."),
+    ] = "model",
+    seed: Annotated[int, typer.Option(help="Seed of the random agent.")] = 0,
     env_kwargs: Annotated[
         list[str] | None, typer.Option("--env-kwargs", help="key=value, repeatable.")
     ] = None,
@@ -183,36 +190,49 @@ def eval_cmd(
     max_new_tokens: Annotated[int, typer.Option(min=1, help="Response budget in tokens.")] = 256,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
 ) -> None:
-    """Evaluate a model on an environment: accuracy, mean reward, pass@k."""
+    """Evaluate a model, or the scripted oracle / random agent, on an env: accuracy, reward, pass@k."""
     from textgym.agents import LLMAgent, SamplingParams
-    from textgym.evaluation import evaluate
+    from textgym.agents.scripted import OracleAgent, RandomAgent, evaluate_scripted
+    from textgym.evaluation import EvalResult, evaluate
 
+    if agent_kind not in ("model", "oracle", "random"):
+        _fail(f"--agent must be model, oracle or random, got {agent_kind!r}")
     kwargs = _parse_kwargs(env_kwargs)
     probe = _make_env(env, kwargs)
     n_tasks = len(probe.unwrapped.tasks)
+    probe.close()
     if n > n_tasks:
         _fail(f"--n {n} exceeds the {n_tasks} tasks of {env} {kwargs}")
-    try:
-        agent = LLMAgent.from_pretrained(model)
-    except (FileNotFoundError, ValueError) as e:
-        _fail(str(e))
-        return
-    if samples > 1 and temperature == 0.0:
-        typer.echo(
-            "note: --samples > 1 with greedy decoding gives identical samples; set --temperature", err=True
+    res: EvalResult
+    if agent_kind == "model":
+        if model is None:
+            _fail("--agent model needs --model DIR")
+            return
+        try:
+            agent = LLMAgent.from_pretrained(model)
+        except (FileNotFoundError, ValueError) as e:
+            _fail(str(e))
+            return
+        if samples > 1 and temperature == 0.0:
+            typer.echo(
+                "note: --samples > 1 with greedy decoding gives identical samples; set --temperature",
+                err=True,
+            )
+        res = evaluate(
+            agent,
+            env,
+            kwargs,
+            n=n,
+            samples=samples,
+            params=SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens),
         )
-    res = evaluate(
-        agent,
-        env,
-        kwargs,
-        n=n,
-        samples=samples,
-        params=SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens),
-    )
+    else:
+        scripted = OracleAgent() if agent_kind == "oracle" else RandomAgent(seed)
+        res = evaluate_scripted(scripted, env, kwargs, n=n)
     if as_json:
         print(json.dumps(res.summary()))
         return
-    table = Table(title=f"{env} {kwargs or ''} · {model}")
+    table = Table(title=f"{env} {kwargs or ''} · {model if agent_kind == 'model' else agent_kind + ' agent'}")
     for col in (
         "n",
         "samples",
@@ -309,6 +329,40 @@ def plot_cmd(
         _fail(f"no metrics.jsonl under {run_dir}", code=1)
     for p in written:
         console.print(f"wrote {p}")
+
+
+@app.command("check-template")
+def check_template_cmd(
+    model_dir: Annotated[Path, typer.Argument(help="A local Hugging Face model (or tokenizer) folder.")],
+) -> None:
+    """Check that a chat template is append-only for multi-turn tool conversations (exit 1 if not)."""
+    from transformers import AutoTokenizer
+
+    from textgym.agents.template_check import check_template
+
+    if not model_dir.is_dir():
+        _fail(f"model folder {str(model_dir)!r} not found")
+    try:
+        tok = AutoTokenizer.from_pretrained(model_dir)
+        report = check_template(tok)
+    except (OSError, ValueError) as e:
+        _fail(f"cannot check the template of {model_dir}: {e}")
+        return
+    if report.append_only:
+        console.print(
+            f"append-only: yes ({report.turns} assistant turns with tool calls and <think> blocks). "
+            "Incremental rendering equals rendering the whole conversation."
+        )
+        return
+    console.print(f"append-only: NO ({len(report.problems)} problem(s)):")
+    for p in report.problems:
+        typer.echo(f"  - {p}")
+    console.print(
+        "textgym's policy: a trajectory is the one growing token sequence the policy saw and sampled "
+        "(earlier turns are never re-rendered), and training uses those stored token ids. Rendering "
+        "the messages again with this template gives a different sequence; do not re-tokenize trajectories."
+    )
+    raise typer.Exit(1)
 
 
 @sandbox_app.command("check")

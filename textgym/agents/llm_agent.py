@@ -192,10 +192,18 @@ class LLMAgent:
         model, tok = load_model(path)
         return cls(model, tok, **kwargs)
 
-    def encode_prompt(self, messages: list[Message]) -> list[int]:
-        """Render `messages` with the chat template (generation prompt added) into token ids."""
+    def encode_prompt(self, messages: list[Message], tools: list[dict[str, Any]] | None = None) -> list[int]:
+        """Render `messages` with the chat template (generation prompt added) into token ids.
+
+        `tools` (OpenAI function schemas, e.g. a tool env's `info["tools"]`) go to the
+        template's `tools=` argument.
+        """
         ids = self.tokenizer.apply_chat_template(
-            messages, add_generation_prompt=True, tokenize=True, return_dict=False
+            messages,
+            tools=tools or None,  # type: ignore[arg-type]
+            add_generation_prompt=True,
+            tokenize=True,
+            return_dict=False,
         )
         return list(ids)  # type: ignore[arg-type]
 

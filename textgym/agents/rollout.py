@@ -12,6 +12,7 @@ import os
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 import gymnasium as gym
 import torch
@@ -28,7 +29,11 @@ _STEP_POOL = ThreadPoolExecutor(
 
 
 def observation_tokens(
-    tokenizer: PreTrainedTokenizerBase, observation: list[Message], ended_with_eos: bool, eos_id: int
+    tokenizer: PreTrainedTokenizerBase,
+    observation: list[Message],
+    ended_with_eos: bool,
+    eos_id: int,
+    tools: list[dict[str, Any]] | None = None,
 ) -> list[int]:
     """Token ids that follow an assistant turn when the environment answers with `observation`.
 
@@ -37,13 +42,22 @@ def observation_tokens(
     token when the policy already sampled it), the observation, and the next
     generation prompt.
 
+    The earlier turns are never re-rendered: the trajectory is the one growing token sequence
+    the policy actually saw, even under templates that rewrite history when a conversation
+    is rendered whole (e.g. dropping earlier `<think>` blocks; see `textgym check-template`).
+
     Raises:
-        ValueError: if the chat template rewrites earlier turns (the rendering with the
-            observation does not extend the rendering without it).
+        ValueError: if the chat template rewrites the probe's plain turns (the rendering with
+            the observation does not extend the rendering without it).
     """
     base: list[Message] = [{"role": "user", "content": _PROBE}, {"role": "assistant", "content": _PROBE}]
-    before = tokenizer.apply_chat_template(base, tokenize=False)
-    after = tokenizer.apply_chat_template(base + observation, tokenize=False, add_generation_prompt=True)
+    before = tokenizer.apply_chat_template(base, tools=tools or None, tokenize=False)  # type: ignore[arg-type]
+    after = tokenizer.apply_chat_template(
+        base + observation,
+        tools=tools or None,  # type: ignore[arg-type]
+        tokenize=False,
+        add_generation_prompt=True,
+    )
     assert isinstance(before, str) and isinstance(after, str)
     if not after.startswith(before):
         raise ValueError(
@@ -64,6 +78,7 @@ class _Episode:
     messages: list[Message]
     token_ids: list[int]
     prompt_length: int
+    tools: list[dict[str, Any]] | None = None
     loss_mask: list[float] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     token_rewards: list[float] = field(default_factory=list)
@@ -117,10 +132,11 @@ def rollout(
         prompt_ids: list[int] | None = None
         for _ in range(group_size):
             env = envs[len(episodes)]
-            obs, _ = env.reset(options={"task_index": ti})
+            obs, reset_info = env.reset(options={"task_index": ti})
+            tools = reset_info.get("tools")
             if prompt_ids is None:
-                prompt_ids = agent.encode_prompt(obs)
-            ep = _Episode(env, ti, g, list(obs), list(prompt_ids), len(prompt_ids))
+                prompt_ids = agent.encode_prompt(obs, tools=tools)
+            ep = _Episode(env, ti, g, list(obs), list(prompt_ids), len(prompt_ids), tools=tools)
             ep.loss_mask = [0.0] * len(prompt_ids)
             ep.logprobs = [0.0] * len(prompt_ids)
             ep.token_rewards = [0.0] * len(prompt_ids)
@@ -153,7 +169,7 @@ def rollout(
                 ep.done = True
                 ep.truncated = ep.truncated or (not terminated and ep.turns >= max_turns)
                 continue
-            env_ids = observation_tokens(tok, list(obs), gen.finish_reason == "stop", eos_id)
+            env_ids = observation_tokens(tok, list(obs), gen.finish_reason == "stop", eos_id, ep.tools)
             ep.messages += list(obs)
             ep.token_ids += env_ids
             ep.loss_mask += [0.0] * len(env_ids)

@@ -13,6 +13,12 @@ register(id="textgym/GSM8K-v0", entry_point="textgym.envs.math_qa:GSM8KEnv")
 register(id="textgym/MATH500-v0", entry_point="textgym.envs.math_qa:MATH500Env")
 register(id="textgym/HumanEval-v0", entry_point="textgym.envs.code:HumanEvalEnv")
 register(id="textgym/MBPP-v0", entry_point="textgym.envs.code:MBPPEnv")
+register(id="textgym/ToolMath-v0", entry_point="textgym.envs.tool_use:make_tool_math", max_episode_steps=6)
+register(id="textgym/WebShop-v0", entry_point="textgym.envs.web.envs:make_webshop", max_episode_steps=15)
+register(
+    id="textgym/WikiSearch-v0", entry_point="textgym.envs.web.envs:make_wikisearch", max_episode_steps=10
+)
+register(id="textgym/Wordle-v0", entry_point="textgym.envs.wordle:WordleEnv", max_episode_steps=6)
 register(
     id="textgym/HumanEvalFeedback-v0",
     entry_point="textgym.envs.code:HumanEvalEnv",

@@ -202,3 +202,9 @@ class ArithmeticEnv(SingleTurnEnv):
     ):
         tasks = _cached_tasks(split, operators, digits, n_terms, n_test, generator_seed)
         super().__init__(tasks, math_rubric(correct_weight, format_weight), instruction=instruction, **kwargs)
+
+    def oracle_tool_call(self) -> tuple[str, dict[str, str]] | None:
+        """The call a scripted expert makes first when it has tools: the calculator on the expression."""
+        if self.task is None:
+            return None
+        return "calculator", {"expression": str(self.task.metadata["expression"])}

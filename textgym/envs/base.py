@@ -137,6 +137,20 @@ class TextEnv(gym.Env[list[Message], str]):
             return None
         return "\n".join(f"[{m['role']}] {m['content']}" for m in self._transcript)
 
+    # -- scripted experts --------------------------------------------------------------
+    def oracle_action(self, messages: list[Message]) -> str:
+        """What a scripted expert that reads the hidden solution replies next.
+
+        Default: the task's gold `solution`, else its gold answer in `\\boxed{}`. Multi-turn
+        envs override it. Used by `textgym eval --agent oracle` and the tests.
+
+        Raises:
+            RuntimeError: before `reset()`.
+        """
+        if self.task is None:
+            raise RuntimeError("call reset() before asking the oracle")
+        return self.task.solution or f"The final answer is \\boxed{{{self.task.answer}}}."
+
     # -- helpers -----------------------------------------------------------------------
     def _check_action(self, action: Any) -> str | None:
         if not isinstance(action, str):
