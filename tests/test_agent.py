@@ -180,3 +180,129 @@ def test_shared_prefill_generation_matches_unshared(agent):
         ref = alone[k // 3]
         assert gen.token_ids == ref.token_ids and gen.finish_reason == ref.finish_reason
         torch.testing.assert_close(gen.logprobs, ref.logprobs, rtol=0, atol=1e-4)
+
+
+def test_tool_env_prompt_carries_the_tool_schemas(agent):
+    envs = [gym.make("textgym/ToolMath-v0") for _ in range(2)]
+    trajs = rollout(agent, envs, [0], SamplingParams(max_new_tokens=8), group_size=2)
+    schemas = envs[0].reset(options={"task_index": 0})[1]["tools"]
+    prompt = agent.tokenizer.apply_chat_template(
+        trajs[0].messages[:1], tools=schemas, add_generation_prompt=True, tokenize=False
+    )
+    assert '"name": "calculator"' in prompt and '"name": "python"' in prompt
+    assert agent.tokenizer.decode(trajs[0].token_ids[: trajs[0].prompt_length].tolist()) == prompt
+
+
+def _record_segments(monkeypatch, agent):
+    """Record what the policy generated and what the rollout appended, call by call."""
+    import importlib
+
+    rollout_module = importlib.import_module("textgym.agents.rollout")  # the package re-exports `rollout`
+
+    generated: list[list[int]] = []
+    appended: list[list[int]] = []
+    real_generate, real_obs = agent.generate, rollout_module.observation_tokens
+
+    def generate(prompts, params):
+        gens = real_generate(prompts, params)
+        generated.extend(g.token_ids for g in gens)
+        return gens
+
+    def observation_tokens(*args, **kwargs):
+        ids = real_obs(*args, **kwargs)
+        appended.append(list(ids))
+        return ids
+
+    monkeypatch.setattr(agent, "generate", generate)
+    monkeypatch.setattr(rollout_module, "observation_tokens", observation_tokens)
+    return generated, appended
+
+
+@pytest.mark.parametrize("template", ["append_only", "rewrites_history"])
+def test_multi_turn_trajectory_is_exactly_what_was_generated_and_appended(agent, monkeypatch, template):
+    if template == "rewrites_history":  # a Qwen3-like template that drops earlier <think> blocks
+        from textgym.models import CHAT_TEMPLATE
+
+        plain = "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+        strip = (
+            "{%- set c = message['content'].split('</think>')[-1].lstrip('\\n') "
+            "if (message['role'] == 'assistant' and not loop.last) else message['content'] %}"
+            "{{- '<|im_start|>' + message['role'] + '\\n' + c + '<|im_end|>\\n' }}"
+        )
+        assert plain in CHAT_TEMPLATE
+        monkeypatch.setattr(agent.tokenizer, "chat_template", CHAT_TEMPLATE.replace(plain, strip))
+        # the policy thinks aloud every turn (scripted tokens: the tiny model would not)
+        from textgym.agents.llm_agent import Generation
+
+        reply = agent.tokenizer("<think>hmm</think>\n\\boxed{zz}", add_special_tokens=False)["input_ids"]
+        reply = [*reply, agent.tokenizer.eos_token_id]
+        monkeypatch.setattr(
+            agent,
+            "generate",
+            lambda prompts, params: [
+                Generation(list(reply), torch.zeros(len(reply)), "stop") for _ in prompts
+            ],
+        )
+    generated, appended = _record_segments(monkeypatch, agent)
+    env = gym.make("textgym/Wordle-v0")
+    (t,) = rollout(agent, [env], [3], SamplingParams(max_new_tokens=5))
+    assert (
+        t.truncated and len(generated) == 6 and len(appended) == 5
+    )  # 6 unreadable guesses, cut by TimeLimit
+    prompt = t.token_ids[: t.prompt_length].tolist()
+    expected, mask = list(prompt), [0] * len(prompt)
+    for k, gen in enumerate(generated):
+        expected += gen
+        mask += [1] * len(gen)
+        if k < len(appended):
+            expected += appended[k]
+            mask += [0] * len(appended[k])
+    assert t.token_ids.tolist() == expected
+    assert t.loss_mask.tolist() == mask
+    # decoding each masked-in run gives back the agent's message of that turn
+    replies = [m["content"] for m in t.messages if m["role"] == "assistant"]
+    eos = agent.tokenizer.eos_token_id
+    for gen, reply in zip(generated, replies, strict=True):
+        ids = gen[:-1] if gen and gen[-1] == eos else gen
+        assert agent.tokenizer.decode(ids) == reply
+    # the env's feedback messages are what was appended (between the template's markers)
+    feedback = [m["content"] for m in t.messages if m["role"] == "user"][1:]
+    for ids, text in zip(appended, feedback, strict=True):
+        assert text in agent.tokenizer.decode(ids)
+    if template == "rewrites_history":  # what the policy saw keeps every <think>; a re-rendering would not
+        seen = agent.tokenizer.decode(t.token_ids.tolist())
+        rerendered = agent.tokenizer.apply_chat_template(t.messages, tokenize=False)
+        assert seen.count("<think>hmm</think>") == 6 and rerendered.count("<think>hmm</think>") == 1
+
+
+def test_check_template_cli(tiny_model_dir, tmp_path):
+    import json
+    import shutil
+
+    from typer.testing import CliRunner
+
+    from textgym.cli import app
+
+    r = CliRunner().invoke(app, ["check-template", str(tiny_model_dir)], catch_exceptions=False)
+    assert r.exit_code == 0 and "append-only: yes" in r.output
+    bad = tmp_path / "bad"
+    shutil.copytree(tiny_model_dir, bad)
+    config = json.loads((bad / "tokenizer_config.json").read_text())
+    template = config.get("chat_template")
+    if template is None:  # transformers 5 keeps it in its own file
+        template = (bad / "chat_template.jinja").read_text()
+    plain = "message['content'] + '<|im_end|>"
+    assert plain in template
+    stripped = template.replace(
+        plain,
+        "(message['content'].split('</think>')[-1].lstrip('\\n') if (message['role'] == 'assistant' "
+        "and not loop.last) else message['content']) + '<|im_end|>",
+    )
+    if "chat_template" in config:
+        config["chat_template"] = stripped
+        (bad / "tokenizer_config.json").write_text(json.dumps(config))
+    else:
+        (bad / "chat_template.jinja").write_text(stripped)
+    r = CliRunner().invoke(app, ["check-template", str(bad)], catch_exceptions=False)
+    assert r.exit_code == 1 and "append-only: NO" in r.output and "rendering rewrites turn 1" in r.output
+    assert "growing token sequence" in r.output
