@@ -203,7 +203,7 @@ def test_wrapper_answers_tool_calls_and_passes_the_answer_through():
     )
     obs, r, *_ = env.step(format_tool_call("nope", {}))
     assert "unknown tool 'nope'; tools: calculator" in obs[0]["content"] and r == pytest.approx(-0.1)
-    obs, r, term, trunc, info = env.step(f"\\boxed{{{env.unwrapped.task.answer}}}")
+    obs, r, term, _trunc, info = env.step(f"\\boxed{{{env.unwrapped.task.answer}}}")
     assert r == 1.0 and term and info["reward/correct"] == 1.0
 
 
@@ -279,7 +279,7 @@ def test_wordle_feedback_and_parsing():
     assert parse_guess("no idea") is None
     env = gym.make("textgym/Wordle-v0")
     env.reset(options={"task_index": WORDS.index("craft")})
-    obs, r, term, trunc, _ = env.step("\\boxed{trace}")
+    obs, r, term, _trunc, _ = env.step("\\boxed{trace}")
     assert obs[0]["content"].startswith("trace: Y G G Y -") and r == 0.0 and not term
     obs, r, term, *_ = env.step("hmm")
     assert "could not read a guess" in obs[0]["content"]
