@@ -195,7 +195,7 @@ def test_wrapper_answers_tool_calls_and_passes_the_answer_through():
     obs, r, term, trunc, info = env.step(format_tool_call("calculator", {"expression": expression}))
     assert obs == [{"role": "tool", "content": env.unwrapped.task.answer}] and r == 0.0 and not term
     assert info["tool_calls"] == 1 and info["tool_errors"] == 0 and info["task_id"] == "arithmetic/test/3"
-    obs, r, term, trunc, info = env.step("<tool_call>{oops</tool_call>")
+    obs, r, term, _, info = env.step("<tool_call>{oops</tool_call>")
     assert (
         "not valid JSON" in obs[0]["content"]
         and r == pytest.approx(-0.1)
