@@ -192,7 +192,7 @@ def test_wrapper_answers_tool_calls_and_passes_the_answer_through():
     obs, info = env.reset(options={"task_index": 3})
     assert [t["function"]["name"] for t in info["tools"]] == ["calculator"]
     expression = env.unwrapped.task.metadata["expression"]
-    obs, r, term, trunc, info = env.step(format_tool_call("calculator", {"expression": expression}))
+    obs, r, term, _, info = env.step(format_tool_call("calculator", {"expression": expression}))
     assert obs == [{"role": "tool", "content": env.unwrapped.task.answer}] and r == 0.0 and not term
     assert info["tool_calls"] == 1 and info["tool_errors"] == 0 and info["task_id"] == "arithmetic/test/3"
     obs, r, term, _, info = env.step("<tool_call>{oops</tool_call>")
