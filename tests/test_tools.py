@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import gymnasium as gym
-import httpx
 import pytest
 from gymnasium.utils.env_checker import check_env
 from typer.testing import CliRunner
@@ -170,17 +171,27 @@ def test_browser_on_the_real_site(site):
 
 
 def test_site_server_is_shared_and_stopped_by_the_last_close():
-    assert not SiteServer.running()
-    a = gym.make("textgym/WebShop-v0")
-    b = gym.make("textgym/WikiSearch-v0")
-    url = SiteServer.url
-    assert SiteServer.running() and a.unwrapped.site_url == b.unwrapped.site_url == url
-    a.close()
-    assert SiteServer.running() and httpx.get(url + "/").status_code == 200
-    b.close()
-    assert not SiteServer.running()
-    with pytest.raises(httpx.ConnectError):
-        httpx.get(url + "/", timeout=2)
+    # in a fresh interpreter: other tests of this session may hold the server
+    script = """
+import gymnasium as gym, httpx, textgym
+from textgym.envs.web.site import SiteServer
+assert not SiteServer.running()
+a = gym.make("textgym/WebShop-v0")
+b = gym.make("textgym/WikiSearch-v0")
+url = SiteServer.url
+assert url.startswith("http://127.0.0.1:") and a.unwrapped.site_url == b.unwrapped.site_url == url
+a.close()
+assert SiteServer.running() and httpx.get(url + "/").status_code == 200
+b.close()
+assert not SiteServer.running()
+try:
+    httpx.get(url + "/", timeout=2)
+    raise SystemExit("the server still answers")
+except httpx.ConnectError:
+    print("stopped")
+"""
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "stopped", r.stderr[-2000:]
 
 
 # ----------------------------------------------------------------------------- the wrapper
