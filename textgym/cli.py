@@ -29,7 +29,9 @@ sandbox_app = typer.Typer(
 )
 app.add_typer(model_app, name="model")
 app.add_typer(verify_app, name="verify")
+report_app = typer.Typer(help="Compare evaluation reports.", no_args_is_help=True)
 app.add_typer(sandbox_app, name="sandbox")
+app.add_typer(report_app, name="report")
 console = Console()
 
 
@@ -56,10 +58,14 @@ def _make_env(env_id: str, kwargs: dict[str, Any]) -> Any:
     if env_id not in gym.registry:
         known = sorted(k for k in gym.registry if k.startswith("textgym/"))
         _fail(f"unknown environment {env_id!r}; registered: {', '.join(known)}")
+    from textgym.sandbox import SandboxUnavailableError
+
     try:
         return gym.make(env_id, **kwargs)
     except (TypeError, ValueError) as e:
         _fail(f"{env_id} rejects --env-kwargs {kwargs}: {e}")
+    except SandboxUnavailableError as e:
+        _fail(f"{env_id} needs a sandbox that does not run here: {e}")
 
 
 class _BadLineError(ValueError):
@@ -172,7 +178,14 @@ def train_cmd(
 
 @app.command("eval")
 def eval_cmd(
-    env: Annotated[str, typer.Option(help="Environment id, e.g. textgym/Arithmetic-v0.")],
+    env: Annotated[str | None, typer.Option(help="Environment id, e.g. textgym/Arithmetic-v0.")] = None,
+    suite: Annotated[
+        str | None,
+        typer.Option(help="A suite instead of one env: math, code, tools, core, or a suite YAML file."),
+    ] = None,
+    out: Annotated[
+        Path | None, typer.Option(help="With --suite: write report.json, report.md and report.png here.")
+    ] = None,
     model: Annotated[
         Path | None, typer.Option(help="Local Hugging Face model folder (--agent model).")
     ] = None,
@@ -197,6 +210,12 @@ def eval_cmd(
 
     if agent_kind not in ("model", "oracle", "random"):
         _fail(f"--agent must be model, oracle or random, got {agent_kind!r}")
+    if (env is None) == (suite is None):
+        _fail("give exactly one of --env or --suite")
+    if suite is not None:
+        _eval_suite(suite, out, model, agent_kind, seed, samples, temperature, max_new_tokens)
+        return
+    assert env is not None
     kwargs = _parse_kwargs(env_kwargs)
     probe = _make_env(env, kwargs)
     n_tasks = len(probe.unwrapped.tasks)
@@ -253,6 +272,63 @@ def eval_cmd(
         f"{res.tokens_per_s:.0f}",
     )
     console.print(table)
+
+
+def _eval_suite(
+    suite_name: str,
+    out: Path | None,
+    model: Path | None,
+    agent_kind: str,
+    seed: int,
+    samples: int,
+    temperature: float,
+    max_new_tokens: int,
+) -> None:
+    from textgym.agents import LLMAgent, SamplingParams
+    from textgym.agents.scripted import OracleAgent, RandomAgent, evaluate_scripted
+    from textgym.evaluation import EvalResult, evaluate
+    from textgym.suites import load_suite, markdown_table, run_suite, write_report
+
+    try:
+        suite = load_suite(suite_name)
+    except ValueError as e:
+        _fail(str(e))
+        return
+    evaluate_env: Callable[[str, dict[str, Any], int], EvalResult]
+    if agent_kind == "model":
+        if model is None:
+            _fail("--agent model needs --model DIR")
+            return
+        try:
+            agent = LLMAgent.from_pretrained(model)
+        except (FileNotFoundError, ValueError) as e:
+            _fail(str(e))
+            return
+        params = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens)
+
+        def evaluate_env(env_id: str, kwargs: dict[str, Any], n: int) -> EvalResult:
+            return evaluate(agent, env_id, kwargs, n=n, samples=samples, params=params)
+
+        policy = str(model)
+    else:
+        scripted = OracleAgent() if agent_kind == "oracle" else RandomAgent(seed)
+
+        def evaluate_env(env_id: str, kwargs: dict[str, Any], n: int) -> EvalResult:
+            return evaluate_scripted(scripted, env_id, kwargs, n=n)
+
+        policy = f"{agent_kind} agent"
+    from textgym.sandbox import SandboxUnavailableError
+
+    try:
+        rows = run_suite(suite, evaluate_env)
+    except SandboxUnavailableError as e:
+        _fail(f"suite {suite.name} needs a sandbox that does not run here: {e}")
+        return
+    report = {"suite": suite.name, "policy": policy, "samples": samples, "envs": rows}
+    console.print(markdown_table(report), markup=False)
+    if out is not None:
+        for kind, path in write_report(report, out).items():
+            console.print(f"wrote {kind}: {path}")
 
 
 @app.command("score")
@@ -329,6 +405,55 @@ def plot_cmd(
         _fail(f"no metrics.jsonl under {run_dir}", code=1)
     for p in written:
         console.print(f"wrote {p}")
+
+
+@report_app.command("compare")
+def report_compare_cmd(
+    a: Annotated[Path, typer.Argument(help="report.json of policy A (textgym eval --suite ... --out).")],
+    b: Annotated[Path, typer.Argument(help="report.json of policy B.")],
+    alpha: Annotated[float, typer.Option(min=0.0, max=1.0, help="Significance level.")] = 0.05,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+) -> None:
+    """Two policies side by side: accuracy per env, B − A, exact McNemar p-value on shared tasks."""
+    from textgym.suites import compare_reports
+
+    reports = []
+    for path in (a, b):
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            if not isinstance(data, dict) or not isinstance(data.get("envs"), list):
+                raise ValueError("not a textgym report (no 'envs' list)")
+        except (OSError, ValueError) as e:
+            _fail(f"cannot read report {str(path)!r}: {e}")
+            return
+        reports.append(data)
+    rows = compare_reports(reports[0], reports[1], alpha)
+    if as_json:
+        print(json.dumps(rows))
+        return
+    table = Table(
+        "env",
+        "tasks",
+        f"A: {reports[0]['policy']}",
+        f"B: {reports[1]['policy']}",
+        "B − A",
+        "p",
+        "significant",
+    )
+    for r in rows:
+        if "only_in" in r:
+            table.add_row(r["env_id"], "", "", "", "", "", f"only in {r['only_in']}")
+            continue
+        table.add_row(
+            r["env_id"],
+            str(r["paired_tasks"]),
+            f"{r['accuracy_a']:.3f}",
+            f"{r['accuracy_b']:.3f}",
+            f"{r['diff']:+.3f}",
+            f"{r['p_value']:.3g}",
+            "yes" if r["significant"] else "no",
+        )
+    console.print(table)
 
 
 @app.command("check-template")
