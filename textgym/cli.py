@@ -325,7 +325,7 @@ def _eval_suite(
         _fail(f"suite {suite.name} needs a sandbox that does not run here: {e}")
         return
     report = {"suite": suite.name, "policy": policy, "samples": samples, "envs": rows}
-    console.print(markdown_table(report), markup=False)
+    print(markdown_table(report))
     if out is not None:
         for kind, path in write_report(report, out).items():
             console.print(f"wrote {kind}: {path}")
@@ -431,29 +431,17 @@ def report_compare_cmd(
     if as_json:
         print(json.dumps(rows))
         return
-    table = Table(
-        "env",
-        "tasks",
-        f"A: {reports[0]['policy']}",
-        f"B: {reports[1]['policy']}",
-        "B − A",
-        "p",
-        "significant",
-    )
+    print(f"A: {reports[0]['policy']} ({a})\nB: {reports[1]['policy']} ({b})\n")
+    print("| env | paired tasks | accuracy A | accuracy B | B − A | McNemar p | significant |")
+    print("|---|---|---|---|---|---|---|")
     for r in rows:
         if "only_in" in r:
-            table.add_row(r["env_id"], "", "", "", "", "", f"only in {r['only_in']}")
+            print(f"| {r['env_id']} | | | | | | only in {r['only_in']} |")
             continue
-        table.add_row(
-            r["env_id"],
-            str(r["paired_tasks"]),
-            f"{r['accuracy_a']:.3f}",
-            f"{r['accuracy_b']:.3f}",
-            f"{r['diff']:+.3f}",
-            f"{r['p_value']:.3g}",
-            "yes" if r["significant"] else "no",
+        print(
+            f"| {r['env_id']} | {r['paired_tasks']} | {r['accuracy_a']:.3f} | {r['accuracy_b']:.3f} | "
+            f"{r['diff']:+.3f} | {r['p_value']:.3g} | {'yes' if r['significant'] else 'no'} |"
         )
-    console.print(table)
 
 
 @app.command("check-template")
