@@ -108,3 +108,14 @@ def test_suite_report_files_and_comparison(tmp_path):
 def test_eval_needs_exactly_one_of_env_and_suite():
     r = runner.invoke(app, ["eval", "--agent", "oracle"], catch_exceptions=False)
     assert r.exit_code == 2 and "exactly one of --env or --suite" in r.output
+
+
+def test_shipped_suite_files_load():
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent / "configs" / "suites"
+    files = sorted(root.glob("*.yaml"))
+    assert files
+    for path in files:
+        suite = load_suite(str(path))
+        assert suite.envs and all(e.n >= 1 for e in suite.envs)
