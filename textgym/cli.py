@@ -194,6 +194,13 @@ def eval_cmd(
         typer.Option("--agent", help="model (needs --model), oracle (reads the hidden solution) or random."),
     ] = "model",
     seed: Annotated[int, typer.Option(help="Seed of the random agent.")] = 0,
+    endpoint: Annotated[
+        str | None,
+        typer.Option(
+            help="Generate through an OpenAI-compatible server; --model is then its tokenizer folder."
+        ),
+    ] = None,
+    served_model: Annotated[str | None, typer.Option(help="Model name on --endpoint.")] = None,
     env_kwargs: Annotated[
         list[str] | None, typer.Option("--env-kwargs", help="key=value, repeatable.")
     ] = None,
@@ -204,7 +211,7 @@ def eval_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
 ) -> None:
     """Evaluate a model, or the scripted oracle / random agent, on an env: accuracy, reward, pass@k."""
-    from textgym.agents import LLMAgent, SamplingParams
+    from textgym.agents import SamplingParams
     from textgym.agents.scripted import OracleAgent, RandomAgent, evaluate_scripted
     from textgym.evaluation import EvalResult, evaluate
 
@@ -213,7 +220,9 @@ def eval_cmd(
     if (env is None) == (suite is None):
         _fail("give exactly one of --env or --suite")
     if suite is not None:
-        _eval_suite(suite, out, model, agent_kind, seed, samples, temperature, max_new_tokens)
+        _eval_suite(
+            suite, out, model, agent_kind, seed, samples, temperature, max_new_tokens, endpoint, served_model
+        )
         return
     assert env is not None
     kwargs = _parse_kwargs(env_kwargs)
@@ -227,11 +236,7 @@ def eval_cmd(
         if model is None:
             _fail("--agent model needs --model DIR")
             return
-        try:
-            agent = LLMAgent.from_pretrained(model)
-        except (FileNotFoundError, ValueError) as e:
-            _fail(str(e))
-            return
+        agent = _load_agent(model, endpoint, served_model)
         if samples > 1 and temperature == 0.0:
             typer.echo(
                 "note: --samples > 1 with greedy decoding gives identical samples; set --temperature",
@@ -274,6 +279,20 @@ def eval_cmd(
     console.print(table)
 
 
+def _load_agent(model: Path, endpoint: str | None, served_model: str | None) -> Any:
+    """An LLMAgent on the local model, or on `endpoint` with `model` as its tokenizer folder."""
+    from textgym.agents import LLMAgent
+
+    try:
+        if endpoint is None:
+            return LLMAgent.from_pretrained(model)
+        if not served_model:
+            _fail("--endpoint needs --served-model NAME")
+        return LLMAgent.from_endpoint(endpoint, str(served_model), model)
+    except (FileNotFoundError, OSError, ValueError) as e:
+        _fail(str(e))
+
+
 def _eval_suite(
     suite_name: str,
     out: Path | None,
@@ -283,8 +302,10 @@ def _eval_suite(
     samples: int,
     temperature: float,
     max_new_tokens: int,
+    endpoint: str | None = None,
+    served_model: str | None = None,
 ) -> None:
-    from textgym.agents import LLMAgent, SamplingParams
+    from textgym.agents import SamplingParams
     from textgym.agents.scripted import OracleAgent, RandomAgent, evaluate_scripted
     from textgym.evaluation import EvalResult, evaluate
     from textgym.suites import load_suite, markdown_table, run_suite, write_report
@@ -299,11 +320,7 @@ def _eval_suite(
         if model is None:
             _fail("--agent model needs --model DIR")
             return
-        try:
-            agent = LLMAgent.from_pretrained(model)
-        except (FileNotFoundError, ValueError) as e:
-            _fail(str(e))
-            return
+        agent = _load_agent(model, endpoint, served_model)
         params = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens)
 
         def evaluate_env(env_id: str, kwargs: dict[str, Any], n: int) -> EvalResult:
@@ -405,6 +422,29 @@ def plot_cmd(
         _fail(f"no metrics.jsonl under {run_dir}", code=1)
     for p in written:
         console.print(f"wrote {p}")
+
+
+@app.command("serve")
+def serve_cmd(
+    model_dir: Annotated[Path, typer.Argument(help="A local Hugging Face model folder.")],
+    port: Annotated[int, typer.Option(min=0, max=65535, help="TCP port.")] = 8000,
+    host: Annotated[str, typer.Option(help="Address to bind (default: this machine only).")] = "127.0.0.1",
+    served_model_name: Annotated[str | None, typer.Option(help="Model name clients ask for.")] = None,
+    device: Annotated[str, typer.Option(help="cpu, cuda, ...")] = "cpu",
+) -> None:
+    """Serve a local model over an OpenAI-compatible API: /v1/models, /v1/completions, chat."""
+    import uvicorn
+
+    from textgym.serve import build_app
+
+    if not model_dir.is_dir():
+        _fail(f"model folder {str(model_dir)!r} not found")
+    try:
+        server_app = build_app(model_dir, served_model_name, device)
+    except (OSError, ValueError) as e:
+        _fail(f"cannot load {model_dir}: {e}")
+        return
+    uvicorn.run(server_app, host=host, port=port, log_level="warning")
 
 
 @report_app.command("compare")

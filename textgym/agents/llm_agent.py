@@ -162,35 +162,62 @@ class LLMAgent:
     """A policy that answers chat messages: chat template + generation backend.
 
     Args:
-        model: a Hugging Face causal LM.
+        model: a Hugging Face causal LM (None with a remote backend).
         tokenizer: its tokenizer, with a chat template.
-        backend: "transformers" (in-process; the only backend in this version).
+        backend: "transformers" (in-process, trainable), or a backend object with
+            `generate(prompts, params)` and `eos_ids` (e.g. `OpenAIBackend`; see `from_endpoint`).
         batch_size: prompts per generation call.
 
     Raises:
-        ValueError: on an unknown backend or a tokenizer without a chat template.
+        ValueError: on an unknown backend, no model for the transformers backend, or a
+            tokenizer without a chat template.
     """
 
     def __init__(
         self,
-        model: PreTrainedModel,
+        model: PreTrainedModel | None,
         tokenizer: PreTrainedTokenizerBase,
-        backend: str = "transformers",
+        backend: Any = "transformers",
         batch_size: int = 64,
     ):
-        if backend != "transformers":
-            raise ValueError(f"unknown backend {backend!r}; available: ['transformers']")
         if tokenizer.chat_template is None:
             raise ValueError("the tokenizer has no chat_template")
         self.model = model
         self.tokenizer = tokenizer
-        self.backend = TransformersBackend(model, tokenizer, batch_size)
+        if isinstance(backend, str):
+            if backend != "transformers":
+                raise ValueError(
+                    f"unknown backend {backend!r}; available: 'transformers', or LLMAgent.from_endpoint(...)"
+                )
+            if model is None:
+                raise ValueError("the transformers backend needs a model")
+            self.backend = TransformersBackend(model, tokenizer, batch_size)
+        else:
+            self.backend = backend
 
     @classmethod
     def from_pretrained(cls, path: str | Path, **kwargs: Any) -> LLMAgent:
         """Load a local HF folder (see `textgym.models.load_model` for the errors it raises)."""
         model, tok = load_model(path)
         return cls(model, tok, **kwargs)
+
+    @classmethod
+    def from_endpoint(cls, base_url: str, model: str, tokenizer_path: str | Path, **kwargs: Any) -> LLMAgent:
+        """An agent generating through an OpenAI-compatible endpoint (`OpenAIBackend`).
+
+        The tokenizer (a local folder with the served model's tokenizer and chat template)
+        renders prompts to token ids and decodes the returned ids; kwargs go to `OpenAIBackend`.
+
+        Raises:
+            OSError: when the tokenizer folder cannot be loaded.
+        """
+        from transformers import AutoTokenizer
+
+        from textgym.agents.openai_backend import OpenAIBackend
+
+        tok = AutoTokenizer.from_pretrained(tokenizer_path)
+        eos = [int(tok.eos_token_id)]  # type: ignore[arg-type]
+        return cls(None, tok, backend=OpenAIBackend(base_url, model, eos, **kwargs))
 
     def encode_prompt(self, messages: list[Message], tools: list[dict[str, Any]] | None = None) -> list[int]:
         """Render `messages` with the chat template (generation prompt added) into token ids.

@@ -1,0 +1,154 @@
+"""`textgym serve` and the `openai` agent backend, over real HTTP on 127.0.0.1."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import gymnasium as gym
+import pytest
+import uvicorn
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse
+
+import textgym  # noqa: F401
+from textgym.agents import LLMAgent, SamplingParams, rollout
+from textgym.agents.openai_backend import EndpointError, OpenAIBackend
+from textgym.serve import build_app
+
+
+def _serve(app: FastAPI) -> tuple[str, uvicorn.Server, threading.Thread]:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert server.started
+    return f"http://127.0.0.1:{sock.getsockname()[1]}", server, thread
+
+
+@pytest.fixture(scope="module")
+def served(tiny_model_dir):
+    url, server, thread = _serve(build_app(tiny_model_dir, "tiny"))
+    yield url
+    server.should_exit = True
+    thread.join(timeout=10)
+
+
+def test_greedy_outputs_match_the_transformers_backend(served, tiny_model_dir):
+    local = LLMAgent.from_pretrained(tiny_model_dir)
+    remote = LLMAgent.from_endpoint(served, "tiny", tiny_model_dir, concurrency=4)
+    params = SamplingParams(temperature=0.0, max_new_tokens=12)
+    envs = [gym.make("textgym/Arithmetic-v0", split="test") for _ in range(40)]
+    a = rollout(local, envs, list(range(40)), params)
+    b = rollout(remote, envs, list(range(40)), params)
+    same = sum(x.token_ids.tolist() == y.token_ids.tolist() for x, y in zip(a, b, strict=True))
+    assert same / 40 >= 0.99
+    for x, y in zip(a, b, strict=True):
+        assert (x.logprobs - y.logprobs).abs().max() < 1e-4
+        assert x.messages == y.messages
+
+
+def test_server_rejects_bad_requests(served):
+    import httpx
+
+    r = httpx.post(served + "/v1/completions", json={"model": "other", "prompt": [1, 2]})
+    assert r.status_code == 404 and "serves 'tiny'" in r.text
+    r = httpx.post(served + "/v1/completions", json={"prompt": [10**9]})
+    assert r.status_code == 400 and "token ids" in r.text
+    r = httpx.post(served + "/v1/completions", json={"prompt": [1], "max_tokens": 0})
+    assert r.status_code == 422
+    models = httpx.get(served + "/v1/models").json()
+    assert models["data"][0]["id"] == "tiny"
+    chat = httpx.post(
+        served + "/v1/chat/completions",
+        json={"messages": [{"role": "user", "content": "Compute 2+2."}], "max_tokens": 5, "temperature": 0},
+    ).json()
+    assert chat["choices"][0]["message"]["role"] == "assistant"
+
+
+def _flaky_app(plan: list[str]) -> FastAPI:
+    """A fake endpoint that answers each request by the next entry of `plan`: 500, 429, hang, 400 or ok."""
+    app = FastAPI()
+    calls = {"n": 0}
+
+    @app.post("/v1/completions")
+    def completions() -> JSONResponse:
+        kind = plan[min(calls["n"], len(plan) - 1)]
+        calls["n"] += 1
+        if kind == "hang":
+            time.sleep(3)
+        if kind in ("500", "429", "400"):
+            return JSONResponse({"error": kind}, status_code=int(kind))
+        body = {
+            "choices": [
+                {
+                    "logprobs": {"tokens": ["token_id:5", "token_id:7"], "token_logprobs": [-0.5, -0.25]},
+                    "finish_reason": "length",
+                }
+            ]
+        }
+        return JSONResponse(body)
+
+    app.state.calls = calls
+    return app
+
+
+@pytest.mark.parametrize("plan", [["500", "ok"], ["429", "500", "ok"], ["hang", "ok"]])
+def test_retryable_failures_are_retried(plan):
+    app = _flaky_app(plan)
+    url, server, thread = _serve(app)
+    try:
+        backend = OpenAIBackend(url, "m", eos_ids=[0], timeout_s=1.0, backoff_s=0.05)
+        (g,) = backend.generate([[1, 2, 3]], SamplingParams(max_new_tokens=2))
+        assert g.token_ids == [5, 7] and g.logprobs.tolist() == [-0.5, -0.25] and g.finish_reason == "length"
+        assert app.state.calls["n"] == len(plan)
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+def test_client_errors_and_exhausted_retries_are_clear():
+    url, server, thread = _serve(_flaky_app(["400"]))
+    try:
+        with pytest.raises(EndpointError, match="refused the request: HTTP 400"):
+            OpenAIBackend(url, "m", eos_ids=[0], backoff_s=0.01).generate([[1]], SamplingParams())
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+    url, server, thread = _serve(_flaky_app(["500"]))
+    try:
+        with pytest.raises(EndpointError, match="failed 3 times; last: HTTP 500"):
+            OpenAIBackend(url, "m", eos_ids=[0], max_retries=2, backoff_s=0.01).generate(
+                [[1]], SamplingParams()
+            )
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+def test_eval_cli_through_the_endpoint_matches_local(served, tiny_model_dir):
+    import json
+
+    from typer.testing import CliRunner
+
+    from textgym.cli import app
+
+    base = ["eval", "--env", "textgym/Arithmetic-v0", "--env-kwargs", "split=test", "--n", "8", "--json"]
+    base += ["--model", str(tiny_model_dir), "--max-new-tokens", "8"]
+    local = CliRunner().invoke(app, base, catch_exceptions=False)
+    remote = CliRunner().invoke(
+        app, [*base, "--endpoint", served, "--served-model", "tiny"], catch_exceptions=False
+    )
+    assert local.exit_code == 0 and remote.exit_code == 0, remote.output
+    a, b = (
+        json.loads(local.stdout.strip().splitlines()[-1]),
+        json.loads(remote.stdout.strip().splitlines()[-1]),
+    )
+    assert (a["accuracy"], a["mean_response_tokens"]) == (b["accuracy"], b["mean_response_tokens"])
+    missing = CliRunner().invoke(app, [*base, "--endpoint", served], catch_exceptions=False)
+    assert missing.exit_code == 2 and "--served-model" in missing.output

@@ -1,0 +1,127 @@
+"""The `openai` generation backend: any OpenAI-compatible completions endpoint, through httpx.
+
+Prompts go out as token ids (`prompt: [ids]`) and the sampled tokens come back as ids
+(`logprobs=1, return_tokens_as_token_ids=true`, as vLLM's server and `textgym serve`
+support), so nothing is re-tokenized. Requests run concurrently (asyncio, at most
+`concurrency` at once), each with a timeout; 429, 5xx, timeouts and dropped connections
+are retried with exponential backoff, and a 4xx is an immediate, clear error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import httpx
+import torch
+
+from textgym.agents.llm_agent import Generation, SamplingParams
+
+
+class EndpointError(RuntimeError):
+    """The endpoint refused a request (4xx) or kept failing after every retry."""
+
+
+class OpenAIBackend:
+    """Generate through `{base_url}/v1/completions`.
+
+    Args:
+        base_url: e.g. "http://127.0.0.1:8000" (with or without a trailing "/v1").
+        model: the served model name.
+        eos_ids: end-of-turn token ids (a response that stops without one gets it appended,
+            with log-probability 0, so trajectories end the way the transformers backend's do).
+        concurrency: requests in flight at once.
+        timeout_s: per-request timeout (seconds).
+        max_retries: retries of a retryable failure before `EndpointError`.
+        backoff_s: first retry delay; doubles each retry.
+        api_key: sent as a bearer token when given.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        eos_ids: list[int],
+        concurrency: int = 8,
+        timeout_s: float = 120.0,
+        max_retries: int = 4,
+        backoff_s: float = 0.5,
+        api_key: str | None = None,
+    ):
+        root = base_url.rstrip("/")
+        self.url = (root if root.endswith("/v1") else root + "/v1") + "/completions"
+        self.model = model
+        self.eos_ids = list(eos_ids)
+        self.concurrency = int(concurrency)
+        self.timeout_s = float(timeout_s)
+        self.max_retries = int(max_retries)
+        self.backoff_s = float(backoff_s)
+        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+    def _parse(self, choice: dict[str, Any]) -> Generation:
+        lp = choice.get("logprobs") or {}
+        tokens, values = lp.get("tokens"), lp.get("token_logprobs")
+        if tokens is None or values is None:
+            raise EndpointError("the endpoint returned no token logprobs; it must support logprobs=1")
+        try:
+            ids = [int(str(t).removeprefix("token_id:")) for t in tokens]
+        except ValueError:
+            raise EndpointError(
+                "the endpoint returned tokens as text; it must support return_tokens_as_token_ids"
+            ) from None
+        logprobs = [float(v) if v is not None else 0.0 for v in values]
+        reason = "length" if choice.get("finish_reason") == "length" else "stop"
+        if reason == "stop" and (not ids or ids[-1] not in self.eos_ids):
+            ids.append(self.eos_ids[0])
+            logprobs.append(0.0)
+        return Generation(ids, torch.tensor(logprobs, dtype=torch.float32), reason)  # type: ignore[arg-type]
+
+    async def _one(
+        self, client: httpx.AsyncClient, sem: asyncio.Semaphore, prompt: list[int], params: SamplingParams
+    ) -> Generation:
+        body: dict[str, Any] = {
+            "model": self.model,
+            "prompt": prompt,
+            "max_tokens": params.max_new_tokens,
+            "temperature": params.temperature,
+            "top_p": params.top_p,
+            "logprobs": 1,
+            "return_tokens_as_token_ids": True,
+        }
+        if params.top_k:
+            body["top_k"] = params.top_k
+        last = ""
+        async with sem:
+            for attempt in range(self.max_retries + 1):
+                try:
+                    r = await client.post(self.url, json=body, headers=self.headers, timeout=self.timeout_s)
+                except (httpx.TimeoutException, httpx.TransportError) as e:
+                    last = f"{type(e).__name__}"
+                else:
+                    if r.status_code == 200:
+                        try:
+                            return self._parse(r.json()["choices"][0])
+                        except (ValueError, KeyError, IndexError) as e:
+                            last = f"malformed response ({type(e).__name__})"
+                    elif r.status_code == 429 or r.status_code >= 500:
+                        last = f"HTTP {r.status_code}"
+                    else:
+                        raise EndpointError(
+                            f"{self.url} refused the request: HTTP {r.status_code}: {r.text[:300]}"
+                        )
+                if attempt < self.max_retries:
+                    await asyncio.sleep(self.backoff_s * 2**attempt)
+        raise EndpointError(f"{self.url} failed {self.max_retries + 1} times; last: {last}")
+
+    async def _all(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
+        sem = asyncio.Semaphore(self.concurrency)
+        async with httpx.AsyncClient() as client:
+            return list(await asyncio.gather(*(self._one(client, sem, p, params) for p in prompts)))
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
+        """One response per token-id prompt, in order.
+
+        Raises:
+            EndpointError: on a 4xx, or when a request still fails after `max_retries` retries.
+        """
+        return asyncio.run(self._all(prompts, params))
