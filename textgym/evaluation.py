@@ -28,6 +28,15 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - comb(n - c, k) / comb(n, k)
 
 
+def episode_correct(terms: dict[str, float], reward: float) -> int:
+    """Whether an episode counts as correct (1) or not (0).
+
+    Correct when its `reward/correct` term, summed over its turns, reaches 1 (up to 1e-9 of
+    float rounding); an env without that term counts a positive return as correct.
+    """
+    return int(terms.get("reward/correct", 1.0 if reward > 0 else 0.0) >= 1.0 - 1e-9)
+
+
 @dataclass
 class EvalResult:
     """Aggregate figures of an evaluation.
@@ -93,7 +102,7 @@ def evaluate(
     wall = time.perf_counter() - start
     for e in envs:
         e.close()
-    correct = [int(t.reward_terms.get("reward/correct", 1.0 if t.reward > 0 else 0.0) >= 1.0) for t in trajs]
+    correct = [episode_correct(t.reward_terms, t.reward) for t in trajs]
     per_task = [correct[j * samples : (j + 1) * samples] for j in range(n)]
     ks = sorted({1, samples})
     tokens = sum(t.response_length for t in trajs)

@@ -26,7 +26,7 @@ import numpy as np
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from textgym.evaluation import EvalResult
+from textgym.evaluation import EvalResult, pass_at_k
 
 Z_95 = 1.959963984540054
 """Standard normal quantile of 0.975 (two-sided 95%)."""
@@ -151,12 +151,9 @@ def env_report(res: EvalResult) -> dict[str, Any]:
     lo, hi = wilson_interval(sum(episodes), len(episodes))
     row = res.summary()
     row["accuracy_ci95"] = [lo, hi]
-    for k, v in res.pass_at.items():
-        from textgym.evaluation import pass_at_k
-
+    for k in res.pass_at:
         per_task = [pass_at_k(res.samples, sum(t), k) for t in res.per_task]
         row[f"pass@{k}_ci95"] = list(bootstrap_interval(per_task))
-        row["pass_at"][str(k)] = v
     row["per_task"] = res.per_task
     return row
 

@@ -13,7 +13,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from textgym.evaluation import EvalResult
+from textgym.evaluation import EvalResult, episode_correct
 from textgym.tools.base import format_tool_call
 from textgym.types import Message
 
@@ -127,9 +127,7 @@ def evaluate_scripted(
     episodes = [play_episode(agent, env, i) for i in range(n)]
     wall = time.perf_counter() - start
     env.close()
-    correct = [
-        int(e["terms"].get("reward/correct", 1.0 if e["reward"] > 0 else 0.0) >= 1.0 - 1e-9) for e in episodes
-    ]
+    correct = [episode_correct(e["terms"], e["reward"]) for e in episodes]
     return EvalResult(
         env_id=env_id,
         n=n,

@@ -22,7 +22,8 @@ import subprocess
 import sys
 import threading
 import time
-from typing import IO, Any
+from collections.abc import Callable
+from typing import IO, Any, NamedTuple
 
 SANDBOX_UID = 65534
 """The unprivileged uid (and gid) the untrusted command runs as: `nobody`."""
@@ -88,6 +89,57 @@ class CappedReader(threading.Thread):
     def data(self) -> bytes:
         """The bytes kept (at most `cap`)."""
         return b"".join(self.chunks)
+
+
+class Outcome(NamedTuple):
+    """What `communicate` saw: exit status, capped outputs and their truncation flags, timing."""
+
+    returncode: int
+    stdout: bytes
+    stderr: bytes
+    stdout_truncated: bool
+    stderr_truncated: bool
+    timed_out: bool
+    duration_s: float
+
+
+def communicate(
+    proc: subprocess.Popen[bytes],
+    stdin: bytes,
+    timeout_s: float,
+    max_output_bytes: int,
+    start: float,
+    before_join: Callable[[], None] | None = None,
+) -> Outcome:
+    """Feed `stdin`, drain stdout/stderr capped at `max_output_bytes` each, wait up to `timeout_s`.
+
+    On timeout the process group of `proc` (a session leader) is SIGKILLed. `before_join` runs
+    after the exit and before the output readers are joined (e.g. to kill leftovers that still
+    hold the pipes). `start` is the `time.monotonic()` the run is timed from (seconds).
+    """
+    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+    out = CappedReader(proc.stdout, max_output_bytes)
+    err = CappedReader(proc.stderr, max_output_bytes)
+    out.start()
+    err.start()
+    with contextlib.suppress(OSError):  # the command may exit without reading its input
+        proc.stdin.write(stdin)
+    with contextlib.suppress(OSError):
+        proc.stdin.close()
+    timed_out = False
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        with contextlib.suppress(OSError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    duration = time.monotonic() - start
+    if before_join is not None:
+        before_join()
+    out.join(timeout=5)
+    err.join(timeout=5)
+    return Outcome(proc.returncode, out.data, err.data, out.truncated, err.truncated, timed_out, duration)
 
 
 def looks_oom(stderr: bytes, returncode: int | None, timed_out: bool) -> bool:
@@ -161,39 +213,24 @@ def main() -> None:
         stderr=subprocess.PIPE,
         preexec_fn=lambda: _drop_privileges_and_limit(limits),
     )
-    assert proc.stdout is not None and proc.stderr is not None
-    out = CappedReader(proc.stdout, limits["max_output_bytes"])
-    err = CappedReader(proc.stderr, limits["max_output_bytes"])
-    out.start()
-    err.start()
     stdin = base64.b64decode(request.get("stdin") or "")
-    try:
-        assert proc.stdin is not None
-        proc.stdin.write(stdin)
-        proc.stdin.close()
-    except OSError:
-        pass
-    timed_out = False
-    try:
-        proc.wait(timeout=float(limits["timeout_s"]))
-    except subprocess.TimeoutExpired:
-        timed_out = True
-        with contextlib.suppress(OSError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-    duration = time.monotonic() - start
-    _kill_leftovers()
-    out.join(timeout=2)
-    err.join(timeout=2)
+    o = communicate(
+        proc,
+        stdin,
+        float(limits["timeout_s"]),
+        limits["max_output_bytes"],
+        start,
+        before_join=_kill_leftovers,
+    )
     result = {
-        "exit_code": proc.returncode,
-        "stdout": base64.b64encode(out.data).decode(),
-        "stderr": base64.b64encode(err.data).decode(),
-        "stdout_truncated": out.truncated,
-        "stderr_truncated": err.truncated,
-        "timed_out": timed_out,
-        "oom": looks_oom(err.data, proc.returncode, timed_out),
-        "duration_s": duration,
+        "exit_code": o.returncode,
+        "stdout": base64.b64encode(o.stdout).decode(),
+        "stderr": base64.b64encode(o.stderr).decode(),
+        "stdout_truncated": o.stdout_truncated,
+        "stderr_truncated": o.stderr_truncated,
+        "timed_out": o.timed_out,
+        "oom": looks_oom(o.stderr, o.returncode, o.timed_out),
+        "duration_s": o.duration_s,
     }
     for d in (workdir, "/tmp"):
         _clean_dir(d)

@@ -83,7 +83,7 @@ def _read_frames(sock: Any, deadline: float) -> tuple[bytes, bytes]:
         raw.settimeout(remaining)
         try:
             chunk = raw.recv(65536)
-        except TimeoutError:
+        except TimeoutError:  # an OSError too: let it through to the caller
             raise
         except OSError as e:
             raise SandboxError(f"exec stream broke: {e}") from e

@@ -8,14 +8,13 @@ and it warns each time one is created.
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import tempfile
 import time
 import warnings
 
-from textgym.sandbox._launcher import CappedReader, apply_limits, looks_oom
+from textgym.sandbox._launcher import apply_limits, communicate, looks_oom
 from textgym.sandbox.base import ExecRequest, ExecResult, SandboxBackend
 
 
@@ -63,34 +62,15 @@ class UnsafeLocalBackend(SandboxBackend):
                 start_new_session=True,
                 preexec_fn=lambda: apply_limits(limits),
             )
-            assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
-            out = CappedReader(proc.stdout, request.max_output_bytes)
-            err = CappedReader(proc.stderr, request.max_output_bytes)
-            out.start()
-            err.start()
-            try:
-                proc.stdin.write(request.stdin_bytes())
-                proc.stdin.close()
-            except OSError:
-                pass
-            timed_out = False
-            try:
-                proc.wait(timeout=request.timeout_s)
-            except subprocess.TimeoutExpired:
-                timed_out = True
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-            duration = time.monotonic() - start
-            out.join(timeout=5)
-            err.join(timeout=5)
+            o = communicate(proc, request.stdin_bytes(), request.timeout_s, request.max_output_bytes, start)
         return ExecResult(
-            exit_code=proc.returncode,
-            stdout=out.data.decode("utf-8", errors="replace"),
-            stderr=err.data.decode("utf-8", errors="replace"),
-            stdout_truncated=out.truncated,
-            stderr_truncated=err.truncated,
-            timed_out=timed_out,
-            oom=looks_oom(err.data, proc.returncode, timed_out),
-            duration_s=duration,
+            exit_code=o.returncode,
+            stdout=o.stdout.decode("utf-8", errors="replace"),
+            stderr=o.stderr.decode("utf-8", errors="replace"),
+            stdout_truncated=o.stdout_truncated,
+            stderr_truncated=o.stderr_truncated,
+            timed_out=o.timed_out,
+            oom=looks_oom(o.stderr, o.returncode, o.timed_out),
+            duration_s=o.duration_s,
             backend=self.name,
         )

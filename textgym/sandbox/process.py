@@ -19,7 +19,6 @@ it never falls back to running code unsandboxed.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import queue
 import shutil
@@ -30,7 +29,7 @@ import sys
 import time
 from pathlib import Path
 
-from textgym.sandbox._launcher import SANDBOX_UID, CappedReader, apply_limits, looks_oom
+from textgym.sandbox._launcher import SANDBOX_UID, apply_limits, communicate, looks_oom
 from textgym.sandbox.base import (
     DEFAULT_WORKDIR_BYTES,
     ExecRequest,
@@ -275,30 +274,8 @@ class ProcessBackend(SandboxBackend):
         finally:
             for fd in fds:
                 os.close(fd)
-        assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
-        out = CappedReader(proc.stdout, request.max_output_bytes)
-        err = CappedReader(proc.stderr, request.max_output_bytes + 4096)
-        out.start()
-        err.start()
-        try:
-            proc.stdin.write(request.stdin_bytes())
-        except OSError:  # the command exited without reading its input
-            pass
-        finally:
-            with contextlib.suppress(OSError):
-                proc.stdin.close()
-        timed_out = False
-        try:
-            proc.wait(timeout=request.timeout_s)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        duration = time.monotonic() - start
-        out.join(timeout=5)
-        err.join(timeout=5)
-        stderr = err.data
+        o = communicate(proc, request.stdin_bytes(), request.timeout_s, request.max_output_bytes, start)
+        timed_out = o.timed_out
         os.set_blocking(info_r, False)
         try:
             info = os.read(info_r, 4096)
@@ -307,24 +284,23 @@ class ProcessBackend(SandboxBackend):
         finally:
             os.close(info_r)
         if b"child-pid" not in info and not timed_out:
-            first = stderr.decode(errors="replace").strip().splitlines()[:1]
+            first = o.stderr.decode(errors="replace").strip().splitlines()[:1]
             if first and "temporarily unavailable" in first[0]:
                 raise _TransientSetupError(f"bubblewrap could not set up the sandbox: {first[0]}")
             raise SandboxError(
                 f"bubblewrap could not set up the sandbox: {first[0] if first else proc.returncode}"
             )
-        code = proc.returncode
+        code = o.returncode
         if code > 128 and not timed_out and code - 128 in set(signal.Signals):
             code = -(code - 128)  # bwrap reports a child killed by signal N as 128 + N
-        cut = len(stderr) > request.max_output_bytes
         return ExecResult(
             exit_code=code,
-            stdout=out.data.decode("utf-8", errors="replace"),
-            stderr=stderr[: request.max_output_bytes].decode("utf-8", errors="replace"),
-            stdout_truncated=out.truncated,
-            stderr_truncated=err.truncated or cut,
+            stdout=o.stdout.decode("utf-8", errors="replace"),
+            stderr=o.stderr.decode("utf-8", errors="replace"),
+            stdout_truncated=o.stdout_truncated,
+            stderr_truncated=o.stderr_truncated,
             timed_out=timed_out,
-            oom=looks_oom(stderr, code, timed_out),
-            duration_s=duration,
+            oom=looks_oom(o.stderr, code, timed_out),
+            duration_s=o.duration_s,
             backend=self.name,
         )

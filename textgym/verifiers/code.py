@@ -60,10 +60,9 @@ def defines_function(code: str, name: str) -> bool:
 def split_check_function(test_source: str, entry_point: str) -> list[str]:
     """Split HumanEval's `def check(candidate): ...` into one unit per top-level statement.
 
-    Returns the test code (which defines `check`) unchanged as setup is not needed: each
-    unit is the statement's source, dedented, run with `candidate` bound to the entry point
-    (the first unit binds it). Module-level statements outside `check` (e.g. METADATA,
-    imports) come first.
+    Returns the units in order: `candidate = <entry_point>`, then the module-level statements
+    outside `check` (imports, METADATA), then each top-level statement of `check`'s body,
+    dedented, so the asserts can be run (and counted) one by one.
 
     Raises:
         ValueError: when the source has no `check` function.

@@ -71,7 +71,7 @@ def _page(title: str, body: str) -> HTMLResponse:
 
 def _matches(p: Product, words: list[str]) -> int:
     hay = f"{p.name} {p.category} {p.color} {p.material} {p.brand}".lower()
-    return sum(1 for w in words if w in hay.split() or w in hay)
+    return sum(1 for w in words if w in hay)
 
 
 # ----------------------------------------------------------------------------- the wiki
