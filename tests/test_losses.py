@@ -9,7 +9,14 @@ import torch
 
 from textgym.evaluation import pass_at_k
 from textgym.trainers.advantages import group_advantages
-from textgym.trainers.losses import aggregate, clipped_policy_loss, entropy_from_logits, kl_estimate, sft_loss
+from textgym.trainers.losses import (
+    aggregate,
+    clipped_policy_loss,
+    entropy_from_logits,
+    kl_estimate,
+    rollout_correction,
+    sft_loss,
+)
 
 TOL = 1e-6
 
@@ -100,6 +107,50 @@ def test_kl_term_in_loss_hand_computed():
     assert stats["kl/ref"] == pytest.approx(0.5 - 1 + math.log(2), abs=TOL)
     with pytest.raises(ValueError, match="ref_logprobs"):
         clipped_policy_loss(lp, lp, torch.tensor([0.0]), torch.ones(1, 1), kl_coef=0.1)
+
+
+def test_rollout_correction_hand_computed():
+    # log π_old − log π_rollout = [ln 3, ln 0.5, 0 | ln 1.5, (masked)]
+    trainer = torch.tensor([[math.log(0.6), math.log(0.1), -1.0], [math.log(0.3), -5.0, 0.0]])
+    rollout = torch.tensor([[math.log(0.2), math.log(0.2), -1.0], [math.log(0.2), -1.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
+    w, stats = rollout_correction(trainer, rollout, mask, cap=2.0)
+    torch.testing.assert_close(w, torch.tensor([[2.0, 0.5, 1.0], [1.5, 0.0, 0.0]]), atol=TOL, rtol=0)
+    logs = [math.log(3), math.log(0.5), 0.0, math.log(1.5)]
+    assert stats["mismatch/kl"] == pytest.approx(-sum(logs) / 4, abs=TOL)
+    k3 = sum(math.exp(x) - 1 - x for x in logs) / 4
+    assert stats["mismatch/k3"] == pytest.approx(k3, abs=TOL)
+    assert stats["mismatch/ratio_max"] == pytest.approx(3.0, abs=1e-5)
+    assert stats["mismatch/ratio_min"] == pytest.approx(0.5, abs=1e-6)
+    assert stats["mismatch/abs_diff_max"] == pytest.approx(math.log(3), abs=1e-6)
+    assert stats["mismatch/tis_clip_frac"] == pytest.approx(0.25)
+    w, stats = rollout_correction(trainer, rollout, mask, cap=None)
+    assert w.tolist() == [[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]] and stats["mismatch/tis_clip_frac"] == 0.0
+    with pytest.raises(ValueError, match="shapes differ"):
+        rollout_correction(trainer, rollout[:, :2], mask)
+    with pytest.raises(ValueError, match="cap must be > 0"):
+        rollout_correction(trainer, rollout, mask, cap=0.0)
+
+
+def test_importance_weights_scale_each_tokens_policy_gradient():
+    torch.manual_seed(0)
+    lp = torch.randn(2, 4, requires_grad=True)
+    old = lp.detach() + 0.05 * torch.randn(2, 4)
+    adv = torch.tensor([1.0, -0.5])
+    mask = torch.ones(2, 4)
+    w = torch.tensor([[2.0, 1.0, 0.5, 0.0], [1.0, 1.5, 2.0, 0.25]])
+    loss_w, _ = clipped_policy_loss(lp, old, adv, mask, aggregation="token_mean", is_weights=w)
+    (g_w,) = torch.autograd.grad(loss_w, lp)
+    # The per-token gradient of a token mean is that token's own term's: weighting scales it.
+    per_tok = []
+    for b in range(2):
+        for t in range(4):
+            m = torch.zeros(2, 4)
+            m[b, t] = 1.0
+            loss_t, _ = clipped_policy_loss(lp, old, adv, m, aggregation="token_mean")
+            per_tok.append(torch.autograd.grad(loss_t, lp)[0][b, t] / 8)
+    expected = torch.stack(per_tok).view(2, 4) * w
+    torch.testing.assert_close(g_w, expected, atol=1e-7, rtol=0)
 
 
 def test_entropy_and_sft_loss_hand_computed():

@@ -152,3 +152,102 @@ def test_eval_cli_through_the_endpoint_matches_local(served, tiny_model_dir):
     assert (a["accuracy"], a["mean_response_tokens"]) == (b["accuracy"], b["mean_response_tokens"])
     missing = CliRunner().invoke(app, [*base, "--endpoint", served], catch_exceptions=False)
     assert missing.exit_code == 2 and "--served-model" in missing.output
+
+
+def _raw_server(responses: list[bytes]) -> tuple[str, dict[str, int], threading.Thread]:
+    """A bare TCP server: connection i reads one request and sends `responses[i]` (the last one
+    repeats), then closes the connection — so a response can be cut off mid-body."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(8)
+    sock.settimeout(30)
+    state = {"n": 0}
+
+    def serve() -> None:
+        while state["n"] < 8:
+            try:
+                conn, _ = sock.accept()
+            except OSError:
+                return
+            with conn:
+                data = b""
+                while b"\r\n\r\n" not in data:
+                    data += conn.recv(65536)
+                head, _, body = data.partition(b"\r\n\r\n")
+                length = next(
+                    int(line.split(b":")[1])
+                    for line in head.split(b"\r\n")
+                    if line.lower().startswith(b"content-length")
+                )
+                while len(body) < length:
+                    body += conn.recv(65536)
+                conn.sendall(responses[min(state["n"], len(responses) - 1)])
+                state["n"] += 1
+        sock.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return f"http://127.0.0.1:{sock.getsockname()[1]}", state, thread
+
+
+def test_a_connection_closed_mid_response_is_retried():
+    import json
+
+    body = json.dumps(
+        {
+            "choices": [
+                {"logprobs": {"tokens": ["token_id:5"], "token_logprobs": [-0.5]}, "finish_reason": "length"}
+            ]
+        }
+    ).encode()
+    ok = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body
+    cut = (
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body)
+        + body[:9]
+    )
+    url, state, _ = _raw_server([cut, ok])
+    (g,) = OpenAIBackend(url, "m", eos_ids=[0], backoff_s=0.01).generate(
+        [[1, 2]], SamplingParams(max_new_tokens=1)
+    )
+    assert g.token_ids == [5] and state["n"] == 2
+
+
+def test_an_endpoint_that_dies_mid_eval_keeps_the_finished_episodes(warm_model_dir, tmp_path):
+    from starlette.requests import Request
+
+    from textgym.evaluation import EvaluationInterruptedError, evaluate
+
+    app = build_app(warm_model_dir, "warm")
+    state = {"left": 16, "served": 0}
+
+    @app.middleware("http")
+    async def die_after_16(request: Request, call_next):  # type: ignore[no-untyped-def]
+        if request.url.path.endswith("/completions"):
+            if state["left"] <= 0:
+                return JSONResponse({"error": "down"}, status_code=503)
+            state["left"] -= 1
+            state["served"] += 1
+        return await call_next(request)
+
+    url, server, thread = _serve(app)
+    env_kwargs = {"operators": "+", "digits": 1, "instruction": ""}
+    params = SamplingParams(temperature=0.0, max_new_tokens=10)
+    episodes = tmp_path / "episodes.jsonl"
+    try:
+        agent = LLMAgent.from_endpoint(url, "warm", warm_model_dir, max_retries=1, backoff_s=0.01)
+        run = dict(n=32, params=params, batch_size=8, episodes_path=episodes, policy="warm")
+        with pytest.raises(EvaluationInterruptedError, match="after 16 of 32 tasks") as err:
+            evaluate(agent, "textgym/Arithmetic-v0", env_kwargs, **run)
+        assert err.value.finished == 16 and len(episodes.read_text().splitlines()) == 16
+        state["left"], state["served"] = 10**6, 0
+        resumed = evaluate(agent, "textgym/Arithmetic-v0", env_kwargs, **run)
+        assert state["served"] == 16  # only the unfinished tasks ran again
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+    local = evaluate(
+        LLMAgent.from_pretrained(warm_model_dir), "textgym/Arithmetic-v0", env_kwargs, n=32, params=params
+    )
+    assert resumed.per_task == local.per_task and 0 < resumed.accuracy < 1
+    assert resumed.mean_response_tokens == local.mean_response_tokens
+    assert len(episodes.read_text().splitlines()) == 32

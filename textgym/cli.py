@@ -184,7 +184,11 @@ def eval_cmd(
         typer.Option(help="A suite instead of one env: math, code, tools, core, or a suite YAML file."),
     ] = None,
     out: Annotated[
-        Path | None, typer.Option(help="With --suite: write report.json, report.md and report.png here.")
+        Path | None,
+        typer.Option(
+            help="Keep finished episodes in OUT/episodes.jsonl (rerunning resumes an interrupted eval); "
+            "with --suite also write report.json, report.md and report.png there."
+        ),
     ] = None,
     model: Annotated[
         Path | None, typer.Option(help="Local Hugging Face model folder (--agent model).")
@@ -201,6 +205,9 @@ def eval_cmd(
         ),
     ] = None,
     served_model: Annotated[str | None, typer.Option(help="Model name on --endpoint.")] = None,
+    backend: Annotated[
+        str, typer.Option(help="Local generation backend for --model: transformers or vllm.")
+    ] = "transformers",
     env_kwargs: Annotated[
         list[str] | None, typer.Option("--env-kwargs", help="key=value, repeatable.")
     ] = None,
@@ -213,7 +220,7 @@ def eval_cmd(
     """Evaluate a model, or the scripted oracle / random agent, on an env: accuracy, reward, pass@k."""
     from textgym.agents import SamplingParams
     from textgym.agents.scripted import OracleAgent, RandomAgent, evaluate_scripted
-    from textgym.evaluation import EvalResult, evaluate
+    from textgym.evaluation import EvalResult, EvaluationInterruptedError, evaluate
 
     if agent_kind not in ("model", "oracle", "random"):
         _fail(f"--agent must be model, oracle or random, got {agent_kind!r}")
@@ -221,7 +228,17 @@ def eval_cmd(
         _fail("give exactly one of --env or --suite")
     if suite is not None:
         _eval_suite(
-            suite, out, model, agent_kind, seed, samples, temperature, max_new_tokens, endpoint, served_model
+            suite,
+            out,
+            model,
+            agent_kind,
+            seed,
+            samples,
+            temperature,
+            max_new_tokens,
+            endpoint,
+            served_model,
+            backend,
         )
         return
     assert env is not None
@@ -236,20 +253,26 @@ def eval_cmd(
         if model is None:
             _fail("--agent model needs --model DIR")
             return
-        agent = _load_agent(model, endpoint, served_model)
+        agent = _load_agent(model, endpoint, served_model, backend)
         if samples > 1 and temperature == 0.0:
             typer.echo(
                 "note: --samples > 1 with greedy decoding gives identical samples; set --temperature",
                 err=True,
             )
-        res = evaluate(
-            agent,
-            env,
-            kwargs,
-            n=n,
-            samples=samples,
-            params=SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens),
-        )
+        try:
+            res = evaluate(
+                agent,
+                env,
+                kwargs,
+                n=n,
+                samples=samples,
+                params=SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens),
+                episodes_path=None if out is None else out / "episodes.jsonl",
+                policy=_policy_name(model, endpoint, served_model),
+            )
+        except EvaluationInterruptedError as e:
+            _fail(str(e))
+            return
     else:
         scripted = OracleAgent() if agent_kind == "oracle" else RandomAgent(seed)
         res = evaluate_scripted(scripted, env, kwargs, n=n)
@@ -279,18 +302,30 @@ def eval_cmd(
     console.print(table)
 
 
-def _load_agent(model: Path, endpoint: str | None, served_model: str | None) -> Any:
-    """An LLMAgent on the local model, or on `endpoint` with `model` as its tokenizer folder."""
+def _load_agent(
+    model: Path, endpoint: str | None, served_model: str | None, backend: str = "transformers"
+) -> Any:
+    """An LLMAgent on the local model (transformers or vLLM backend), or on `endpoint`.
+
+    With an endpoint, `model` is the folder of the served model's tokenizer.
+    """
     from textgym.agents import LLMAgent
 
+    if backend not in ("transformers", "vllm"):
+        _fail(f"--backend must be transformers or vllm, got {backend!r}")
     try:
         if endpoint is None:
-            return LLMAgent.from_pretrained(model)
+            return LLMAgent.from_pretrained(model, backend=backend)  # type: ignore[arg-type]
         if not served_model:
             _fail("--endpoint needs --served-model NAME")
         return LLMAgent.from_endpoint(endpoint, str(served_model), model)
-    except (FileNotFoundError, OSError, ValueError) as e:
+    except (FileNotFoundError, OSError, ValueError, ImportError) as e:
         _fail(str(e))
+
+
+def _policy_name(model: Path, endpoint: str | None, served_model: str | None) -> str:
+    """What identifies the evaluated policy in saved episodes (the model folder, or the endpoint's model)."""
+    return str(model.resolve()) if endpoint is None else f"{endpoint} {served_model}"
 
 
 def _eval_suite(
@@ -304,10 +339,11 @@ def _eval_suite(
     max_new_tokens: int,
     endpoint: str | None = None,
     served_model: str | None = None,
+    backend: str = "transformers",
 ) -> None:
     from textgym.agents import SamplingParams
     from textgym.agents.scripted import OracleAgent, RandomAgent, evaluate_scripted
-    from textgym.evaluation import EvalResult, evaluate
+    from textgym.evaluation import EvalResult, EvaluationInterruptedError, evaluate
     from textgym.suites import load_suite, markdown_table, run_suite, write_report
 
     try:
@@ -320,11 +356,20 @@ def _eval_suite(
         if model is None:
             _fail("--agent model needs --model DIR")
             return
-        agent = _load_agent(model, endpoint, served_model)
+        agent = _load_agent(model, endpoint, served_model, backend)
         params = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens)
 
         def evaluate_env(env_id: str, kwargs: dict[str, Any], n: int) -> EvalResult:
-            return evaluate(agent, env_id, kwargs, n=n, samples=samples, params=params)
+            return evaluate(
+                agent,
+                env_id,
+                kwargs,
+                n=n,
+                samples=samples,
+                params=params,
+                episodes_path=None if out is None else out / "episodes.jsonl",
+                policy=_policy_name(model, endpoint, served_model),
+            )
 
         policy = str(model)
     else:
@@ -340,6 +385,9 @@ def _eval_suite(
         rows = run_suite(suite, evaluate_env)
     except SandboxUnavailableError as e:
         _fail(f"suite {suite.name} needs a sandbox that does not run here: {e}")
+        return
+    except EvaluationInterruptedError as e:
+        _fail(str(e))
         return
     report = {"suite": suite.name, "policy": policy, "samples": samples, "envs": rows}
     print(markdown_table(report))
@@ -430,7 +478,8 @@ def serve_cmd(
     port: Annotated[int, typer.Option(min=0, max=65535, help="TCP port.")] = 8000,
     host: Annotated[str, typer.Option(help="Address to bind (default: this machine only).")] = "127.0.0.1",
     served_model_name: Annotated[str | None, typer.Option(help="Model name clients ask for.")] = None,
-    device: Annotated[str, typer.Option(help="cpu, cuda, ...")] = "cpu",
+    device: Annotated[str, typer.Option(help="cpu, cuda, ... (transformers backend)")] = "cpu",
+    backend: Annotated[str, typer.Option(help="Generation backend: transformers or vllm.")] = "transformers",
 ) -> None:
     """Serve a local model over an OpenAI-compatible API: /v1/models, /v1/completions, chat."""
     import uvicorn
@@ -440,8 +489,8 @@ def serve_cmd(
     if not model_dir.is_dir():
         _fail(f"model folder {str(model_dir)!r} not found")
     try:
-        server_app = build_app(model_dir, served_model_name, device)
-    except (OSError, ValueError) as e:
+        server_app = build_app(model_dir, served_model_name, device, backend_name=backend)
+    except (OSError, ValueError, ImportError) as e:
         _fail(f"cannot load {model_dir}: {e}")
         return
     uvicorn.run(server_app, host=host, port=port, log_level="warning")

@@ -153,6 +153,50 @@ class OverlongPenaltyConfig(_Strict):
         return self
 
 
+class VLLMEngineConfig(_Strict):
+    """The in-process vLLM engine that generates rollouts (`textgym.agents.vllm_backend`)."""
+
+    dtype: str = "auto"
+    """Engine dtype; "auto" follows the policy's parameters."""
+    gpu_memory_utilization: float = Field(0.3, gt=0.0, le=1.0)
+    """Share of GPU memory the engine may take (GPU only; the trainer shares the device)."""
+    kv_cache_gib: float = Field(1.0, gt=0.0)
+    """KV-cache size on CPU, GiB."""
+    max_model_len: int | None = Field(None, ge=2)
+    """Context window (prompt + response tokens); default: the model's."""
+    enforce_eager: bool = True
+    """Skip CUDA graphs and torch.compile (faster start-up)."""
+
+
+class RolloutEngineConfig(_Strict):
+    """Which engine samples the rollouts, and how the trainer corrects for it."""
+
+    backend: Literal["transformers", "vllm"] = "transformers"
+    """"transformers": the policy itself generates. "vllm": an in-process vLLM engine generates
+    and gets the policy's weights after every optimizer step (in memory, no checkpoint)."""
+    tis: bool | None = None
+    """Truncated importance sampling (Yao et al. 2025): weight each token's policy gradient by
+    min(π_old/π_rollout, tis_cap). null = on exactly when the engine is not the trainer."""
+    tis_cap: float = Field(2.0, gt=0.0)
+    """C, the truncation of the importance weight."""
+    vllm: VLLMEngineConfig = Field(default_factory=VLLMEngineConfig)
+    """Engine settings for backend "vllm"."""
+
+    @property
+    def use_tis(self) -> bool:
+        """Whether TIS weights the loss."""
+        return self.backend != "transformers" if self.tis is None else self.tis
+
+    @model_validator(mode="after")
+    def _installed(self) -> RolloutEngineConfig:
+        if self.backend == "vllm":
+            import importlib.util
+
+            if importlib.util.find_spec("vllm") is None:
+                raise ValueError("backend 'vllm' needs vLLM installed: pip install 'textgym[vllm]'")
+        return self
+
+
 class _PolicyGradientConfig(_Strict):
     """What every on-policy trainer (GRPO family, PPO) shares: rollouts, the clipped update, KL, logging."""
 
@@ -164,6 +208,8 @@ class _PolicyGradientConfig(_Strict):
     """Tasks drawn per iteration."""
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
     """Rollout sampling."""
+    rollout: RolloutEngineConfig = Field(default_factory=RolloutEngineConfig)
+    """The engine that generates rollouts (transformers or vLLM) and the TIS correction."""
     max_turns: int | None = Field(None, ge=1)
     """Cap on turns per episode for multi-turn envs (the episode is then `truncated`)."""
     epochs: int = Field(1, ge=1)

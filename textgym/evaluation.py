@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import asdict, dataclass, field
 from math import comb
+from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
@@ -71,6 +73,40 @@ class EvalResult:
         return d
 
 
+class EvaluationInterruptedError(RuntimeError):
+    """An evaluation stopped part-way (e.g. its endpoint died); finished episodes are on disk.
+
+    Attributes:
+        episodes_path: the JSONL file holding the finished episodes.
+        finished: tasks whose every sample finished.
+    """
+
+    def __init__(self, message: str, episodes_path: Path, finished: int):
+        super().__init__(message)
+        self.episodes_path = episodes_path
+        self.finished = finished
+
+
+def _load_episodes(path: Path, key: dict[str, Any]) -> dict[int, list[dict]]:
+    """Finished episodes of this evaluation in `path`, by task index.
+
+    A row belongs to this evaluation when its `key` fields (env, kwargs, samples, sampling,
+    policy) are equal; other rows are kept in the file but ignored, and a half-written last
+    line from a killed run is skipped.
+    """
+    done: dict[int, list[dict]] = {}
+    if not path.is_file():
+        return done
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            r = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(r, dict) and all(r.get(k) == v for k, v in key.items()):
+            done.setdefault(int(r["task_index"]), []).append(r)
+    return {i: rs for i, rs in done.items() if len(rs) == key["samples"]}
+
+
 def evaluate(
     agent: LLMAgent,
     env_id: str,
@@ -80,41 +116,103 @@ def evaluate(
     samples: int = 1,
     params: SamplingParams | None = None,
     batch_size: int = 256,
+    episodes_path: str | Path | None = None,
+    policy: str = "",
 ) -> EvalResult:
     """Run `samples` episodes on each of the tasks 0..n−1 of `env_id` and aggregate.
 
+    Episodes run in chunks of `batch_size // samples` tasks. With `episodes_path`, each
+    chunk's episodes are appended to that JSONL file as soon as the chunk finishes (one row
+    per episode: task, sample, reward, correctness, tokens, wall-time share), and tasks whose
+    episodes are already there are not run again: a call that died part-way (an endpoint
+    that went away, a killed process) is resumed by repeating it, and its figures are those
+    of one uninterrupted run (wall time summed over the calls). Rows are reused only when
+    env, kwargs, samples, sampling parameters and `policy` (a name of the policy) all match.
+
     Raises:
         ValueError: if the environment has fewer than `n` tasks.
+        EvaluationInterruptedError: when generation fails part-way with `episodes_path` set (the
+            cause is chained; the finished chunks are in the file).
     """
     params = params or SamplingParams(temperature=0.0)
-    probe = gym.make(env_id, **(env_kwargs or {}))
+    env_kwargs = dict(env_kwargs or {})
+    probe = gym.make(env_id, **env_kwargs)
     n_tasks = len(probe.unwrapped.tasks)  # type: ignore[attr-defined]
     probe.close()
     if n > n_tasks:
         raise ValueError(f"{env_id} has {n_tasks} tasks, cannot evaluate n={n}")
+    path = Path(episodes_path) if episodes_path is not None else None
+    key = {
+        "env_id": env_id,
+        "env_kwargs": env_kwargs,
+        "samples": samples,
+        "sampling": asdict(params),
+        "policy": policy,
+    }
+    records = _load_episodes(path, key) if path is not None else {}
+    todo = [i for i in range(n) if i not in records]
     per_ep = max(1, batch_size // samples)
-    envs = [gym.make(env_id, **(env_kwargs or {})) for _ in range(min(n, per_ep) * samples)]
-    start = time.perf_counter()
-    trajs = []
-    for i in range(0, n, per_ep):
-        idx = list(range(i, min(n, i + per_ep)))
-        trajs += rollout(agent, envs, idx, params, group_size=samples, env_id=env_id)
-    wall = time.perf_counter() - start
-    for e in envs:
-        e.close()
-    correct = [episode_correct(t.reward_terms, t.reward) for t in trajs]
-    per_task = [correct[j * samples : (j + 1) * samples] for j in range(n)]
+    envs = [gym.make(env_id, **env_kwargs) for _ in range(min(max(len(todo), 1), per_ep) * samples)]
+    new_tokens, new_wall = 0, 0.0
+    try:
+        for c in range(0, len(todo), per_ep):
+            idx = todo[c : c + per_ep]
+            start = time.perf_counter()
+            try:
+                trajs = rollout(agent, envs, idx, params, group_size=samples, env_id=env_id)
+            except Exception as e:
+                if path is None:
+                    raise
+                finished = sum(1 for i in range(n) if i in records)
+                raise EvaluationInterruptedError(
+                    f"{env_id}: generation failed after {finished} of {n} tasks ({type(e).__name__}: {e}); "
+                    f"the finished episodes are in {path}; run the same evaluation again to resume",
+                    path,
+                    finished,
+                ) from e
+            wall = time.perf_counter() - start
+            new_wall += wall
+            new_tokens += sum(t.response_length for t in trajs)
+            rows: list[dict[str, Any]] = [
+                key
+                | {
+                    "task_index": t.task_index,
+                    "task_id": t.task_id,
+                    "sample": j % samples,
+                    "reward": t.reward,
+                    "correct": episode_correct(t.reward_terms, t.reward),
+                    "response_tokens": t.response_length,
+                    "finish_reason": t.finish_reason,
+                    "wall_s": wall / len(trajs),
+                }
+                for j, t in enumerate(trajs)
+            ]
+            for r in rows:
+                records.setdefault(int(r["task_index"]), []).append(r)
+            if path is not None:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                with path.open("a", encoding="utf-8") as f:
+                    f.write("".join(json.dumps(r) + "\n" for r in rows))
+    finally:
+        for env in envs:
+            env.close()
+    ordered = [sorted(records[i], key=lambda r: int(r["sample"])) for i in range(n)]
+    flat = [r for rs in ordered for r in rs]
+    per_task = [[int(r["correct"]) for r in rs] for rs in ordered]
     ks = sorted({1, samples})
-    tokens = sum(t.response_length for t in trajs)
+    tokens = sum(int(r["response_tokens"]) for r in flat)
+    wall_total = sum(float(r["wall_s"]) for r in flat)
     return EvalResult(
         env_id=env_id,
         n=n,
         samples=samples,
-        accuracy=sum(correct) / len(correct),
-        mean_reward=sum(t.reward for t in trajs) / len(trajs),
+        accuracy=sum(sum(c) for c in per_task) / len(flat),
+        mean_reward=sum(float(r["reward"]) for r in flat) / len(flat),
         pass_at={k: sum(pass_at_k(samples, sum(c), k) for c in per_task) / n for k in ks},
-        mean_response_tokens=tokens / len(trajs),
-        wall_time_s=wall,
-        tokens_per_s=tokens / wall if wall > 0 else 0.0,
+        mean_response_tokens=tokens / len(flat),
+        wall_time_s=wall_total,
+        tokens_per_s=new_tokens / new_wall
+        if new_wall > 0
+        else (tokens / wall_total if wall_total > 0 else 0.0),
         per_task=per_task,
     )

@@ -209,10 +209,8 @@ def init_model(preset: str, out_dir: str | Path, seed: int = 0, tokenizer: str =
     return out
 
 
-def load_model(
-    path: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
-) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """Load a local Hugging Face causal LM folder and its tokenizer.
+def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
+    """Load the tokenizer of a local model folder (pad token defaults to EOS).
 
     Raises:
         FileNotFoundError: if `path` is not a folder holding a `config.json`.
@@ -231,6 +229,20 @@ def load_model(
         raise ValueError(f"tokenizer in {folder} has no eos_token")
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
+    return tok  # type: ignore[no-any-return]
+
+
+def load_model(
+    path: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Load a local Hugging Face causal LM folder and its tokenizer.
+
+    Raises:
+        FileNotFoundError: if `path` is not a folder holding a `config.json`.
+        ValueError: if the tokenizer has no chat template or no EOS token.
+    """
+    folder = Path(path)
+    tok = load_tokenizer(folder)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
     return model.to(device), tok  # type: ignore[arg-type]
 

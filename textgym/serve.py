@@ -3,9 +3,9 @@
 Endpoints: `GET /v1/models`, `POST /v1/completions` (prompt as text or token ids; with
 `logprobs` and `return_tokens_as_token_ids`, each sampled token comes back as "token_id:N"
 with its log-probability, as vLLM's server does), `POST /v1/chat/completions` (messages
-rendered by the model's chat template). Generation is textgym's transformers backend, one
-request at a time. The `openai` agent backend talks to this server or to any other
-OpenAI-compatible one.
+rendered by the model's chat template). Generation is textgym's transformers backend or,
+with `--backend vllm`, an in-process vLLM engine; one request at a time. The `openai` agent
+backend talks to this server or to any other OpenAI-compatible one.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from fastapi import FastAPI, HTTPException
 from pydantic import BaseModel, ConfigDict, Field
 
 from textgym.agents.llm_agent import SamplingParams, TransformersBackend
-from textgym.models import load_model
+from textgym.models import load_model, load_tokenizer
 
 
 class CompletionRequest(BaseModel):
@@ -49,15 +49,42 @@ class ChatRequest(BaseModel):
     logprobs: bool = False
 
 
-def build_app(model_dir: str | Path, served_name: str | None = None, device: str = "cpu") -> FastAPI:
+def build_app(
+    model_dir: str | Path,
+    served_name: str | None = None,
+    device: str = "cpu",
+    backend_name: str = "transformers",
+) -> FastAPI:
     """The server app for the model in `model_dir` (loaded once, on `device`).
 
+    Args:
+        model_dir: a local Hugging Face model folder.
+        served_name: the model name clients ask for (default: the folder's name).
+        device: where the transformers backend runs ("cpu", "cuda", ...).
+        backend_name: "transformers" or "vllm" (`VLLMBackend`, which picks its own device).
+
     Raises:
-        FileNotFoundError / ValueError: from `load_model` when the folder is not a usable model.
+        FileNotFoundError / ValueError: from `load_model` when the folder is not a usable model,
+            or on an unknown backend.
+        ImportError: for the vllm backend when vLLM is not installed.
     """
-    model, tokenizer = load_model(model_dir)
-    model.to(device)  # type: ignore[arg-type]
-    backend = TransformersBackend(model, tokenizer, batch_size=64)
+    backend: Any
+    if backend_name == "transformers":
+        model, tokenizer = load_model(model_dir)
+        model.to(device)  # type: ignore[arg-type]
+        backend = TransformersBackend(model, tokenizer, batch_size=64)
+    elif backend_name == "vllm":
+        from transformers import GenerationConfig
+
+        from textgym.agents.llm_agent import eos_token_ids
+        from textgym.agents.vllm_backend import VLLMBackend
+
+        tokenizer = load_tokenizer(model_dir)
+        gen = Path(model_dir) / "generation_config.json"
+        eos = eos_token_ids(tokenizer, GenerationConfig.from_pretrained(model_dir) if gen.is_file() else None)
+        backend = VLLMBackend(model_dir, eos)
+    else:
+        raise ValueError(f"unknown backend {backend_name!r}; available: 'transformers', 'vllm'")
     name = served_name or Path(model_dir).name
     lock = threading.Lock()
     app = FastAPI(title="textgym serve", docs_url=None, redoc_url=None)

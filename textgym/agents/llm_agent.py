@@ -16,7 +16,7 @@ from typing import Any, Literal
 import torch
 from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
 
-from textgym.models import load_model
+from textgym.models import load_model, load_tokenizer
 from textgym.types import Message
 
 
@@ -60,6 +60,20 @@ class Generation:
     finish_reason: Literal["stop", "length"]
 
 
+def eos_token_ids(
+    tokenizer: PreTrainedTokenizerBase, generation_config: GenerationConfig | None
+) -> list[int]:
+    """End-of-turn ids: the tokenizer's EOS plus any the generation config lists (sorted)."""
+    eos = generation_config.eos_token_id if generation_config is not None else None
+    ids = set([eos] if isinstance(eos, int) else (eos or []))
+    ids.add(int(tokenizer.eos_token_id))  # type: ignore[arg-type]
+    return sorted(ids)
+
+
+def _has_gen_config(path: str | Path) -> bool:
+    return (Path(path) / "generation_config.json").is_file()
+
+
 class TransformersBackend:
     """In-process generation with a Hugging Face causal LM (the trainable policy itself).
 
@@ -73,10 +87,7 @@ class TransformersBackend:
         self.model = model
         self.tokenizer = tokenizer
         self.batch_size = batch_size
-        eos = model.generation_config.eos_token_id if model.generation_config is not None else None
-        eos_ids = set([eos] if isinstance(eos, int) else (eos or []))
-        eos_ids.add(int(tokenizer.eos_token_id))  # type: ignore[arg-type]
-        self.eos_ids = sorted(eos_ids)
+        self.eos_ids = eos_token_ids(tokenizer, model.generation_config)
         self.pad_id = int(tokenizer.pad_token_id)  # type: ignore[arg-type]
 
     def _shared_prefix_cache(self, prompts: list[list[int]], ids: torch.Tensor, mask: torch.Tensor) -> Any:
@@ -165,7 +176,8 @@ class LLMAgent:
         model: a Hugging Face causal LM (None with a remote backend).
         tokenizer: its tokenizer, with a chat template.
         backend: "transformers" (in-process, trainable), or a backend object with
-            `generate(prompts, params)` and `eos_ids` (e.g. `OpenAIBackend`; see `from_endpoint`).
+            `generate(prompts, params)` and `eos_ids` (`VLLMBackend`, see `from_pretrained`;
+            `OpenAIBackend`, see `from_endpoint`).
         batch_size: prompts per generation call.
 
     Raises:
@@ -187,7 +199,8 @@ class LLMAgent:
         if isinstance(backend, str):
             if backend != "transformers":
                 raise ValueError(
-                    f"unknown backend {backend!r}; available: 'transformers', or LLMAgent.from_endpoint(...)"
+                    f"unknown backend {backend!r}; available: 'transformers', or "
+                    "LLMAgent.from_pretrained(path, backend='vllm') / LLMAgent.from_endpoint(...)"
                 )
             if model is None:
                 raise ValueError("the transformers backend needs a model")
@@ -196,10 +209,34 @@ class LLMAgent:
             self.backend = backend
 
     @classmethod
-    def from_pretrained(cls, path: str | Path, **kwargs: Any) -> LLMAgent:
-        """Load a local HF folder (see `textgym.models.load_model` for the errors it raises)."""
-        model, tok = load_model(path)
-        return cls(model, tok, **kwargs)
+    def from_pretrained(
+        cls,
+        path: str | Path,
+        backend: Literal["transformers", "vllm"] = "transformers",
+        vllm_kwargs: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> LLMAgent:
+        """Load a local HF folder and generate with the transformers or the vLLM backend.
+
+        With `backend="vllm"`, an in-process `VLLMBackend` loads the weights (`vllm_kwargs`
+        go to it) and only the tokenizer is loaded here.
+
+        Raises:
+            FileNotFoundError, ValueError: see `textgym.models.load_model`.
+            ImportError: for the vllm backend when vLLM is not installed.
+        """
+        if backend == "transformers":
+            model, tok = load_model(path)
+            return cls(model, tok, **kwargs)
+        if backend != "vllm":
+            raise ValueError(f"unknown backend {backend!r}; available: 'transformers', 'vllm'")
+        from textgym.agents.vllm_backend import VLLMBackend
+
+        tok = load_tokenizer(path)
+        eos = eos_token_ids(tok, GenerationConfig.from_pretrained(path) if _has_gen_config(path) else None)
+        engine = VLLMBackend(path, eos, **(vllm_kwargs or {}))
+        kwargs.pop("batch_size", None)
+        return cls(None, tok, backend=engine, **kwargs)
 
     @classmethod
     def from_endpoint(cls, base_url: str, model: str, tokenizer_path: str | Path, **kwargs: Any) -> LLMAgent:

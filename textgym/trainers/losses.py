@@ -111,6 +111,7 @@ def clipped_policy_loss(
     num_tokens: float | None = None,
     norm_len: int | None = None,
     dual_clip: float | None = None,
+    is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """PPO's clipped surrogate with asymmetric clipping, dual-clip and an optional KL term in the loss.
 
@@ -143,6 +144,9 @@ def clipped_policy_loss(
         kl_coef: β.
         kl_estimator: "k1" | "k2" | "k3" (see `kl_estimate`).
         dual_clip: c > 1 of dual-clip PPO, or None.
+        is_weights: [B, L] per-token weights (no grad) multiplying the policy-gradient term,
+            e.g. the truncated importance weights that correct for a rollout engine whose
+            probabilities differ from the trainer's (`rollout_correction`); None for 1.
 
     Returns:
         The scalar loss, and detached stats: `loss/policy`, `kl/ref` (masked token mean of the
@@ -165,6 +169,8 @@ def clipped_policy_loss(
         capped = torch.minimum(pg, -dual_clip * advantages)
         dual = (advantages < 0) & (capped < pg)
         pg = torch.where(advantages < 0, capped, pg)
+    if is_weights is not None:
+        pg = pg * is_weights.detach()
     per_token = pg
     kl = None
     if kl_coef > 0:
@@ -280,3 +286,62 @@ def value_loss(
             "value/mean": float((values * mask).sum() / n),
         }
     return loss, stats
+
+
+def rollout_correction(
+    trainer_logprobs: torch.Tensor,
+    rollout_logprobs: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    cap: float | None = 2.0,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Truncated importance weights for rollouts sampled by an engine other than the trainer.
+
+    A fast inference engine (vLLM) and the trainer compute slightly different probabilities
+    for the same weights (kernels, precision, batching), so the "on-policy" samples are
+    really drawn from π_rollout ≠ π_old. Truncated importance sampling (TIS; Yao et al. 2025,
+    "Your Efficient RL Framework Secretly Brings You Off-Policy RL Training", eq. 3; the
+    truncation of IMPALA's V-trace, Espeholt et al. 2018, arXiv:1802.01561, eq. 1) weights
+    each token's policy-gradient term by `w = min(π_old(a)/π_rollout(a), C)`.
+
+    Args:
+        trainer_logprobs: [B, L] log π_old of the sampled tokens, recomputed by the trainer.
+        rollout_logprobs: [B, L] the sampling log-probabilities the engine reported.
+        mask: [B, L] 1.0 on policy tokens.
+        cap: C, the truncation; None returns weights of 1 (monitoring only).
+
+    Returns:
+        `w` [B, L] (0 off the mask), and stats over policy tokens: `mismatch/kl` (k1 estimate
+        of KL(π_rollout‖π_old), i.e. the mean of `log π_rollout − log π_old`), `mismatch/k3`
+        (the non-negative k3 estimate of the same KL), `mismatch/ratio_max` and
+        `mismatch/ratio_min` (of π_old/π_rollout), `mismatch/abs_diff_max` (largest
+        |log-prob difference|) and `mismatch/tis_clip_frac` (tokens whose weight was capped).
+
+    Raises:
+        ValueError: if the shapes differ or `cap` is not > 0.
+    """
+    if not (trainer_logprobs.shape == rollout_logprobs.shape == mask.shape):
+        raise ValueError(
+            f"shapes differ: trainer {tuple(trainer_logprobs.shape)}, rollout "
+            f"{tuple(rollout_logprobs.shape)}, mask {tuple(mask.shape)}"
+        )
+    if cap is not None and cap <= 0:
+        raise ValueError(f"the TIS cap must be > 0, got {cap}")
+    with torch.no_grad():
+        log_ratio = ((trainer_logprobs - rollout_logprobs) * mask).clamp(-20.0, 20.0)
+        ratio = log_ratio.exp()
+        weights = ratio.clamp(max=cap) if cap is not None else torch.ones_like(ratio)
+        weights = weights * mask
+        on = mask > 0
+        n = mask.sum().clamp(min=1.0)
+        stats = {
+            "mismatch/kl": float((-log_ratio * mask).sum() / n),
+            "mismatch/k3": float(((ratio - 1.0 - log_ratio) * mask).sum() / n),
+            "mismatch/ratio_max": float(ratio[on].max()) if on.any() else 1.0,
+            "mismatch/ratio_min": float(ratio[on].min()) if on.any() else 1.0,
+            "mismatch/abs_diff_max": float(log_ratio.abs()[on].max()) if on.any() else 0.0,
+            "mismatch/tis_clip_frac": float(((ratio > cap) & on).float().sum() / n)
+            if cap is not None
+            else 0.0,
+        }
+    return weights, stats

