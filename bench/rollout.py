@@ -6,10 +6,11 @@ template, `--groups` tasks × `--group-size` samples each, as a GRPO step asks f
 temperature 1 with the same response budget. A random model rarely samples its EOS token,
 so nearly every response runs to `--max-new-tokens` on both. Each backend gets one untimed
 warm-up call, then `--repeats` timed calls; tokens/s is generated tokens over the median
-wall time.
+wall time. vLLM runs with torch.compile (its default; `--eager` turns it off, as the trainer's
+engine does for a faster start).
 
     python bench/rollout.py [--presets tiny small] [--groups 16] [--group-size 8]
-                            [--max-new-tokens 128] [--repeats 3] [--threads 2]
+                            [--max-new-tokens 128] [--repeats 3] [--threads 2] [--eager]
 
 Last line per preset: `tokens/s ratio vllm/transformers (<preset>): X.XX`.
 """
@@ -60,6 +61,7 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--eager", action="store_true", help="vLLM without torch.compile")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -70,7 +72,8 @@ def main() -> None:
     params = SamplingParams(temperature=1.0, max_new_tokens=args.max_new_tokens)
     print(
         f"{args.groups} prompts x {args.group_size} samples, up to {args.max_new_tokens} new tokens, "
-        f"T=1, float32, {args.threads} threads, median of {args.repeats}"
+        f"T=1, float32, {args.threads} threads, median of {args.repeats}, "
+        f"vLLM {'eager' if args.eager else 'compiled'}"
     )
     with tempfile.TemporaryDirectory() as tmp:
         for preset in args.presets:
@@ -79,7 +82,9 @@ def main() -> None:
             hf = LLMAgent(model, tok, batch_size=args.groups * args.group_size)
             prompts = [p for p in prompts_for(hf, args.groups) for _ in range(args.group_size)]
             hf_s, hf_tok = timed(hf.backend, prompts, params, args.repeats)
-            vl = LLMAgent.from_pretrained(path, backend="vllm", vllm_kwargs={"dtype": "float32"})
+            vl = LLMAgent.from_pretrained(
+                path, backend="vllm", vllm_kwargs={"dtype": "float32", "enforce_eager": args.eager}
+            )
             vl_s, vl_tok = timed(vl.backend, prompts, params, args.repeats)
             vl.backend.close()
             n = count_parameters(model)
