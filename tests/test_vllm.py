@@ -146,3 +146,30 @@ def test_an_engine_leaves_torch_threads_to_the_trainer(vllm_agent):
     torch.set_num_threads(2)
     assert torch.get_num_threads() == 2
     torch.set_num_threads(n)
+
+
+def test_ppo_trains_with_vllm_rollouts_and_bf16_mismatch_is_measured(warm_model_dir, tmp_path):
+    from textgym.config import PPOConfig
+    from textgym.trainers.ppo import PPOTrainer
+
+    model, tok = load_model(warm_model_dir)
+    cfg = PPOConfig.model_validate(
+        {
+            "env": WARM_ENV,
+            "steps": 1,
+            "prompts_per_step": 8,
+            "sampling": {"temperature": 1.0, "max_new_tokens": 8},
+            "optim": {"lr": 1e-3},
+            # A bfloat16 engine against the float32 trainer: a real mismatch for TIS to correct.
+            "rollout": {"backend": "vllm", "vllm": {"dtype": "bfloat16"}},
+        }
+    )
+    trainer = PPOTrainer(cfg, model, tok, tmp_path / "ppo", seed=0)
+    try:
+        m = trainer.train_step()
+    finally:
+        trainer.close()
+    assert m["mismatch/abs_diff_max"] > 1e-3  # bf16 rounding shows
+    assert m["mismatch/k3"] < 0.05 and m["mismatch/k3"] >= 0.0
+    assert 0.0 <= m["mismatch/tis_clip_frac"] <= 1.0
+    assert "loss/value" in m and torch.isfinite(torch.tensor(m["loss/policy"]))
