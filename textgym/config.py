@@ -197,6 +197,86 @@ class RolloutEngineConfig(_Strict):
         return self
 
 
+class CollectConfig(_Strict):
+    """How a preference stage collects rollouts of the current policy (`textgym.offline.collect_rollouts`)."""
+
+    n: int = Field(512, ge=1)
+    """Tasks per round (round r uses tasks `start + r·n ...`, fresh ones each round)."""
+    start: int = Field(0, ge=0)
+    """First task index."""
+    samples: int = Field(4, ge=2)
+    """Samples per task (pairs need at least two)."""
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    """Rollout sampling."""
+
+
+class PairConfig(_Strict):
+    """How pairs are built from the collected trajectories (`textgym.offline.build_pairs`)."""
+
+    margin: float = Field(0.5, ge=0.0)
+    """Minimum reward difference between chosen and rejected."""
+    mode: Literal["best_vs_worst", "all"] = "best_vs_worst"
+    """One best-vs-worst pair per prompt, or every pair that clears the margin."""
+    max_per_prompt: int | None = Field(None, ge=1)
+    """Cap on pairs per prompt (a seeded random subset)."""
+    dedup: bool = True
+    """Count identical responses to a prompt once."""
+    desirable_threshold: float = 1.0
+    """KTO: a response is desirable when its reward is at least this."""
+
+
+class PreferenceConfig(_Strict):
+    """Offline preference optimisation from logged rollouts: DPO, IPO, KTO, SimPO or ORPO.
+
+    Each of `rounds` rounds collects rollouts of the current policy on `env`, builds pairs
+    (or KTO's unpaired examples) and trains on them; one round is offline DPO from the
+    start model's rollouts, several are iterative DPO. Preset: `configs/dpo_arithmetic.yaml`,
+    `configs/iterative_dpo_arithmetic.yaml`.
+    """
+
+    env: EnvConfig
+    """Where rollouts are collected."""
+    loss: Literal["dpo", "ipo", "kto", "simpo", "orpo"] = "dpo"
+    """The objective (`textgym.trainers.preference`)."""
+    rounds: int = Field(1, ge=1)
+    """collect → pair → train rounds."""
+    collect: CollectConfig = Field(default_factory=CollectConfig)
+    """Rollout collection per round."""
+    pairs: PairConfig = Field(default_factory=PairConfig)
+    """Pair building per round."""
+    beta: float = Field(0.1, gt=0.0)
+    """β (DPO, KTO, SimPO) or τ (IPO)."""
+    label_smoothing: float = Field(0.0, ge=0.0, lt=0.5)
+    """DPO/SimPO: probability a preference label is flipped."""
+    simpo_gamma: float = Field(1.0, ge=0.0)
+    """SimPO's target margin γ."""
+    orpo_lambda: float = Field(0.1, ge=0.0)
+    """ORPO's weight λ of the odds-ratio term."""
+    desirable_weight: float = Field(1.0, ge=0.0)
+    """KTO's λ_D."""
+    undesirable_weight: float = Field(1.0, ge=0.0)
+    """KTO's λ_U."""
+    epochs: int = Field(1, ge=1)
+    """Passes over each round's pairs."""
+    batch_size: int = Field(32, ge=1)
+    """Pairs (KTO: examples) per optimizer step."""
+    micro_batch_size: int | None = Field(None, ge=1)
+    """Pairs per forward pass (gradient accumulation)."""
+    optim: OptimConfig = Field(default_factory=lambda: OptimConfig(lr=1e-4))
+    """Optimizer of the policy (a fresh one each round)."""
+    log_every: int = Field(10, ge=1)
+    """Log metrics every this many steps."""
+    checkpoint_every: int = Field(0, ge=0)
+    """Save a checkpoint every this many steps (0 = only at the end)."""
+    keep_checkpoints: int = Field(2, ge=1)
+    """How many of the latest checkpoints to keep."""
+
+    @property
+    def uses_reference(self) -> bool:
+        """Whether the loss needs reference log-probabilities (DPO, IPO, KTO)."""
+        return self.loss in ("dpo", "ipo", "kto")
+
+
 class _PolicyGradientConfig(_Strict):
     """What every on-policy trainer (GRPO family, PPO) shares: rollouts, the clipped update, KL, logging."""
 
@@ -350,15 +430,18 @@ class RunConfig(_Strict):
     """GRPO-family stage (runs after SFT when set)."""
     ppo: PPOConfig | None = None
     """PPO stage (runs after SFT when set; a run has at most one RL stage)."""
+    dpo: PreferenceConfig | None = None
+    """Offline preference stage (DPO family, one or more collect → pair → train rounds) after SFT;
+    instead of an RL stage."""
     eval: EvalConfig | None = None
     """Evaluation before and after the last training stage."""
 
     @model_validator(mode="after")
     def _has_stage(self) -> RunConfig:
-        if self.sft is None and self.grpo is None and self.ppo is None:
-            raise ValueError("a run needs at least one stage: sft, grpo or ppo")
-        if self.grpo is not None and self.ppo is not None:
-            raise ValueError("a run has at most one RL stage: set grpo or ppo, not both")
+        if self.sft is None and self.grpo is None and self.ppo is None and self.dpo is None:
+            raise ValueError("a run needs at least one stage: sft, grpo, ppo or dpo")
+        if sum(x is not None for x in (self.grpo, self.ppo, self.dpo)) > 1:
+            raise ValueError("a run has at most one of the grpo, ppo and dpo stages")
         return self
 
     @property

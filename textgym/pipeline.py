@@ -45,6 +45,8 @@ def preflight(cfg: RunConfig) -> None:
         envs.append(("grpo.env", cfg.grpo.env))
     if cfg.ppo:
         envs.append(("ppo.env", cfg.ppo.env))
+    if cfg.dpo:
+        envs.append(("dpo.env", cfg.dpo.env))
     if cfg.eval:
         envs.append(("eval.env", cfg.eval.env))
     for field, env_cfg in envs:
@@ -174,7 +176,7 @@ def run(
     # 1. SFT warm start (evaluated before it when it is the only stage).
     if cfg.sft is not None:
         sft_cfg = cfg.sft
-        if cfg.eval is not None and cfg.rl is None:
+        if cfg.eval is not None and cfg.rl is None and cfg.dpo is None:
             before = _cached_eval(run_dir / "eval_before.json", model_path, cfg.eval, device, resume)
         seed_everything(cfg.seed)
         model_path, secs = _run_stage(
@@ -210,6 +212,17 @@ def run(
             stage_times[stage] = secs
         summary_extra["models_in_memory"] = _models_in_memory(cfg)
 
+    # 2b. The offline preference stage (DPO family): rounds of collect → pair → train.
+    if cfg.dpo is not None:
+        if cfg.eval is not None:
+            before = _cached_eval(run_dir / "eval_before.json", model_path, cfg.eval, device, resume)
+            echo(f"eval before dpo: accuracy {before['accuracy']:.3f} on {before['n']} tasks")
+        t = time.perf_counter()
+        model_path, rounds = _preference_rounds(cfg, run_dir, model_path, device, resume, echo)
+        stage_times["dpo"] = time.perf_counter() - t
+        summary_extra["dpo_rounds"] = rounds
+        summary_extra["models_in_memory"] = ["policy"]
+
     # 3. Evaluate the result and summarise.
     summary: dict[str, Any] = {"name": cfg.name, "final_model": str(model_path), "stage_times_s": stage_times}
     if cfg.eval is not None:
@@ -223,6 +236,90 @@ def run(
         summary["peak_cuda_mb"] = torch.cuda.max_memory_allocated() / 2**20
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
     return summary
+
+
+def _preference_rounds(
+    cfg: RunConfig,
+    run_dir: Path,
+    model_path: Path,
+    device: torch.device,
+    resume: bool,
+    echo: Callable[[str], None],
+) -> tuple[Path, list[dict[str, Any]]]:
+    """Run `cfg.dpo.rounds` rounds of collect → pair → train; return the last model and per-round counts."""
+    from textgym.offline import UNPAIRED_SCHEMA, build_pairs, collect_rollouts, read_pairs, write_pairs
+    from textgym.store import read_trajectories
+    from textgym.trainers.dpo import PreferenceTrainer
+
+    pc = cfg.dpo
+    assert pc is not None
+    info: list[dict[str, Any]] = []
+    for r in range(pc.rounds):
+        round_dir = run_dir / "dpo" / f"round_{r}"
+        final = round_dir / "train" / "final"
+        if resume and (final / "config.json").is_file():
+            echo(f"dpo round {r}: finished earlier, skipped")
+            model_path = final
+            continue
+        model, tok = load_model(model_path, device=device)
+        agent = LLMAgent(model, tok, batch_size=256)
+        c = pc.collect
+        t0 = time.perf_counter()
+        res = collect_rollouts(
+            agent,
+            pc.env.id,
+            round_dir / "trajectories",
+            env_kwargs=pc.env.kwargs,
+            n=c.n,
+            samples=c.samples,
+            start=c.start + r * c.n,
+            params=SamplingParams(**c.sampling.model_dump()),
+            policy=str(model_path),
+            policy_version=r,
+            seed=cfg.seed,
+            run=cfg.name,
+        )
+        table = read_trajectories(round_dir / "trajectories")
+        pairs, unpaired, stats = build_pairs(
+            table,
+            margin=pc.pairs.margin,
+            mode=pc.pairs.mode,
+            max_per_prompt=pc.pairs.max_per_prompt,
+            dedup=pc.pairs.dedup,
+            desirable_threshold=pc.pairs.desirable_threshold,
+            seed=cfg.seed + r,
+        )
+        paths = write_pairs(pairs, unpaired, round_dir / "pairs")
+        mean_reward = sum(table.column("reward").to_pylist()) / max(table.num_rows, 1)
+        echo(
+            f"dpo round {r}: {table.num_rows} rollouts (mean reward {mean_reward:.3f}, "
+            f"{time.perf_counter() - t0:.0f}s) -> {stats.pairs} pairs, "
+            f"{stats.desirable}/{stats.undesirable} desirable/undesirable"
+        )
+        seed_everything(cfg.seed + 100 + r)
+        trainer = PreferenceTrainer(
+            pc,
+            model,
+            tok,
+            round_dir / "train",
+            read_pairs(paths["pairs"]),
+            read_pairs(paths["unpaired"], UNPAIRED_SCHEMA),
+            seed=cfg.seed + r,
+            resume=resume,
+        )
+        model_path = trainer.train(echo)
+        info.append(
+            {
+                "round": r,
+                "rollouts": table.num_rows,
+                "new_tasks": res.new_tasks,
+                "rollout_mean_reward": mean_reward,
+                "pairs": stats.pairs,
+                "desirable": stats.desirable,
+                "undesirable": stats.undesirable,
+            }
+        )
+    return model_path, info
 
 
 def _models_in_memory(cfg: RunConfig) -> list[str]:

@@ -1,0 +1,283 @@
+"""Offline preference optimisation on pairs from logged rollouts: DPO, IPO, KTO, SimPO, ORPO.
+
+Loop: 0 (DPO, IPO, KTO) compute the start model's log-probabilities of every response once
+and cache them (`reference_logps.pt`), so no reference model stays in memory · 1 draw a
+minibatch of pairs (shuffled each epoch) · 2 one forward pass over chosen and rejected
+(each pair's shared prompt is computed once) · 3 the loss (`textgym.trainers.preference`),
+accumulated over micro-batches · 4 clip, step · 5 log and checkpoint. Metrics: `loss/<name>`,
+`rewards/chosen`, `rewards/rejected`, `rewards/margin`, `rewards/accuracy` (preference
+accuracy of the implicit rewards), `kl` (KTO's reference point).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from textgym.agents.trajectory import RolloutBatch, Trajectory
+from textgym.config import PreferenceConfig
+from textgym.trainers.common import (
+    MetricsLogger,
+    build_optimizer,
+    latest_checkpoint,
+    load_checkpoint,
+    run_loop,
+    save_checkpoint,
+    save_final,
+    sequence_logprobs,
+)
+from textgym.trainers.preference import dpo_loss, ipo_loss, kto_loss, orpo_loss, simpo_loss
+
+
+def _traj(prompt: list[int], response: list[int], mask: list[int], group: int) -> Trajectory:
+    ids = list(prompt) + list(response)
+    return Trajectory(
+        token_ids=torch.tensor(ids),
+        loss_mask=torch.tensor([0.0] * len(prompt) + [float(m) for m in mask]),
+        logprobs=torch.zeros(len(ids)),
+        token_rewards=torch.zeros(len(ids)),
+        prompt_length=len(prompt),
+        messages=[],
+        reward=0.0,
+        group=group,
+    )
+
+
+class PreferenceTrainer:
+    """Trains `model` in place on preference pairs (or KTO's unpaired examples).
+
+    Args:
+        cfg: the stage config (`loss`, β and friends, batch sizes, optimizer).
+        model: the policy (its start weights are the reference).
+        tokenizer: its tokenizer (pad id).
+        stage_dir: metrics, checkpoints, the cached reference log-probs and `final/`.
+        pairs: `textgym.offline.PAIR_SCHEMA` rows (every loss but KTO).
+        unpaired: `textgym.offline.UNPAIRED_SCHEMA` rows (KTO).
+        seed: seed of the shuffling.
+        resume: continue from the newest checkpoint in `stage_dir`.
+
+    Raises:
+        ValueError: if there is nothing to train on (no pairs; for KTO, no examples).
+    """
+
+    def __init__(
+        self,
+        cfg: PreferenceConfig,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        stage_dir: Path,
+        pairs: pa.Table | None = None,
+        unpaired: pa.Table | None = None,
+        *,
+        seed: int = 0,
+        resume: bool = False,
+    ):
+        self.cfg, self.model, self.tokenizer, self.stage_dir = cfg, model, tokenizer, Path(stage_dir)
+        self.stage_dir.mkdir(parents=True, exist_ok=True)
+        self.device = next(model.parameters()).device
+        self.pad_id = int(tokenizer.pad_token_id)  # type: ignore[arg-type]
+        self.kto = cfg.loss == "kto"
+        # pairs: (prompt, chosen, chosen_mask, rejected, rejected_mask)
+        # KTO: (prompt, completion, completion_mask, desirable)
+        self.examples: list[tuple[Any, ...]]
+        if self.kto:
+            if unpaired is None or unpaired.num_rows < 2:
+                raise ValueError("KTO needs at least 2 unpaired examples")
+            u = {c: unpaired.column(c).to_pylist() for c in unpaired.column_names}
+            self.examples = [
+                (p, c, m, bool(d))
+                for p, c, m, d in zip(
+                    u["prompt_ids"], u["completion_ids"], u["completion_mask"], u["desirable"], strict=True
+                )
+            ]
+        else:
+            if pairs is None or pairs.num_rows == 0:
+                raise ValueError(
+                    "no preference pairs to train on (did any prompt's rewards differ by the margin?)"
+                )
+            p = {c: pairs.column(c).to_pylist() for c in pairs.column_names}
+            self.examples = list(
+                zip(
+                    p["prompt_ids"],
+                    p["chosen_ids"],
+                    p["chosen_mask"],
+                    p["rejected_ids"],
+                    p["rejected_mask"],
+                    strict=True,
+                )
+            )
+        self.n = len(self.examples)
+        self.steps_per_epoch = math.ceil(self.n / cfg.batch_size)
+        self.total_steps = cfg.epochs * self.steps_per_epoch
+        self.micro_batch_size = cfg.micro_batch_size or cfg.batch_size
+        self.generator = torch.Generator().manual_seed(seed)
+        self.optimizer, self.scheduler = build_optimizer(model, cfg.optim, self.total_steps)
+        self.step = 0
+        self.reference: dict[str, torch.Tensor] = {}
+        ref_path = self.stage_dir / "reference_logps.pt"
+        if cfg.uses_reference:
+            if ref_path.is_file():
+                self.reference = torch.load(ref_path)
+            else:
+                self.reference = self._reference_logps()
+                torch.save(self.reference, ref_path)
+        ckpt = latest_checkpoint(self.stage_dir) if resume else None
+        if ckpt is not None:
+            state = load_checkpoint(ckpt, model, self.optimizer, self.scheduler)
+            self.step = int(state["step"])
+        self.logger = MetricsLogger(self.stage_dir, resume_step=self.step if ckpt is not None else None)
+
+    # --- sequences and log-probs -------------------------------------------------------
+    def _sequences(self, idx: list[int]) -> list[Trajectory]:
+        """Rows to score for `idx`: pairs → [chosen…, rejected…]; KTO → [completion…, mismatched…]."""
+        if self.kto:
+            ex = self.examples
+            own = [_traj(ex[i][0], ex[i][1], ex[i][2], k) for k, i in enumerate(idx)]
+            # KTO's reference point: each prompt with the next example's completion (Ethayarajh et al. §4.2).
+            mis = [
+                _traj(ex[i][0], ex[(i + 1) % self.n][1], ex[(i + 1) % self.n][2], len(idx) + k)
+                for k, i in enumerate(idx)
+            ]
+            return own + mis
+        chosen = [
+            _traj(self.examples[i][0], self.examples[i][1], self.examples[i][2], k) for k, i in enumerate(idx)
+        ]
+        rejected = [
+            _traj(self.examples[i][0], self.examples[i][3], self.examples[i][4], k) for k, i in enumerate(idx)
+        ]
+        return chosen + rejected
+
+    def _logps(self, trajs: list[Trajectory]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(summed response log-probs [n], response token counts [n]) under the current model."""
+        batch = RolloutBatch.from_trajectories(trajs, self.pad_id).to(self.device)
+        per_token, _ = sequence_logprobs(self.model, batch)
+        mask = batch.loss_mask
+        return (per_token * mask).sum(-1), mask.sum(-1)
+
+    @torch.no_grad()
+    def _reference_logps(self) -> dict[str, torch.Tensor]:
+        """The start model's summed log-probs of every response (and KTO's mismatched ones), once."""
+        was = self.model.training
+        self.model.eval()
+        parts: dict[str, list[torch.Tensor]] = defaultdict(list)
+        try:
+            for i in range(0, self.n, self.micro_batch_size):
+                idx = list(range(i, min(self.n, i + self.micro_batch_size)))
+                lp, _ = self._logps(self._sequences(idx))
+                a, b = lp[: len(idx)], lp[len(idx) :]
+                parts["first"].append(a.cpu())
+                parts["second"].append(b.cpu())
+        finally:
+            self.model.train(was)
+        return {k: torch.cat(v) for k, v in parts.items()}
+
+    # --- the step ----------------------------------------------------------------------
+    def _order(self, epoch: int) -> list[int]:
+        g = torch.Generator().manual_seed(int(self.generator.initial_seed()) + epoch)
+        return torch.randperm(self.n, generator=g).tolist()
+
+    def _loss(self, idx: list[int]) -> tuple[torch.Tensor, dict[str, float]]:
+        cfg = self.cfg
+        lp, lengths = self._logps(self._sequences(idx))
+        k = len(idx)
+        first, second = lp[:k], lp[k:]
+        len1, len2 = lengths[:k], lengths[k:]
+        rows = torch.tensor(idx)
+        ref1 = self.reference["first"][rows].to(self.device) if self.reference else None
+        ref2 = self.reference["second"][rows].to(self.device) if self.reference else None
+        if cfg.loss == "dpo":
+            assert ref1 is not None and ref2 is not None
+            return dpo_loss(first, second, ref1, ref2, beta=cfg.beta, label_smoothing=cfg.label_smoothing)
+        if cfg.loss == "ipo":
+            assert ref1 is not None and ref2 is not None
+            return ipo_loss(first, second, ref1, ref2, len1, len2, beta=cfg.beta)
+        if cfg.loss == "kto":
+            assert ref1 is not None and ref2 is not None
+            desirable = torch.tensor([self.examples[i][3] for i in idx], device=self.device)
+            return kto_loss(
+                first,
+                ref1,
+                desirable,
+                second.detach(),
+                ref2,
+                beta=cfg.beta,
+                desirable_weight=cfg.desirable_weight,
+                undesirable_weight=cfg.undesirable_weight,
+            )
+        avg1, avg2 = first / len1.clamp(min=1), second / len2.clamp(min=1)
+        if cfg.loss == "simpo":
+            return simpo_loss(
+                avg1, avg2, beta=cfg.beta, gamma=cfg.simpo_gamma, label_smoothing=cfg.label_smoothing
+            )
+        return orpo_loss(avg1, avg2, -avg1, lam=cfg.orpo_lambda)
+
+    def train_step(self) -> dict[str, float]:
+        """One optimizer step on the next `batch_size` examples; returns its metrics."""
+        t0 = time.perf_counter()
+        epoch, pos = divmod(self.step, self.steps_per_epoch)
+        order = self._order(epoch)
+        idx = order[pos * self.cfg.batch_size : (pos + 1) * self.cfg.batch_size]
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        sums: dict[str, float] = defaultdict(float)
+        total = 0.0
+        for i in range(0, len(idx), self.micro_batch_size):
+            sub = idx[i : i + self.micro_batch_size]
+            losses, stats = self._loss(sub)
+            loss = losses.sum() / len(idx)
+            loss.backward()
+            total += float(loss.detach())
+            for k, v in stats.items():
+                sums[k] += v * len(sub) / len(idx)
+        metrics: dict[str, float] = {f"loss/{self.cfg.loss}": total, **sums}
+        if self.cfg.optim.max_grad_norm is not None:
+            metrics["grad_norm"] = float(
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.optim.max_grad_norm)
+            )
+        self.optimizer.step()
+        self.scheduler.step()
+        self.step += 1
+        metrics["lr"] = float(self.scheduler.get_last_lr()[0])
+        metrics["time/step_s"] = time.perf_counter() - t0
+        return metrics
+
+    def save(self) -> Path:
+        """Checkpoint the current step."""
+        return save_checkpoint(
+            self.stage_dir,
+            self.step,
+            self.model,
+            self.tokenizer,
+            self.optimizer,
+            self.scheduler,
+            {"cursor": self.step},
+            keep=self.cfg.keep_checkpoints,
+        )
+
+    def train(self, echo: Callable[[str], None] | None = None) -> Path:
+        """Run `epochs` passes over the examples; return the saved final model folder."""
+        name = self.cfg.loss
+
+        def describe(m: dict[str, float]) -> str:
+            acc = f"  pref-acc {m['rewards/accuracy']:.2f}" if "rewards/accuracy" in m else ""
+            return f"loss {m[f'loss/{name}']:.4f}{acc}  {m['time/step_s']:.2f}s/step"
+
+        run_loop(
+            self,
+            name=name,
+            steps=self.total_steps,
+            log_every=self.cfg.log_every,
+            checkpoint_every=self.cfg.checkpoint_every,
+            echo=echo,
+            lines=10,
+            describe=describe,
+        )
+        return save_final(self.stage_dir, self.model, self.tokenizer)
