@@ -169,7 +169,7 @@ def build_pairs(
     the same prompt share a group). Within a group, with `dedup` identical responses count
     once. `best_vs_worst` makes one pair of a highest- and a lowest-reward response; `all`
     makes every pair whose rewards differ; either way only pairs with
-    `reward(chosen) − reward(rejected) ≥ margin` are kept, at most `max_per_prompt` per prompt
+    `reward(chosen) − reward(rejected) ≥ margin` (and > 0) are kept, at most `max_per_prompt` per prompt
     (a seeded random subset). Every (deduplicated) response is also an unpaired example,
     desirable when its reward is ≥ `desirable_threshold`.
 
@@ -226,7 +226,11 @@ def build_pairs(
             candidates = [(ranked[0], ranked[-1])] if len(ranked) > 1 else []
         else:
             candidates = [(a, b) for x, a in enumerate(ranked) for b in ranked[x + 1 :]]
-        candidates = [(a, b) for a, b in candidates if cols["reward"][a] - cols["reward"][b] >= margin]
+        candidates = [
+            (a, b)
+            for a, b in candidates
+            if cols["reward"][a] > cols["reward"][b] and cols["reward"][a] - cols["reward"][b] >= margin
+        ]
         if max_per_prompt is not None and len(candidates) > max_per_prompt:
             candidates = rng.sample(candidates, max_per_prompt)
         with_pairs += bool(candidates)

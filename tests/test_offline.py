@@ -1,0 +1,228 @@
+"""The trajectory store, `rollouts collect` (with SIGKILL mid-run), pairs and the preference trainer."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+from conftest import WARM_ENV
+
+import textgym  # noqa: F401
+from textgym.agents import LLMAgent, SamplingParams
+from textgym.agents.trajectory import Trajectory
+from textgym.config import PreferenceConfig, load_config
+from textgym.models import load_model
+from textgym.offline import UNPAIRED_SCHEMA, build_pairs, collect_rollouts, read_pairs, write_pairs
+from textgym.store import (
+    SCHEMA,
+    TrajectoryStoreError,
+    TrajectoryWriter,
+    read_trajectories,
+    shard_paths,
+    trajectory_row,
+)
+from textgym.trainers.dpo import PreferenceTrainer
+
+
+def _traj(prompt: list[int], response: list[int], reward: float, task: int = 0) -> Trajectory:
+    ids = prompt + response
+    return Trajectory(
+        token_ids=torch.tensor(ids),
+        loss_mask=torch.tensor([0.0] * len(prompt) + [1.0] * len(response)),
+        logprobs=torch.tensor([0.0] * len(prompt) + [-0.5] * len(response)),
+        token_rewards=torch.zeros(len(ids)),
+        prompt_length=len(prompt),
+        messages=[{"role": "user", "content": f"task {task}"}],
+        reward=reward,
+        reward_terms={"reward/correct": reward},
+        task_index=task,
+        task_id=f"t/{task}",
+        env_id="textgym/Arithmetic-v0",
+    )
+
+
+def test_store_round_trip_and_datasets_reads_it(tmp_path):
+    trajs = [_traj([1, 2, 3], [7, 8, 2], 1.0, 0), _traj([1, 2, 4], [9, 2], 0.0, 1)]
+    with TrajectoryWriter(tmp_path / "store") as w:
+        w.append(trajectory_row(t, env_kwargs={"digits": 2}, sample=0, policy="p", seed=3) for t in trajs)
+        assert w.flush() is not None
+        w.append([trajectory_row(trajs[0], sample=1, policy="p")])
+    assert len(shard_paths(tmp_path / "store")) == 2
+    (tmp_path / "store" / ".shard-x.parquet.tmp").write_bytes(b"half a shard")  # a killed writer's leftover
+    t = read_trajectories(tmp_path / "store")
+    assert t.schema == SCHEMA and t.num_rows == 3
+    row = t.slice(0, 1).to_pylist()[0]
+    assert row["token_ids"] == [1, 2, 3, 7, 8, 2] and row["loss_mask"] == [0, 0, 0, 1, 1, 1]
+    assert row["logprobs"] == [0.0, 0.0, 0.0, -0.5, -0.5, -0.5] and row["prompt_length"] == 3
+    assert json.loads(row["reward_terms"]) == {"reward/correct": 1.0} and row["env_version"] == 0
+    assert json.loads(row["env_kwargs"]) == {"digits": 2} and row["seed"] == 3
+    datasets = pytest.importorskip("datasets")
+    ds = datasets.load_dataset("parquet", data_files=str(tmp_path / "store" / "*.parquet"), split="train")
+    assert len(ds) == 3 and sorted(ds["reward"]) == [0.0, 1.0, 1.0]
+
+
+def test_corrupt_and_foreign_files_are_named(tmp_path):
+    store = tmp_path / "store"
+    with TrajectoryWriter(store) as w:
+        w.append([trajectory_row(_traj([1], [2], 1.0))])
+    (store / "zz-corrupt.parquet").write_bytes(b"PAR1 this is not parquet")
+    with pytest.raises(TrajectoryStoreError, match="zz-corrupt.parquet: not a readable Parquet file"):
+        read_trajectories(store)
+    (store / "zz-corrupt.parquet").unlink()
+    pq.write_table(pa.table({"question": ["2+2"], "answer": ["4"]}), store / "zz-foreign.parquet")
+    with pytest.raises(
+        TrajectoryStoreError, match=r"zz-foreign.parquet: not a textgym trajectory shard \(missing"
+    ):
+        read_trajectories(store)
+
+
+def test_build_pairs_modes_margin_cap_and_dedup():
+    p, q = [1, 2], [1, 3]
+    trajs = [
+        _traj(p, [5, 2], 1.0),
+        _traj(p, [5, 2], 1.0),  # duplicate response
+        _traj(p, [6, 2], 0.0),
+        _traj(p, [7, 2], 0.25),
+        _traj(q, [8, 2], 0.0, 1),
+        _traj(q, [9, 2], 0.0, 1),  # no reward difference: no pair
+    ]
+    table = pa.Table.from_pylist([trajectory_row(t) for t in trajs], schema=SCHEMA)
+    pairs, unpaired, stats = build_pairs(table, margin=0.5)
+    assert stats.duplicates_dropped == 1 and stats.prompts == 2 and stats.prompts_with_pairs == 1
+    assert pairs.num_rows == 1
+    row = pairs.to_pylist()[0]
+    assert (row["chosen_ids"], row["rejected_ids"], row["prompt_ids"]) == ([5, 2], [6, 2], p)
+    assert row["chosen_mask"] == [1, 1]
+    assert unpaired.num_rows == 5 and stats.desirable == 1 and stats.undesirable == 4
+    pairs, _, _ = build_pairs(table, margin=0.3, mode="all")
+    assert sorted((r["chosen_reward"], r["rejected_reward"]) for r in pairs.to_pylist()) == [
+        (1.0, 0.0),
+        (1.0, 0.25),
+    ]
+    pairs, _, _ = build_pairs(table, margin=0.0, mode="all", max_per_prompt=2)
+    assert pairs.num_rows == 2  # p's 3 pairs capped at 2; q's responses tie, so never a pair
+    pairs, _, stats = build_pairs(table, margin=0.5, dedup=False)
+    assert stats.duplicates_dropped == 0 and pairs.num_rows == 1
+    with pytest.raises(ValueError, match="margin"):
+        build_pairs(table, margin=-1.0)
+
+
+def test_collect_resumes_without_duplicates(tiny_model_dir, tmp_path):
+    agent = LLMAgent.from_pretrained(tiny_model_dir)
+    params = SamplingParams(temperature=1.0, max_new_tokens=4)
+    kw = {"operators": "+", "digits": 1, "instruction": ""}
+    run = dict(env_kwargs=kw, samples=2, params=params, batch_size=4, policy="tiny")
+    res = collect_rollouts(agent, "textgym/Arithmetic-v0", tmp_path, n=6, **run)
+    assert (res.new_tasks, res.rows_written, res.shards_written) == (6, 12, 3)
+    res = collect_rollouts(agent, "textgym/Arithmetic-v0", tmp_path, n=8, **run)
+    assert (res.skipped_tasks, res.new_tasks, res.rows_written) == (6, 2, 4)
+    t = read_trajectories(tmp_path)
+    keys = list(zip(t.column("task_index").to_pylist(), t.column("sample").to_pylist(), strict=True))
+    assert sorted(keys) == [(i, s) for i in range(8) for s in range(2)]
+
+
+def test_sigkill_mid_collect_leaves_complete_shards_and_a_rerun_completes(tiny_model_dir, tmp_path):
+    store = tmp_path / "store"
+    cmd = [sys.executable, "-m", "textgym", "rollouts", "collect", "--model", str(tiny_model_dir),
+           "--env", "textgym/Arithmetic-v0", "--env-kwargs", "digits=1", "--out", str(store),
+           "--n", "40", "--samples", "2", "--batch-size", "8", "--max-new-tokens", "48"]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and len(shard_paths(store) if store.exists() else []) < 2:
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    shards = shard_paths(store)
+    assert 2 <= len(shards) < 10, "the kill should land mid-run"
+    first = read_trajectories(store)  # every published shard is complete and readable
+    assert first.num_rows == 8 * len(shards)
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    t = read_trajectories(store)
+    keys = list(zip(t.column("task_index").to_pylist(), t.column("sample").to_pylist(), strict=True))
+    assert len(keys) == 80 and len(set(keys)) == 80
+
+
+@pytest.fixture(scope="module")
+def warm_pairs(warm_model_dir, tmp_path_factory):
+    """Pairs from 48 tasks × 4 samples of the warm model, collected once for this module."""
+    tmp = tmp_path_factory.mktemp("pairs")
+    agent = LLMAgent.from_pretrained(warm_model_dir)
+    torch.manual_seed(0)
+    collect_rollouts(agent, WARM_ENV["id"], tmp / "traj", env_kwargs=WARM_ENV["kwargs"], n=48, samples=4,
+                     params=SamplingParams(temperature=1.0, max_new_tokens=8), policy="warm")  # fmt: skip
+    pairs, unpaired, stats = build_pairs(read_trajectories(tmp / "traj"), margin=0.5)
+    paths = write_pairs(pairs, unpaired, tmp / "pairs")
+    return read_pairs(paths["pairs"]), read_pairs(paths["unpaired"], UNPAIRED_SCHEMA), stats
+
+
+def test_dpo_raises_the_preference_accuracy_with_a_cached_reference(warm_model_dir, warm_pairs, tmp_path):
+    pairs, unpaired, stats = warm_pairs
+    assert stats.pairs >= 8
+    model, tok = load_model(warm_model_dir)
+    cfg = PreferenceConfig.model_validate(
+        {"env": WARM_ENV, "loss": "dpo", "beta": 0.5, "epochs": 4, "batch_size": 16, "optim": {"lr": 1e-3}}
+    )
+    trainer = PreferenceTrainer(cfg, model, tok, tmp_path / "dpo", pairs, unpaired)
+    assert (tmp_path / "dpo" / "reference_logps.pt").is_file()
+    first = trainer.train_step()
+    # At step 0 the policy is the reference: implicit rewards are 0 and the loss is log 2.
+    assert abs(first["loss/dpo"] - 0.693147) < 1e-4 and abs(first["rewards/margin"]) < 1e-4
+    for _ in range(trainer.total_steps - 1):
+        last = trainer.train_step()
+    assert last["rewards/margin"] > 0.1 and last["rewards/accuracy"] >= 0.75
+
+
+@pytest.mark.parametrize("loss", ["ipo", "kto", "simpo", "orpo"])
+def test_every_preference_loss_trains(warm_model_dir, warm_pairs, tmp_path, loss):
+    pairs, unpaired, _ = warm_pairs
+    model, tok = load_model(warm_model_dir)
+    cfg = PreferenceConfig.model_validate(
+        {"env": WARM_ENV, "loss": loss, "beta": 1.0, "epochs": 2, "batch_size": 16, "optim": {"lr": 1e-3}}
+    )
+    trainer = PreferenceTrainer(cfg, model, tok, tmp_path / loss, pairs, unpaired)
+    assert (tmp_path / loss / "reference_logps.pt").is_file() == (loss in ("ipo", "kto"))
+    losses = [trainer.train_step()[f"loss/{loss}"] for _ in range(trainer.total_steps)]
+    assert all(torch.isfinite(torch.tensor(losses)))
+    assert losses[-1] < losses[0]
+
+
+def test_dpo_stage_of_a_run(warm_model_dir, tmp_path):
+    from textgym.pipeline import run
+
+    cfg_path = tmp_path / "run.yaml"
+    cfg_path.write_text(
+        json.dumps(
+            {
+                "name": "dpo_test",
+                "out_dir": str(tmp_path),
+                "model": {"path": str(warm_model_dir)},
+                "dpo": {
+                    "env": WARM_ENV,
+                    "rounds": 2,
+                    "collect": {"n": 24, "samples": 4, "sampling": {"max_new_tokens": 8}},
+                    "beta": 0.5,
+                    "batch_size": 16,
+                    "optim": {"lr": 1e-4},
+                },
+                "eval": {"env": WARM_ENV, "n": 16, "sampling": {"temperature": 0.0, "max_new_tokens": 8}},
+            }
+        )
+    )
+    summary = run(load_config(cfg_path), echo=lambda s: None)
+    rounds = summary["dpo_rounds"]
+    assert [r["round"] for r in rounds] == [0, 1] and all(r["rollouts"] == 96 for r in rounds)
+    # round 1 collected fresh tasks with the round-0 model
+    t0 = read_trajectories(tmp_path / "dpo_test" / "dpo" / "round_0" / "trajectories")
+    t1 = read_trajectories(tmp_path / "dpo_test" / "dpo" / "round_1" / "trajectories")
+    assert set(t0.column("task_index").to_pylist()).isdisjoint(t1.column("task_index").to_pylist())
+    assert t1.column("policy").to_pylist()[0].endswith("round_0/train/final")
+    assert summary["models_in_memory"] == ["policy"] and "accuracy_after" in summary
