@@ -74,12 +74,12 @@ def test_corrupt_and_foreign_files_are_named(tmp_path):
     with TrajectoryWriter(store) as w:
         w.append([trajectory_row(_traj([1], [2], 1.0))])
     (store / "zz-corrupt.parquet").write_bytes(b"PAR1 this is not parquet")
-    with pytest.raises(TrajectoryStoreError, match="zz-corrupt.parquet: not a readable Parquet file"):
+    with pytest.raises(TrajectoryStoreError, match=r"zz-corrupt\.parquet: not a readable Parquet file"):
         read_trajectories(store)
     (store / "zz-corrupt.parquet").unlink()
     pq.write_table(pa.table({"question": ["2+2"], "answer": ["4"]}), store / "zz-foreign.parquet")
     with pytest.raises(
-        TrajectoryStoreError, match=r"zz-foreign.parquet: not a textgym trajectory shard \(missing"
+        TrajectoryStoreError, match=r"zz-foreign\.parquet: not a textgym trajectory shard \(missing"
     ):
         read_trajectories(store)
 
