@@ -226,3 +226,50 @@ def test_dpo_stage_of_a_run(warm_model_dir, tmp_path):
     assert set(t0.column("task_index").to_pylist()).isdisjoint(t1.column("task_index").to_pylist())
     assert t1.column("policy").to_pylist()[0].endswith("round_0/train/final")
     assert summary["models_in_memory"] == ["policy"] and "accuracy_after" in summary
+
+
+def _synthetic_pairs(n: int = 96) -> pa.Table:
+    """Pairs whose chosen response ends in token 40 and rejected in token 41 before EOS (learnable)."""
+    rows = []
+    for i in range(n):
+        prompt = [5 + (i % 23), 6 + (i % 7), 9]
+        rows.append(
+            {
+                "env_id": "e",
+                "task_id": f"t/{i}",
+                "prompt_ids": prompt,
+                "chosen_ids": [30 + i % 5, 40, 2],
+                "chosen_mask": [1, 1, 1],
+                "rejected_ids": [30 + i % 5, 41, 2],
+                "rejected_mask": [1, 1, 1],
+                "chosen_reward": 1.0,
+                "rejected_reward": 0.0,
+            }
+        )
+    from textgym.offline import PAIR_SCHEMA
+
+    return pa.Table.from_pylist(rows, schema=PAIR_SCHEMA)
+
+
+def test_reward_model_learns_a_separable_preference_and_scores_in_an_env(tiny_model_dir, tmp_path):
+    from textgym.config import EnvConfig, OptimConfig, RewardModelConfig
+    from textgym.trainers.reward_model import RewardModelVerifier, train_reward_model
+    from textgym.types import Task
+
+    cfg = RewardModelConfig(epochs=3, batch_size=16, eval_fraction=0.25, optim=OptimConfig(lr=1e-3))
+    res = train_reward_model(_synthetic_pairs(), tiny_model_dir, tmp_path / "rm", cfg)
+    assert res["heldout_pairs"] > 0 and res["heldout_accuracy"] >= 0.95
+    assert res["train_loss"] < 0.3
+    rm = RewardModelVerifier(tmp_path / "rm")
+    s = rm("4", Task("t", "2+2="))
+    assert isinstance(s.reward, float) and s.details["reward_model"] == s.reward
+    # In an env: the reward is the model's score, the env's own terms stay as the true measure.
+    env = EnvConfig.model_validate({**WARM_ENV, "reward_model": str(tmp_path / "rm")}).make()
+    messages, _ = env.reset(options={"task_index": 0})
+    answer = env.unwrapped.task.solution
+    _, reward, terminated, _, info = env.step(answer)
+    expected = rm.score_messages([[*messages, {"role": "assistant", "content": answer}]])[0]
+    assert terminated and abs(float(reward) - expected) < 1e-5 and info["reward/rm"] == float(reward)
+    assert info["reward/correct"] == 1.0
+    with pytest.raises(ValueError, match=r"has no config\.json"):
+        EnvConfig.model_validate({**WARM_ENV, "reward_model": str(tmp_path / "missing")})

@@ -36,6 +36,8 @@ rollouts_app = typer.Typer(help="Fill a trajectory store with rollouts.", no_arg
 pairs_app = typer.Typer(help="Build preference pairs from a trajectory store.", no_args_is_help=True)
 app.add_typer(rollouts_app, name="rollouts")
 app.add_typer(pairs_app, name="pairs")
+rm_app = typer.Typer(help="Reward models (Bradley-Terry) trained on preference pairs.", no_args_is_help=True)
+app.add_typer(rm_app, name="rm")
 console = Console()
 
 
@@ -594,6 +596,43 @@ def pairs_build_cmd(
         f"responses dropped) -> {stats.pairs} pairs from {stats.prompts_with_pairs} prompts "
         f"in {paths['pairs']}; "
         f"{stats.desirable} desirable / {stats.undesirable} undesirable in {paths['unpaired']}"
+    )
+
+
+@rm_app.command("train")
+def rm_train_cmd(
+    pairs: Annotated[Path, typer.Option(help="pairs.parquet (textgym pairs build), or its folder.")],
+    model: Annotated[Path, typer.Option(help="Causal LM folder to initialise the reward model from.")],
+    out: Annotated[Path, typer.Option(help="Output folder of the reward model.")],
+    epochs: Annotated[int, typer.Option(min=1)] = 2,
+    batch_size: Annotated[int, typer.Option(min=1, help="Pairs per step.")] = 32,
+    lr: Annotated[float, typer.Option(min=0.0)] = 1e-4,
+    eval_fraction: Annotated[float, typer.Option(min=0.0, max=0.9, help="Share of prompts held out.")] = 0.1,
+    seed: Annotated[int, typer.Option()] = 0,
+) -> None:
+    """Train a Bradley-Terry reward model; print its held-out pairwise accuracy."""
+    from textgym.config import OptimConfig, RewardModelConfig
+    from textgym.offline import read_pairs
+    from textgym.trainers.reward_model import train_reward_model
+
+    path = pairs / "pairs.parquet" if pairs.is_dir() else pairs
+    try:
+        table = read_pairs(path)
+        cfg = RewardModelConfig(
+            epochs=epochs,
+            batch_size=batch_size,
+            eval_fraction=eval_fraction,
+            optim=OptimConfig(lr=lr),
+            seed=seed,
+        )
+        res = train_reward_model(table, model, out, cfg, echo=console.print)
+    except (FileNotFoundError, ValueError, OSError) as e:
+        _fail(str(e))
+        return
+    console.print(
+        f"reward model in {out}: held-out pairwise accuracy {res['heldout_accuracy']:.3f} "
+        f"(before training {res['heldout_accuracy_before']:.3f}) on {res['heldout_pairs']} pairs; "
+        f"{res['train_pairs']} training pairs, {res['wall_time_s']:.0f}s"
     )
 
 

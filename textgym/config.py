@@ -47,6 +47,29 @@ class EnvConfig(_Strict):
     """Gymnasium id, e.g. `textgym/Arithmetic-v0` (see `textgym envs`)."""
     kwargs: dict[str, Any] = Field(default_factory=dict)
     """Keyword arguments for `gymnasium.make(id, **kwargs)`."""
+    reward_model: str | None = None
+    """A reward model folder (`textgym rm train`): its score replaces the env's reward, whose own
+    terms (`reward/correct`, ...) stay in `info` as the true measure (RLHF)."""
+    reward_model_weight: float = 1.0
+    """Scale of the reward model's score."""
+
+    def make(self) -> gym.Env:
+        """Build the env (wrapped with `RewardModelWrapper` when `reward_model` is set)."""
+        env = gym.make(self.id, **self.kwargs)
+        if self.reward_model is not None:
+            from textgym.trainers.reward_model import RewardModelWrapper
+
+            env = RewardModelWrapper(env, self.reward_model, self.reward_model_weight)
+        return env
+
+    @field_validator("reward_model")
+    @classmethod
+    def _rm_folder(cls, v: str | None) -> str | None:
+        if v is not None and not (Path(v) / "config.json").is_file():
+            raise ValueError(
+                f"reward model folder {v!r} has no config.json (train one with `textgym rm train`)"
+            )
+        return v
 
     @field_validator("id")
     @classmethod
@@ -275,6 +298,21 @@ class PreferenceConfig(_Strict):
     def uses_reference(self) -> bool:
         """Whether the loss needs reference log-probabilities (DPO, IPO, KTO)."""
         return self.loss in ("dpo", "ipo", "kto")
+
+
+class RewardModelConfig(_Strict):
+    """Training a Bradley–Terry reward model on pairs (`textgym rm train`)."""
+
+    epochs: int = Field(2, ge=1)
+    """Passes over the training pairs."""
+    batch_size: int = Field(32, ge=1)
+    """Pairs per optimizer step."""
+    eval_fraction: float = Field(0.1, ge=0.0, lt=1.0)
+    """Share of prompts held out for pairwise accuracy (all pairs of a prompt go to one side)."""
+    optim: OptimConfig = Field(default_factory=lambda: OptimConfig(lr=1e-4))
+    """Optimizer."""
+    seed: int = 0
+    """Seed of the split and the shuffling."""
 
 
 class _PolicyGradientConfig(_Strict):

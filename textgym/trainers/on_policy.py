@@ -24,7 +24,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import gymnasium as gym
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
@@ -128,7 +127,7 @@ class OnPolicyTrainer:
         B = cfg.prompts_per_step * cfg.group_size
         self.agent = LLMAgent(model, tokenizer, batch_size=B)
         self.params = SamplingParams(**cfg.sampling.model_dump())
-        self.envs = [gym.make(cfg.env.id, **cfg.env.kwargs) for _ in range(B)]
+        self.envs = [cfg.env.make() for _ in range(B)]
         self.sampler = TaskSampler(len(self.envs[0].unwrapped.tasks), seed)  # type: ignore[attr-defined]
         self.minibatch_size = cfg.minibatch_size or B
         self.micro_batch_size = cfg.micro_batch_size or self.minibatch_size
