@@ -214,6 +214,9 @@ def eval_cmd(
     backend: Annotated[
         str, typer.Option(help="Local generation backend for --model: transformers or vllm.")
     ] = "transformers",
+    log_trajectories: Annotated[
+        bool, typer.Option(help="With --out: also write full trajectories to OUT/trajectories (Parquet).")
+    ] = False,
     env_kwargs: Annotated[
         list[str] | None, typer.Option("--env-kwargs", help="key=value, repeatable.")
     ] = None,
@@ -245,6 +248,7 @@ def eval_cmd(
             endpoint,
             served_model,
             backend,
+            log_trajectories,
         )
         return
     assert env is not None
@@ -275,6 +279,7 @@ def eval_cmd(
                 params=SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens),
                 episodes_path=None if out is None else out / "episodes.jsonl",
                 policy=_policy_name(model, endpoint, served_model),
+                trajectory_store=out / "trajectories" if out is not None and log_trajectories else None,
             )
         except EvaluationInterruptedError as e:
             _fail(str(e))
@@ -346,6 +351,7 @@ def _eval_suite(
     endpoint: str | None = None,
     served_model: str | None = None,
     backend: str = "transformers",
+    log_trajectories: bool = False,
 ) -> None:
     from textgym.agents import SamplingParams
     from textgym.agents.scripted import OracleAgent, RandomAgent, evaluate_scripted
@@ -375,6 +381,7 @@ def _eval_suite(
                 params=params,
                 episodes_path=None if out is None else out / "episodes.jsonl",
                 policy=_policy_name(model, endpoint, served_model),
+                trajectory_store=out / "trajectories" if out is not None and log_trajectories else None,
             )
 
         policy = str(model)

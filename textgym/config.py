@@ -370,6 +370,9 @@ class _PolicyGradientConfig(_Strict):
     """How many of the latest checkpoints to keep."""
     eval_every: int = Field(0, ge=0)
     """Run the pipeline's `eval` every this many steps during training (0 = never)."""
+    log_trajectories: bool = False
+    """Write every rollout to the stage's trajectory store (`<stage>/trajectories/`, one Parquet
+    shard per step; a resumed run drops the shards of steps after its checkpoint)."""
 
     @model_validator(mode="after")
     def _batch_sizes(self) -> _PolicyGradientConfig:

@@ -118,6 +118,7 @@ def evaluate(
     batch_size: int = 256,
     episodes_path: str | Path | None = None,
     policy: str = "",
+    trajectory_store: str | Path | None = None,
 ) -> EvalResult:
     """Run `samples` episodes on each of the tasks 0..n−1 of `env_id` and aggregate.
 
@@ -128,6 +129,8 @@ def evaluate(
     that went away, a killed process) is resumed by repeating it, and its figures are those
     of one uninterrupted run (wall time summed over the calls). Rows are reused only when
     env, kwargs, samples, sampling parameters and `policy` (a name of the policy) all match.
+    With `trajectory_store`, each chunk's full trajectories are also appended to that store
+    (`textgym.store`, one shard per chunk, `source="eval"`).
 
     Raises:
         ValueError: if the environment has fewer than `n` tasks.
@@ -189,6 +192,16 @@ def evaluate(
             ]
             for r in rows:
                 records.setdefault(int(r["task_index"]), []).append(r)
+            if trajectory_store is not None:
+                from textgym.store import TrajectoryWriter, trajectory_row
+
+                with TrajectoryWriter(trajectory_store) as w:
+                    w.append(
+                        trajectory_row(
+                            t, env_kwargs=env_kwargs, sample=j % samples, policy=policy, source="eval"
+                        )
+                        for j, t in enumerate(trajs)
+                    )
             if path is not None:
                 path.parent.mkdir(parents=True, exist_ok=True)
                 with path.open("a", encoding="utf-8") as f:

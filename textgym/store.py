@@ -145,12 +145,14 @@ class TrajectoryWriter:
     Args:
         root: the store folder (created if missing).
         shard_rows: `append` flushes by itself once this many rows are buffered.
+        prefix: shard file names start with it (a trainer puts its step there).
 
     Use as a context manager (flushes on exit), or call `flush()` / `close()`.
     """
 
-    def __init__(self, root: str | Path, shard_rows: int = 1024):
+    def __init__(self, root: str | Path, shard_rows: int = 1024, prefix: str = "shard"):
         self.root = Path(root)
+        self.prefix = prefix
         self.root.mkdir(parents=True, exist_ok=True)
         self.shard_rows = int(shard_rows)
         self._rows: list[dict[str, Any]] = []
@@ -172,7 +174,7 @@ class TrajectoryWriter:
         if not self._rows:
             return None
         table = pa.Table.from_pylist(self._rows, schema=SCHEMA)
-        name = f"shard-{self._tag}-{self._seq:05d}.parquet"
+        name = f"{self.prefix}-{self._tag}-{self._seq:05d}.parquet"
         tmp = self.root / f".{name}.tmp"
         with tmp.open("wb") as f:
             pq.write_table(table, f)

@@ -165,6 +165,12 @@ class OnPolicyTrainer:
             )
             self.agent = LLMAgent(model, tokenizer, backend=self.engine)
         self.logger = MetricsLogger(self.stage_dir, resume_step=self.step if ckpt is not None else None)
+        self.trajectory_dir = self.stage_dir / "trajectories"
+        if cfg.log_trajectories and self.trajectory_dir.is_dir():
+            # Like metrics.jsonl, the store keeps nothing past the step the run resumes from.
+            for shard in self.trajectory_dir.glob("step-*.parquet"):
+                if int(shard.name.split("-")[1]) > self.step:
+                    shard.unlink()
 
     # --- hooks ---------------------------------------------------------------------------
     def _setup(self, updates: int) -> None:
@@ -232,6 +238,8 @@ class OnPolicyTrainer:
         metrics: dict[str, float] = {}
         trajs = self.sample(metrics)
         t_rollout = time.perf_counter() - t0
+        if cfg.log_trajectories:
+            self._log_trajectories(trajs)
 
         batch = RolloutBatch.from_trajectories(trajs, int(self.tokenizer.pad_token_id)).to(self.device)  # type: ignore[arg-type]
         if cfg.overlong_filter:
@@ -392,6 +400,24 @@ class OnPolicyTrainer:
         )
         assert entropy is not None
         return logprobs, entropy.detach(), entropy if grad else None
+
+    def _log_trajectories(self, trajs: list[Trajectory]) -> None:
+        """Append this step's rollouts to the stage's store as one shard named by the step."""
+        from textgym.store import TrajectoryWriter, trajectory_row
+
+        G = self.cfg.group_size
+        with TrajectoryWriter(self.trajectory_dir, prefix=f"step-{self.step + 1:06d}") as w:
+            w.append(
+                trajectory_row(
+                    t,
+                    env_kwargs=self.cfg.env.kwargs,
+                    sample=j % G,
+                    policy=str(self.stage_dir),
+                    policy_version=self.step,
+                    source="train",
+                )
+                for j, t in enumerate(trajs)
+            )
 
     @torch.no_grad()
     def _trainer_logprobs(self, batch: RolloutBatch) -> torch.Tensor:
