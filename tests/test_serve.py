@@ -235,7 +235,9 @@ def test_an_endpoint_that_dies_mid_eval_keeps_the_finished_episodes(warm_model_d
     episodes = tmp_path / "episodes.jsonl"
     try:
         # A generous timeout: a timed-out request that is retried would be counted twice below.
-        agent = LLMAgent.from_endpoint(url, "warm", warm_model_dir, max_retries=1, backoff_s=0.01, timeout_s=600)
+        agent = LLMAgent.from_endpoint(
+            url, "warm", warm_model_dir, max_retries=1, backoff_s=0.01, timeout_s=600
+        )
         run = dict(n=32, params=params, batch_size=8, episodes_path=episodes, policy="warm")
         with pytest.raises(EvaluationInterruptedError, match="after 16 of 32 tasks") as err:
             evaluate(agent, "textgym/Arithmetic-v0", env_kwargs, **run)
