@@ -170,6 +170,6 @@ def test_ppo_trains_with_vllm_rollouts_and_bf16_mismatch_is_measured(warm_model_
     finally:
         trainer.close()
     assert m["mismatch/abs_diff_max"] > 1e-3  # bf16 rounding shows
-    assert m["mismatch/k3"] < 0.05 and m["mismatch/k3"] >= 0.0
-    assert 0.0 <= m["mismatch/tis_clip_frac"] <= 1.0
+    assert 0.0 < m["mismatch/k3"] < 1e-2  # but stays small (measured ~5e-5 per step)
+    assert m["mismatch/ratio_max"] > 1.0 > m["mismatch/ratio_min"]
     assert "loss/value" in m and torch.isfinite(torch.tensor(m["loss/policy"]))

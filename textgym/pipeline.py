@@ -247,7 +247,7 @@ def _preference_rounds(
     echo: Callable[[str], None],
 ) -> tuple[Path, list[dict[str, Any]]]:
     """Run `cfg.dpo.rounds` rounds of collect → pair → train; return the last model and per-round counts."""
-    from textgym.offline import UNPAIRED_SCHEMA, build_pairs, collect_rollouts, read_pairs, write_pairs
+    from textgym.offline import build_pairs, collect_rollouts, write_pairs
     from textgym.store import read_trajectories
     from textgym.trainers.dpo import PreferenceTrainer
 
@@ -289,7 +289,7 @@ def _preference_rounds(
             desirable_threshold=pc.pairs.desirable_threshold,
             seed=cfg.seed + r,
         )
-        paths = write_pairs(pairs, unpaired, round_dir / "pairs")
+        write_pairs(pairs, unpaired, round_dir / "pairs")
         mean_reward = sum(table.column("reward").to_pylist()) / max(table.num_rows, 1)
         echo(
             f"dpo round {r}: {table.num_rows} rollouts (mean reward {mean_reward:.3f}, "
@@ -302,8 +302,8 @@ def _preference_rounds(
             model,
             tok,
             round_dir / "train",
-            read_pairs(paths["pairs"]),
-            read_pairs(paths["unpaired"], UNPAIRED_SCHEMA),
+            pairs,
+            unpaired,
             seed=cfg.seed + r,
             resume=resume,
         )

@@ -118,7 +118,7 @@ class PreferenceTrainer:
         self.steps_per_epoch = math.ceil(self.n / cfg.batch_size)
         self.total_steps = cfg.epochs * self.steps_per_epoch
         self.micro_batch_size = cfg.micro_batch_size or cfg.batch_size
-        self.generator = torch.Generator().manual_seed(seed)
+        self.seed = seed
         self.optimizer, self.scheduler = build_optimizer(model, cfg.optim, self.total_steps)
         self.step = 0
         self.reference: dict[str, torch.Tensor] = {}
@@ -141,9 +141,10 @@ class PreferenceTrainer:
         if self.kto:
             ex = self.examples
             own = [_traj(ex[i][0], ex[i][1], ex[i][2], k) for k, i in enumerate(idx)]
-            # KTO's reference point: each prompt with the next example's completion (Ethayarajh et al. §4.2).
+            # KTO's reference point: each prompt with the next example's completion (Ethayarajh et al.
+            # §4.2); same group as the prompt's own row, so the shared prompt is computed once.
             mis = [
-                _traj(ex[i][0], ex[(i + 1) % self.n][1], ex[(i + 1) % self.n][2], len(idx) + k)
+                _traj(ex[i][0], ex[(i + 1) % self.n][1], ex[(i + 1) % self.n][2], k)
                 for k, i in enumerate(idx)
             ]
             return own + mis
@@ -181,7 +182,7 @@ class PreferenceTrainer:
 
     # --- the step ----------------------------------------------------------------------
     def _order(self, epoch: int) -> list[int]:
-        g = torch.Generator().manual_seed(int(self.generator.initial_seed()) + epoch)
+        g = torch.Generator().manual_seed(self.seed + epoch)
         return torch.randperm(self.n, generator=g).tolist()
 
     def _loss(self, idx: list[int]) -> tuple[torch.Tensor, dict[str, float]]:
