@@ -41,6 +41,7 @@ from textgym.trainers.common import (
     run_loop,
     save_checkpoint,
     save_final,
+    save_lora_final,
     sequence_logprobs,
 )
 from textgym.trainers.losses import aggregate, clipped_policy_loss, rollout_correction
@@ -120,6 +121,10 @@ class OnPolicyTrainer:
         resume: bool = False,
         eval_fn: EvalFn | None = None,
     ):
+        if cfg.lora is not None:
+            from textgym.trainers.lora import apply_lora
+
+            model = apply_lora(model, cfg.lora)
         self.cfg, self.policy, self.tokenizer, self.stage_dir = cfg, model, tokenizer, Path(stage_dir)
         self.stage_dir.mkdir(parents=True, exist_ok=True)
         self.device = next(model.parameters()).device
@@ -134,9 +139,10 @@ class OnPolicyTrainer:
         updates = cfg.steps * cfg.epochs * (B // self.minibatch_size)
         self.optimizer, self.scheduler = build_optimizer(model, cfg.optim, updates)
         # The reference is the stage's start model (frozen); β = 0 never builds one. It is copied
-        # before a checkpoint is loaded, so a resumed run has the same reference.
+        # before a checkpoint is loaded, so a resumed run has the same reference. With LoRA it is
+        # the policy itself with its adapters disabled (no copy).
         self.reference: PreTrainedModel | None = None
-        if cfg.kl_coef > 0:
+        if cfg.kl_coef > 0 and cfg.lora is None:
             self.reference = copy.deepcopy(model).eval().requires_grad_(False)
         self.step = 0
         self._ref_logprobs: torch.Tensor | None = None
@@ -272,7 +278,7 @@ class OnPolicyTrainer:
         t_update = time.perf_counter() - t1
         if self.engine is not None:
             t2 = time.perf_counter()
-            self.engine.load_weights(self.policy.state_dict().items())
+            self.engine.load_weights(self._rollout_weights())
             metrics["time/weight_sync_s"] = time.perf_counter() - t2
 
         self.step += 1
@@ -401,6 +407,14 @@ class OnPolicyTrainer:
         assert entropy is not None
         return logprobs, entropy.detach(), entropy if grad else None
 
+    def _rollout_weights(self) -> Any:
+        """(name, tensor) pairs of the policy for the rollout engine; merged weights for LoRA."""
+        if self.cfg.lora is not None:
+            from textgym.trainers.lora import merged_state_dict
+
+            return merged_state_dict(self.policy).items()
+        return self.policy.state_dict().items()
+
     def _log_trajectories(self, trajs: list[Trajectory]) -> None:
         """Append this step's rollouts to the stage's store as one shard named by the step."""
         from textgym.store import TrajectoryWriter, trajectory_row
@@ -433,6 +447,17 @@ class OnPolicyTrainer:
     @torch.no_grad()
     def _reference_logprobs(self, batch: RolloutBatch) -> torch.Tensor | None:
         """[B, L] log π_ref of the batch's tokens (None without a reference)."""
+        if self.cfg.lora is not None and self.cfg.kl_coef > 0:
+            from textgym.trainers.lora import reference_of
+
+            policy, T = self.policy, self.cfg.sampling.temperature
+            was_training = policy.training
+            policy.eval()
+            try:
+                with reference_of(policy) as ref:
+                    return self.per_micro_batch(batch, lambda sub: sequence_logprobs(ref, sub, T)[0])
+            finally:
+                policy.train(was_training)
         if self.reference is None:
             return None
         reference, T = self.reference, self.cfg.sampling.temperature
@@ -495,7 +520,10 @@ class OnPolicyTrainer:
             after_step=periodic_eval,
             describe=self.describe,
         )
-        final = save_final(self.stage_dir, self.policy, self.tokenizer)
+        if self.cfg.lora is not None:
+            final = save_lora_final(self.stage_dir, self.policy, self.tokenizer)
+        else:
+            final = save_final(self.stage_dir, self.policy, self.tokenizer)
         self.close()
         return final
 
