@@ -614,6 +614,7 @@ def rm_train_cmd(
     epochs: Annotated[int, typer.Option(min=1)] = 2,
     batch_size: Annotated[int, typer.Option(min=1, help="Pairs per step.")] = 32,
     lr: Annotated[float, typer.Option(min=0.0)] = 1e-4,
+    schedule: Annotated[str, typer.Option(help="LR schedule: constant, cosine, linear.")] = "constant",
     eval_fraction: Annotated[float, typer.Option(min=0.0, max=0.9, help="Share of prompts held out.")] = 0.1,
     lm_coef: Annotated[
         float, typer.Option(min=0.0, help="Weight of the LM loss on chosen responses (GRM regulariser).")
@@ -632,7 +633,7 @@ def rm_train_cmd(
             epochs=epochs,
             batch_size=batch_size,
             eval_fraction=eval_fraction,
-            optim=OptimConfig(lr=lr),
+            optim=OptimConfig(lr=lr, schedule=schedule),  # type: ignore[arg-type]
             lm_coef=lm_coef,
             seed=seed,
         )

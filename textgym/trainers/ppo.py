@@ -62,7 +62,8 @@ def build_critic(policy: PreTrainedModel, path: str | None = None) -> PreTrained
 
         if is_lora(policy):
             # The backbone of a LoRA policy under its plain names (the merged weights).
-            prefix = policy.get_base_model().base_model_prefix + "."
+            lora_policy: Any = policy
+            prefix = lora_policy.get_base_model().base_model_prefix + "."
             merged = merged_state_dict(policy)
             critic.base_model.load_state_dict(
                 {k[len(prefix) :]: v for k, v in merged.items() if k.startswith(prefix)}
