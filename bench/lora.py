@@ -1,0 +1,171 @@
+"""Memory of a GRPO update with LoRA adapters against full fine-tuning, side by side.
+
+Each mode runs in its own fresh subprocess (so one's allocations cannot hide the other's) on
+the same locally built Qwen2-config model (a textgym preset, float32, random init):
+
+- `full`: the policy trains every weight; the reference is a frozen deep copy (β > 0), and
+  AdamW keeps two fp32 moments per weight.
+- `lora`: the policy gets LoRA adapters (`textgym.trainers.lora.apply_lora`, r and α as
+  given, all linear layers); the reference is the same module with adapters disabled.
+
+Each process builds its models and optimizer, then runs `--steps` GRPO-style updates on a
+synthetic batch (`--batch` rows, `--prompt-len` + `--response-len` tokens): reference
+log-probs without gradient, policy log-probs with gradient, the clipped surrogate plus β·k3,
+backward, AdamW step. It reports the peak resident memory (ru_maxrss) minus the resident
+memory after `import torch, transformers` (the interpreter's share), the bytes of weights,
+gradients and optimizer state it holds, and the mean update time.
+
+    python bench/lora.py [--preset small] [--rank 16] [--batch 16] [--prompt-len 32]
+                         [--response-len 96] [--steps 3] [--threads 2]
+
+Last line: `peak memory ratio lora/full (<preset>): X.XX`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def _rss_mb() -> float:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def child(args: argparse.Namespace) -> None:
+    """Run one mode and print its figures as one JSON line."""
+    import copy
+
+    import torch
+    import transformers  # noqa: F401  (its import is part of the baseline, not of the models)
+
+    from textgym.agents import RolloutBatch
+    from textgym.config import LoraSettings
+    from textgym.models import load_model
+    from textgym.trainers.common import sequence_logprobs
+    from textgym.trainers.lora import apply_lora, reference_of
+    from textgym.trainers.losses import clipped_policy_loss
+
+    torch.set_num_threads(args.threads)
+    base_mb = _rss_mb()
+    policy, _ = load_model(args.model)
+    if args.mode == "full":
+        reference = copy.deepcopy(policy).eval().requires_grad_(False)
+    else:
+        policy = apply_lora(policy, LoraSettings(r=args.rank, alpha=2 * args.rank))
+        reference = None
+    params = [p for p in policy.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=1e-5)
+    B, P, L = args.batch, args.prompt_len, args.response_len
+    g = torch.Generator().manual_seed(0)
+    vocab = policy.config.vocab_size
+    ids = torch.randint(3, vocab, (B, P + L), generator=g)
+    batch = RolloutBatch(
+        input_ids=ids,
+        attention_mask=torch.ones_like(ids),
+        position_ids=torch.arange(P + L).expand(B, -1).contiguous(),
+        prompt_width=P,
+        loss_mask=torch.ones(B, L),
+        old_logprobs=torch.zeros(B, L),
+        token_rewards=torch.zeros(B, L),
+        rewards=torch.zeros(B),
+        groups=torch.arange(B) // 4,
+    )
+    advantages = torch.randn(B, generator=g)[:, None].expand(B, L)
+    times = []
+    for _ in range(args.steps):
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            if reference is not None:
+                ref = sequence_logprobs(reference, batch, share_prompts=False)[0]
+            else:
+                with reference_of(policy) as r:
+                    ref = sequence_logprobs(r, batch, share_prompts=False)[0]
+        logp = sequence_logprobs(policy, batch, share_prompts=False)[0]
+        loss, _ = clipped_policy_loss(
+            logp,
+            logp.detach(),
+            advantages,
+            batch.loss_mask,
+            ref_logprobs=ref,
+            kl_coef=0.05,
+            kl_estimator="k3",
+        )
+        opt.zero_grad(set_to_none=False)
+        loss.backward()
+        opt.step()
+        times.append(time.perf_counter() - t0)
+
+    def nbytes(ts):
+        return sum(t.numel() * t.element_size() for t in ts)
+
+    weights = nbytes(policy.parameters()) + (nbytes(reference.parameters()) if reference is not None else 0)
+    grads = nbytes(p.grad for p in params if p.grad is not None)
+    state = nbytes(v for s in opt.state.values() for v in s.values() if torch.is_tensor(v))
+    out = {
+        "mode": args.mode,
+        "peak_mb": _rss_mb() - base_mb,
+        "weights_mb": weights / 2**20,
+        "grads_mb": grads / 2**20,
+        "optimizer_mb": state / 2**20,
+        "trainable": sum(p.numel() for p in params),
+        "update_s": sorted(times)[len(times) // 2],
+    }
+    print(json.dumps(out))
+
+
+def main() -> None:
+    """Build the model once, run both modes in subprocesses, print the table and the ratio."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--preset", default="small")
+    ap.add_argument("--rank", type=int, default=16)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--prompt-len", type=int, default=32)
+    ap.add_argument("--response-len", type=int, default=96)
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--mode", choices=["full", "lora"], help=argparse.SUPPRESS)
+    ap.add_argument("--model", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.mode is not None:
+        child(args)
+        return
+    from textgym.models import init_model
+
+    with tempfile.TemporaryDirectory() as d:
+        model = init_model(args.preset, Path(d) / args.preset)
+        rows = {}
+        for mode in ("full", "lora"):
+            cmd = [sys.executable, __file__, "--mode", mode, "--model", str(model)]
+            for k in ("preset", "rank", "batch", "prompt_len", "response_len", "steps", "threads"):
+                cmd += [f"--{k.replace('_', '-')}", str(getattr(args, k))]
+            out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+            rows[mode] = json.loads(out.strip().splitlines()[-1])
+    print(
+        f"preset {args.preset}, batch {args.batch} x ({args.prompt_len} + {args.response_len}) tokens, "
+        f"r={args.rank}"
+    )
+    print(
+        f"{'mode':6} {'trainable':>11} {'weights MB':>11} {'grads MB':>9} {'Adam MB':>8} "
+        f"{'peak MB':>8} {'update s':>9}"
+    )
+    for r in rows.values():
+        print(
+            f"{r['mode']:6} {r['trainable']:>11,} {r['weights_mb']:>11.1f} {r['grads_mb']:>9.1f} "
+            f"{r['optimizer_mb']:>8.1f} {r['peak_mb']:>8.1f} {r['update_s']:>9.2f}"
+        )
+    ratio = rows["lora"]["peak_mb"] / rows["full"]["peak_mb"]
+    print(f"peak memory ratio lora/full ({args.preset}): {ratio:.2f}")
+
+
+if __name__ == "__main__":
+    main()
