@@ -158,7 +158,11 @@ def train_cmd(
     ] = False,
     overwrite: Annotated[bool, typer.Option(help="Delete an existing run directory first.")] = False,
 ) -> None:
-    """Train per the config: optional SFT, then GRPO-family or PPO, with a before/after evaluation."""
+    """Train per the config: optional SFT, then GRPO-family or PPO, with a before/after evaluation.
+
+    Under `torchrun --nproc-per-node N -m textgym train CONFIG` the stages train on N ranks.
+    """
+    from textgym import distributed
     from textgym.config import ConfigError, load_config
     from textgym.pipeline import run
 
@@ -166,7 +170,14 @@ def train_cmd(
         cfg = load_config(config, overrides or [])
         summary = run(cfg, resume=resume, overwrite=overwrite, echo=console.print)
     except ConfigError as e:
-        _fail(str(e))
+        main = distributed.is_main()
+        distributed.shutdown(wait=False)
+        if main:
+            _fail(str(e))
+        raise typer.Exit(2) from None
+    main = distributed.is_main()
+    distributed.shutdown()
+    if not main:
         return
     if "accuracy_before" in summary:
         kwargs = " ".join(f"{k}={v!r}" for k, v in summary["eval_env_kwargs"].items())
