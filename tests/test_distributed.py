@@ -57,9 +57,7 @@ def write_config(path: Path, model_dir: Path, out_dir: Path, **stages: dict) -> 
     return path
 
 
-def train(
-    config: Path, name: str, ranks: int, *extra: str, check: bool = True
-) -> subprocess.CompletedProcess:
+def train(config: Path, name: str, ranks: int, *extra: str) -> subprocess.CompletedProcess:
     """`textgym train` in a subprocess: one process, or `ranks` processes under torchrun."""
     launcher = [sys.executable, "-m", "textgym"]
     if ranks > 1:
@@ -283,3 +281,97 @@ def test_outside_torchrun_every_helper_is_the_identity():
         distributed.metric_op("throughput/tokens_per_s") == "sum"
         and distributed.metric_op("loss/x") == "mean"
     )
+
+
+def test_per_sequence_seeds_make_samples_independent_of_batching(tiny_model_dir):
+    from textgym.agents.llm_agent import LLMAgent, SamplingParams
+
+    model, tok = load_model(tiny_model_dir)
+    agent = LLMAgent(model, tok, batch_size=8)
+    prompts = [tok(f"{i} + {i}")["input_ids"] for i in range(6)]  # different lengths: different padding
+    params = SamplingParams(temperature=1.0, top_k=50, top_p=0.95, max_new_tokens=10)
+    seeds = [1000 + i for i in range(6)]
+    together = agent.generate(prompts, params, seeds=seeds)
+    agent.backend.batch_size = 4  # other batches, reversed order
+    apart = agent.generate(prompts[::-1], params, seeds=seeds[::-1])[::-1]
+    assert [g.token_ids for g in together] == [g.token_ids for g in apart]
+    for a, b in zip(together, apart, strict=True):
+        torch.testing.assert_close(a.logprobs, b.logprobs, rtol=0, atol=1e-5)  # padding changes rounding only
+    other = agent.generate(prompts, params, seeds=[s + 1 for s in seeds])
+    assert [g.token_ids for g in other] != [g.token_ids for g in together]
+
+
+def test_seeded_gumbel_noise_samples_the_softmax():
+    """argmax(s + Gumbel) over 20000 seeded rows hits each token with probability softmax(s)."""
+    from textgym.agents.llm_agent import SeededGumbelNoise
+
+    n, logits = 20000, torch.tensor([2.0, 1.0, 0.0, -1.0, -float("inf")])
+    scores = logits.repeat(n, 1)
+    noisy = SeededGumbelNoise(list(range(n)), torch.device("cpu"))(
+        torch.zeros(n, 1, dtype=torch.long), scores
+    )
+    freq = torch.bincount(noisy.argmax(-1), minlength=5).float() / n
+    p = torch.softmax(logits, -1)
+    assert freq[4] == 0  # a filtered token is never drawn
+    assert torch.all((freq - p).abs() <= 4 * (p * (1 - p) / n).sqrt() + 1e-9)  # 4 standard errors
+    again = SeededGumbelNoise([7, 8], torch.device("cpu"))(torch.zeros(2, 1, dtype=torch.long), scores[:2])
+    assert torch.equal(again, SeededGumbelNoise([7, 8], torch.device("cpu"))(None, scores[:2]))  # type: ignore[arg-type]
+
+
+def test_gradient_checkpointing_gives_the_same_gradients(tiny_model_dir):
+    """Recomputing activations in backward changes no gradient (bit for bit on the same graph).
+
+    Under checkpointing HF drops the KV cache, so `sequence_logprobs` no longer shares a
+    group's prompt; against the shared-prompt default the gradients then differ by rounding.
+    """
+    from textgym.agents.trajectory import RolloutBatch, Trajectory
+    from textgym.trainers.common import sequence_logprobs
+
+    def batch() -> RolloutBatch:
+        g = torch.Generator().manual_seed(0)
+        trajs = []
+        for i in range(4):  # two groups of two rows sharing their prompt
+            prompt = torch.randint(3, 200, (5 + i // 2,), generator=torch.Generator().manual_seed(i // 2))
+            ids = torch.cat([prompt, torch.randint(3, 200, (3 + i,), generator=g)])
+            mask = torch.cat([torch.zeros(len(prompt)), torch.ones(len(ids) - len(prompt))])
+            zeros = torch.zeros(len(ids))
+            trajs.append(Trajectory(ids, mask, zeros, zeros.clone(), len(prompt), [], 0.0, group=i // 2))
+        return RolloutBatch.from_trajectories(trajs, 0)
+
+    def grads(checkpointing: bool, share_prompts: bool) -> dict[str, torch.Tensor]:
+        model, _ = load_model(tiny_model_dir)
+        if checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.train()
+        b = batch()
+        logprobs, _ = sequence_logprobs(model, b, share_prompts=share_prompts)
+        ((logprobs * b.loss_mask).sum() / b.loss_mask.sum()).backward()
+        return {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    plain, checkpointed = grads(False, False), grads(True, False)
+    assert max(float(g.abs().max()) for g in plain.values()) > 1e-2
+    assert all(torch.equal(checkpointed[n], g) for n, g in plain.items())
+    shared, checkpointed_default = grads(False, True), grads(True, True)
+    assert all(torch.equal(checkpointed_default[n], g) for n, g in plain.items())  # sharing was turned off
+    for n, g in shared.items():
+        torch.testing.assert_close(checkpointed_default[n], g, rtol=1e-5, atol=1e-6, msg=n)
+
+
+def test_memory_report_counts_parameters_gradients_and_adam_state(tiny_model_dir):
+    from textgym.config import OptimConfig
+    from textgym.trainers.common import build_optimizer
+
+    model, _ = load_model(tiny_model_dir)
+    optimizer, _ = build_optimizer(model, OptimConfig(), 10)
+    frozen, _ = load_model(tiny_model_dir)
+    frozen.requires_grad_(False)
+    report = distributed.memory_report({"policy": (model, optimizer), "reference": (frozen, None)})
+    n = sum(p.numel() for p in model.parameters())
+    assert report["policy"]["params_m"] == pytest.approx(n / 1e6)
+    assert report["policy"]["param_mib"] == report["policy"]["grad_mib"] == pytest.approx(4 * n / 2**20)
+    assert report["policy"]["optim_mib"] == pytest.approx(8 * n / 2**20)  # AdamW's two moments, before a step
+    assert report["reference"]["grad_mib"] == report["reference"]["optim_mib"] == 0
+    model(input_ids=torch.tensor([[1, 2, 3]]), labels=torch.tensor([[1, 2, 3]])).loss.backward()
+    optimizer.step()
+    stepped = distributed.memory_report({"policy": (model, optimizer)})["policy"]["optim_mib"]
+    assert stepped == pytest.approx(8 * n / 2**20, rel=1e-3)  # the moments it now holds (+ step counters)
