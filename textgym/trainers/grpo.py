@@ -86,7 +86,7 @@ class GRPOTrainer(OnPolicyTrainer):
             }
         )
         out = []
-        for gi, group in enumerate(chosen):  # renumber groups 0..n-1 for prompt sharing
+        for gi, group in enumerate(chosen, start=self.world.rank * k):  # renumber: the global batch's
             for t in group:
                 t.group = gi
                 out.append(t)

@@ -316,6 +316,8 @@ class OnPolicyTrainer:
                 env_id=cfg.env.id,
                 seeds=seeds,
             )
+        for t in trajs:
+            t.group += first  # the group's index in the step's global batch
         if cfg.overlong_penalty is not None:
             op = cfg.overlong_penalty
             apply_overlong_penalty(trajs, op.max_len, op.cache_len, op.factor)
