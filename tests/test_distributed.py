@@ -14,10 +14,11 @@ their gradient is rounding noise of size ~1e-9, comparable to Adam's ε = 1e-8, 
 update `lr·g/(|g|+ε)` can take any value up to ~lr. One process with micro_batch_size 4
 against the same process with 8 (nothing but summation order) differs by as much: after 2
 GRPO steps of 2 epochs from the warm model, ‖Δθ‖/‖θ − θ₀‖ = 5.6e-4 between micro-batch sizes
-and 6.1e-4 between 1 and 2 ranks. Measured here: 6.4e-5 for SFT + GRPO, 2.5e-5 for PPO. The
-parameter test asks for ‖θ₂ − θ₁‖ ≤ 5e-3·‖θ₁ − θ₀‖, ten times the rounding floor, with
-‖θ₁ − θ₀‖ ≈ 3-4 itself. It fails on real bugs: whitening PPO's advantages per rank instead of
-over the batch gives 0.82, dividing the token-mean by the rank's own token count 7.2e-2.
+and 6.1e-4 between 1 and 2 ranks. Measured here: 6.4e-5 for SFT + GRPO, 2.5e-5 for PPO,
+2.3e-5 for DPO. The parameter test asks for ‖θ₂ − θ₁‖ ≤ 5e-3·‖θ₁ − θ₀‖, ten times the
+rounding floor, with ‖θ₁ − θ₀‖ ≈ 3-4 itself. It fails on real bugs: whitening PPO's
+advantages per rank instead of over the batch gives 0.82, dividing the token-mean by the
+rank's own token count 7.2e-2.
 Adam is blind to a constant factor in the gradient (a loss divided by the world size once
 too often), so the logged pre-clip `grad_norm`, the losses and the KL of every step must
 also agree, to 5e-3 relative; such a factor moves them by 50 % or more.
@@ -260,6 +261,42 @@ def test_ppo_on_two_ranks_matches_one_process(warm_model_dir, tmp_path):
     )
     assert_same_metrics(records(one), records(two), keys)
     assert set(json.loads((two / "memory.json").read_text())) == {"policy", "reference", "critic"}
+
+
+def test_dpo_on_two_ranks_matches_one_process(warm_model_dir, tmp_path):
+    """Rank 0 collects the rollouts and builds the pairs; both ranks train on their halves.
+
+    Batches of 5 pairs split 3 + 2 over the ranks, micro-batches of 2: rank 1 runs a filler
+    micro-batch (weight 0) so that both make the same forward calls; the epoch's last batch
+    is ragged.
+    """
+    dpo = {
+        "env": WARM_ENV,
+        "loss": "dpo",
+        "collect": {"n": 32, "samples": 4, "sampling": SAMPLING},
+        "epochs": 2,
+        "batch_size": 5,
+        "micro_batch_size": 2,
+        "optim": {"lr": 1e-3},
+        "log_every": 1,
+    }
+    config = write_config(tmp_path / "dpo.yaml", warm_model_dir, tmp_path, dpo=dpo)
+    for ranks in (1, 2):
+        train(config, f"r{ranks}", ranks)
+    one, two = (tmp_path / f"r{n}" / "dpo" / "round_0" for n in (1, 2))
+    summary = json.loads((tmp_path / "r2" / "summary.json").read_text())
+    assert summary["dpo_rounds"] == json.loads((tmp_path / "r1" / "summary.json").read_text())["dpo_rounds"]
+    assert summary["dpo_rounds"][0]["pairs"] % 5 != 0  # a ragged last batch
+    rel, moved = relative_distance(
+        params(one / "train" / "final"), params(two / "train" / "final"), params(warm_model_dir)
+    )
+    print(f"DPO 1 vs 2 ranks: ‖Δθ‖/‖θ−θ0‖ = {rel:.2e}, ‖θ−θ0‖ = {moved:.3f}")
+    assert moved > 0.5 and rel < PARAM_RTOL
+    ref_one, ref_two = (torch.load(d / "train" / "reference_logps.pt") for d in (one, two))
+    for k in ("first", "second"):
+        torch.testing.assert_close(ref_two[k], ref_one[k], rtol=0, atol=1e-4)  # gathered from both ranks
+    keys = ("loss/dpo", "grad_norm", "rewards/margin", "rewards/accuracy")
+    assert_same_metrics(records(one / "train"), records(two / "train"), keys)
 
 
 # --- in-process checks ------------------------------------------------------------------------

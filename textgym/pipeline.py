@@ -13,11 +13,12 @@ are skipped and an unfinished one continues from its newest checkpoint.
 Under `torchrun --nproc-per-node N -m textgym train CONFIG` every rank runs this function:
 the SFT and RL stages train sharded over the N ranks (`textgym.distributed`), while rank 0
 alone prepares the run directory, builds the start model, evaluates and writes the summary
-(the others wait). The DPO stage runs on one process only.
+(the others wait). The DPO stage's rounds collect rollouts on rank 0 and train sharded.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import resource
 import shutil
@@ -71,8 +72,6 @@ def preflight(cfg: RunConfig) -> None:
         )
     if cfg.device.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError(f"device: {cfg.device!r} requested but CUDA is not available")
-    if distributed.world().size > 1 and cfg.dpo is not None:
-        raise ConfigError("dpo: the preference stage runs on one process; start it without torchrun")
 
 
 def evaluate_model(model: Any, tokenizer: Any, cfg: EvalConfig) -> EvalResult:
@@ -282,8 +281,6 @@ def _preference_rounds(
     echo: Callable[[str], None],
 ) -> tuple[Path, list[dict[str, Any]]]:
     """Run `cfg.dpo.rounds` rounds of collect → pair → train; return the last model and per-round counts."""
-    from textgym.offline import build_pairs, collect_rollouts, write_pairs
-    from textgym.store import read_trajectories
     from textgym.trainers.dpo import PreferenceTrainer
 
     pc = cfg.dpo
@@ -297,41 +294,12 @@ def _preference_rounds(
             model_path = final
             continue
         model, tok = load_model(model_path, device=device)
-        agent = LLMAgent(model, tok, batch_size=256)
-        c = pc.collect
-        t0 = time.perf_counter()
-        res = collect_rollouts(
-            agent,
-            pc.env.id,
-            round_dir / "trajectories",
-            env_kwargs=pc.env.kwargs,
-            n=c.n,
-            samples=c.samples,
-            start=c.start + r * c.n,
-            params=SamplingParams(**c.sampling.model_dump()),
-            policy=str(model_path),
-            policy_version=r,
-            seed=cfg.seed,
-            run=cfg.name,
-        )
-        table = read_trajectories(round_dir / "trajectories")
-        pairs, unpaired, stats = build_pairs(
-            table,
-            margin=pc.pairs.margin,
-            mode=pc.pairs.mode,
-            max_per_prompt=pc.pairs.max_per_prompt,
-            dedup=pc.pairs.dedup,
-            desirable_threshold=pc.pairs.desirable_threshold,
-            seed=cfg.seed + r,
-        )
-        write_pairs(pairs, unpaired, round_dir / "pairs")
-        mean_reward = sum(table.column("reward").to_pylist()) / max(table.num_rows, 1)
-        echo(
-            f"dpo round {r}: {table.num_rows} rollouts (mean reward {mean_reward:.3f}, "
-            f"{time.perf_counter() - t0:.0f}s) -> {stats.pairs} pairs, "
-            f"{stats.desirable}/{stats.undesirable} desirable/undesirable"
-        )
-        seed_everything(cfg.seed + 100 + r)
+
+        # Distributed: rank 0 collects with the whole model (the others wait) and every rank
+        # gets the pairs; the training below is sharded.
+        collect = functools.partial(_collect_round, cfg, r, round_dir, model, tok, model_path, echo)
+        pairs, unpaired, counts = distributed.on_main(collect)
+        seed_everything(distributed.rank_seed(cfg.seed + 100 + r))
         trainer = PreferenceTrainer(
             pc,
             model,
@@ -341,20 +309,72 @@ def _preference_rounds(
             unpaired,
             seed=cfg.seed + r,
             resume=resume,
+            parallel=cfg.parallel,
         )
         model_path = trainer.train(echo)
-        info.append(
-            {
-                "round": r,
-                "rollouts": table.num_rows,
-                "new_tasks": res.new_tasks,
-                "rollout_mean_reward": mean_reward,
-                "pairs": stats.pairs,
-                "desirable": stats.desirable,
-                "undesirable": stats.undesirable,
-            }
-        )
+        info.append(counts)
     return model_path, info
+
+
+def _collect_round(
+    cfg: RunConfig,
+    r: int,
+    round_dir: Path,
+    model: Any,
+    tok: Any,
+    model_path: Path,
+    echo: Callable[[str], None],
+) -> tuple[Any, Any, dict[str, Any]]:
+    """Round `r` of the DPO stage: roll out the policy, build and write the pairs; return them and counts."""
+    from textgym.offline import build_pairs, collect_rollouts, write_pairs
+    from textgym.store import read_trajectories
+
+    pc = cfg.dpo
+    assert pc is not None
+    agent = LLMAgent(model, tok, batch_size=256)
+    c = pc.collect
+    t0 = time.perf_counter()
+    res = collect_rollouts(
+        agent,
+        pc.env.id,
+        round_dir / "trajectories",
+        env_kwargs=pc.env.kwargs,
+        n=c.n,
+        samples=c.samples,
+        start=c.start + r * c.n,
+        params=SamplingParams(**c.sampling.model_dump()),
+        policy=str(model_path),
+        policy_version=r,
+        seed=cfg.seed,
+        run=cfg.name,
+    )
+    table = read_trajectories(round_dir / "trajectories")
+    pairs, unpaired, stats = build_pairs(
+        table,
+        margin=pc.pairs.margin,
+        mode=pc.pairs.mode,
+        max_per_prompt=pc.pairs.max_per_prompt,
+        dedup=pc.pairs.dedup,
+        desirable_threshold=pc.pairs.desirable_threshold,
+        seed=cfg.seed + r,
+    )
+    write_pairs(pairs, unpaired, round_dir / "pairs")
+    mean_reward = sum(table.column("reward").to_pylist()) / max(table.num_rows, 1)
+    echo(
+        f"dpo round {r}: {table.num_rows} rollouts (mean reward {mean_reward:.3f}, "
+        f"{time.perf_counter() - t0:.0f}s) -> {stats.pairs} pairs, "
+        f"{stats.desirable}/{stats.undesirable} desirable/undesirable"
+    )
+    counts = {
+        "round": r,
+        "rollouts": table.num_rows,
+        "new_tasks": res.new_tasks,
+        "rollout_mean_reward": mean_reward,
+        "pairs": stats.pairs,
+        "desirable": stats.desirable,
+        "undesirable": stats.undesirable,
+    }
+    return pairs, unpaired, counts
 
 
 def _models_in_memory(cfg: RunConfig) -> list[str]:
