@@ -337,7 +337,9 @@ class OnPolicyTrainer:
         trajs = self.sample(metrics)
         t_rollout = time.perf_counter() - t0
         if cfg.log_trajectories:
-            self._log_trajectories(distributed.gather_list(trajs))
+            everyone = distributed.gather_list(trajs)  # the global batch on rank 0, [] elsewhere
+            if distributed.is_main():
+                self._log_trajectories(everyone)
 
         batch = RolloutBatch.from_trajectories(trajs, int(self.tokenizer.pad_token_id)).to(self.device)  # type: ignore[arg-type]
         if cfg.overlong_filter:
