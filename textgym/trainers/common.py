@@ -318,10 +318,14 @@ def save_model_folder(folder: Path, model: torch.nn.Module, tokenizer: Any = Non
     rank 0 writes them); the folder is the one `save_pretrained` writes for the plain model.
     """
     state = distributed.model_state(model) if distributed.is_sharded(model) else None
-    if distributed.is_main():
+    if not distributed.is_main():
+        return
+    if state is not None:
         model.save_pretrained(folder, state_dict=state)  # type: ignore[operator]
-        if tokenizer is not None:
-            tokenizer.save_pretrained(folder)
+    else:
+        model.save_pretrained(folder)  # type: ignore[operator]  # (a peft model takes no state_dict)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(folder)
 
 
 def save_checkpoint(
