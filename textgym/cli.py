@@ -627,6 +627,9 @@ def rm_train_cmd(
     batch_size: Annotated[int, typer.Option(min=1, help="Pairs per step.")] = 32,
     lr: Annotated[float, typer.Option(min=0.0)] = 1e-4,
     eval_fraction: Annotated[float, typer.Option(min=0.0, max=0.9, help="Share of prompts held out.")] = 0.1,
+    lm_coef: Annotated[
+        float, typer.Option(min=0.0, help="Weight of the LM loss on chosen responses (GRM regulariser).")
+    ] = 0.0,
     seed: Annotated[int, typer.Option()] = 0,
 ) -> None:
     """Train a Bradley-Terry reward model; print its held-out pairwise accuracy."""
@@ -642,6 +645,7 @@ def rm_train_cmd(
             batch_size=batch_size,
             eval_fraction=eval_fraction,
             optim=OptimConfig(lr=lr),
+            lm_coef=lm_coef,
             seed=seed,
         )
         res = train_reward_model(table, model, out, cfg, echo=console.print)

@@ -318,8 +318,27 @@ class RewardModelConfig(_Strict):
     """Share of prompts held out for pairwise accuracy (all pairs of a prompt go to one side)."""
     optim: OptimConfig = Field(default_factory=lambda: OptimConfig(lr=1e-4))
     """Optimizer."""
+    lm_coef: float = Field(0.0, ge=0.0)
+    """α of the language-modelling regulariser: the loss adds α · NLL of the chosen responses
+    under the backbone's LM head (GRM, Yang et al. 2024, arXiv:2406.10216); 0 turns it off."""
     seed: int = 0
     """Seed of the split and the shuffling."""
+
+
+class LoraSettings(_Strict):
+    """LoRA adapters through `peft` (Hu et al. 2021, arXiv:2106.09685, eq. 3).
+
+    Only A [r, in] and B [out, r] of each targeted weight train: h = W x + (alpha / r) · B A x.
+    """
+
+    r: int = Field(16, ge=1)
+    """Rank r of the update."""
+    alpha: int = Field(32, gt=0)
+    """Scale α (the update is multiplied by α / r)."""
+    dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    """Dropout on the adapter's input."""
+    target_modules: str | list[str] = "all-linear"
+    """Module names (or suffixes) that get adapters; "all-linear" = every linear layer but the LM head."""
 
 
 class _PolicyGradientConfig(_Strict):
@@ -380,6 +399,9 @@ class _PolicyGradientConfig(_Strict):
     log_trajectories: bool = False
     """Write every rollout to the stage's trajectory store (`<stage>/trajectories/`, one Parquet
     shard per step; a resumed run drops the shards of steps after its checkpoint)."""
+    lora: LoraSettings | None = None
+    """Train LoRA adapters instead of every weight; the reference is the base model with the
+    adapters disabled (no second copy); `final/` is the merged model, `final_adapter/` the adapter."""
 
     @model_validator(mode="after")
     def _batch_sizes(self) -> _PolicyGradientConfig:

@@ -382,7 +382,8 @@ def _models_in_memory(cfg: RunConfig) -> list[str]:
     rl = cfg.rl
     models = ["policy"]
     if rl is not None and rl.kl_coef > 0:
-        models.append("reference")
+        # With LoRA the reference is the policy with its adapters disabled: no second model.
+        models.append("reference" if rl.lora is None else "reference (policy, adapters off)")
     if cfg.ppo is not None:
         models.append("critic")
     return models

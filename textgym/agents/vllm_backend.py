@@ -122,7 +122,10 @@ class VLLMBackend:
             tokenizer.save_pretrained(d)
             kwargs.setdefault("dtype", str(next(policy.parameters()).dtype).removeprefix("torch."))
             engine = cls(d, eos_ids, load_format="dummy", **kwargs)
-        engine.load_weights(policy.state_dict().items())
+        from textgym.trainers.lora import is_lora, merged_state_dict
+
+        # A LoRA policy is served merged (W + scale·BA under the base names vLLM expects).
+        engine.load_weights((merged_state_dict(policy) if is_lora(policy) else policy.state_dict()).items())
         engine.weight_version = 0
         return engine
 

@@ -401,6 +401,22 @@ def load_weights(folder: Path, model: torch.nn.Module) -> None:
     if distributed.is_main() or not sharded:  # a sharded model takes rank 0's copy
         for f in sorted(folder.glob("*.safetensors")):
             weights.update(load_file(str(f)))
+    from textgym.trainers.lora import is_lora
+
+    if is_lora(model):  # one process only (the trainers refuse LoRA on several ranks)
+        # A LoRA checkpoint holds the adapter only (adapter_model.safetensors).
+        from peft import set_peft_model_state_dict
+
+        if not (folder / "adapter_config.json").is_file():
+            raise RuntimeError(
+                f"checkpoint {folder} has no LoRA adapter (adapter_config.json) for a LoRA policy"
+            )
+        result: Any = set_peft_model_state_dict(model, weights)
+        if result.unexpected_keys:
+            raise RuntimeError(
+                f"checkpoint {folder} does not match the adapters: unexpected {result.unexpected_keys}"
+            )
+        return
     missing, unexpected = distributed.load_model_state(model, weights)
     tied = {k for k in missing if "lm_head" in k}
     if set(missing) - tied or unexpected:
@@ -440,6 +456,28 @@ def save_optimizer(path: Path, model: torch.nn.Module, optimizer: torch.optim.Op
     state = distributed.optimizer_state(model, optimizer)
     if distributed.is_main():
         torch.save(state, path)
+
+
+def save_lora_final(stage_dir: Path, model: Any, tokenizer: PreTrainedTokenizerBase) -> Path:
+    """Save a LoRA policy; return the merged folder.
+
+    The adapter goes to `<stage_dir>/final_adapter` (peft's format), the merged model (a plain
+    HF folder any loader reads) to `<stage_dir>/final`, each written atomically.
+    """
+    from textgym.trainers.lora import save_merged
+
+    for name, write in (
+        ("final_adapter", lambda d: (model.save_pretrained(d), tokenizer.save_pretrained(d))),
+        ("final", lambda d: save_merged(model, tokenizer, d)),
+    ):
+        tmp = stage_dir / f".tmp_{name}_{os.getpid()}"
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        write(tmp)
+        if (stage_dir / name).exists():
+            shutil.rmtree(stage_dir / name)
+        os.replace(tmp, stage_dir / name)
+    return stage_dir / "final"
 
 
 def save_final(stage_dir: Path, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> Path:

@@ -51,6 +51,7 @@ from textgym.trainers.common import (
     run_loop,
     save_checkpoint,
     save_final,
+    save_lora_final,
     sequence_logprobs,
 )
 from textgym.trainers.losses import aggregate, clipped_policy_loss, rollout_correction
@@ -126,8 +127,8 @@ class OnPolicyTrainer:
         parallel: sharding, mixed precision and gradient checkpointing (default `ParallelConfig()`).
 
     Raises:
-        ConfigError: under torchrun, when the batch does not split evenly over the ranks or the
-            rollout engine is vLLM.
+        ConfigError: under torchrun, when the batch does not split evenly over the ranks, the
+            rollout engine is vLLM, or LoRA is on.
     """
 
     name = "rl"
@@ -144,10 +145,14 @@ class OnPolicyTrainer:
         eval_fn: EvalFn | None = None,
         parallel: ParallelConfig | None = None,
     ):
-        self.cfg, self.policy, self.tokenizer, self.stage_dir = cfg, model, tokenizer, Path(stage_dir)
-        self.parallel = parallel or ParallelConfig()
-        self.world = distributed.world()
+        self.cfg, self.world = cfg, distributed.world()
         self._check_world()
+        if cfg.lora is not None:
+            from textgym.trainers.lora import apply_lora
+
+            model = apply_lora(model, cfg.lora)
+        self.policy, self.tokenizer, self.stage_dir = model, tokenizer, Path(stage_dir)
+        self.parallel = parallel or ParallelConfig()
         self.stage_dir.mkdir(parents=True, exist_ok=True)
         self.device = next(model.parameters()).device
         self.eval_fn = eval_fn
@@ -164,9 +169,10 @@ class OnPolicyTrainer:
         if self.parallel.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         # The reference is the stage's start model (frozen); β = 0 never builds one. It is copied
-        # before a checkpoint is loaded, so a resumed run has the same reference.
+        # before a checkpoint is loaded, so a resumed run has the same reference. With LoRA it is
+        # the policy itself with its adapters disabled (no copy).
         self.reference: PreTrainedModel | None = None
-        if cfg.kl_coef > 0:
+        if cfg.kl_coef > 0 and cfg.lora is None:
             self.reference = copy.deepcopy(model).eval().requires_grad_(False)
             if self.parallel.gradient_checkpointing:
                 self.reference.gradient_checkpointing_disable()
@@ -229,6 +235,8 @@ class OnPolicyTrainer:
             raise ConfigError(
                 f"{self.name}.rollout.backend: vllm rollouts are not supported on several ranks yet"
             )
+        if cfg.lora is not None:
+            raise ConfigError(f"{self.name}.lora: LoRA is not supported on several ranks yet")
 
     def _shard(self, model: torch.nn.Module) -> Any:
         """Shard `model` over the ranks (FSDP2) when launched by torchrun; return it."""
@@ -376,7 +384,7 @@ class OnPolicyTrainer:
         t_update = time.perf_counter() - t1
         if self.engine is not None:
             t2 = time.perf_counter()
-            self.engine.load_weights(self.policy.state_dict().items())
+            self.engine.load_weights(self._rollout_weights())
             metrics["time/weight_sync_s"] = time.perf_counter() - t2
 
         self.step += 1
@@ -527,6 +535,14 @@ class OnPolicyTrainer:
         assert entropy is not None
         return logprobs, entropy.detach(), entropy if grad else None
 
+    def _rollout_weights(self) -> Any:
+        """(name, tensor) pairs of the policy for the rollout engine; merged weights for LoRA."""
+        if self.cfg.lora is not None:
+            from textgym.trainers.lora import merged_state_dict
+
+            return merged_state_dict(self.policy).items()
+        return self.policy.state_dict().items()
+
     def _log_trajectories(self, trajs: list[Trajectory]) -> None:
         """Append this step's rollouts to the stage's store as one shard named by the step."""
         from textgym.store import TrajectoryWriter, trajectory_row
@@ -559,6 +575,17 @@ class OnPolicyTrainer:
     @torch.no_grad()
     def _reference_logprobs(self, batch: RolloutBatch) -> torch.Tensor | None:
         """[B, L] log π_ref of the batch's tokens (None without a reference)."""
+        if self.cfg.lora is not None and self.cfg.kl_coef > 0:
+            from textgym.trainers.lora import reference_of
+
+            policy, T = self.policy, self.cfg.sampling.temperature
+            was_training = policy.training
+            policy.eval()
+            try:
+                with reference_of(policy) as ref:
+                    return self.per_micro_batch(batch, lambda sub: sequence_logprobs(ref, sub, T)[0])
+            finally:
+                policy.train(was_training)
         if self.reference is None:
             return None
         reference, T = self.reference, self.cfg.sampling.temperature
@@ -632,7 +659,10 @@ class OnPolicyTrainer:
             after_step=periodic_eval,
             describe=self.describe,
         )
-        final = save_final(self.stage_dir, self.policy, self.tokenizer)
+        if self.cfg.lora is not None:
+            final = save_lora_final(self.stage_dir, self.policy, self.tokenizer)
+        else:
+            final = save_final(self.stage_dir, self.policy, self.tokenizer)
         self.close()
         return final
 

@@ -69,7 +69,18 @@ def build_critic(policy: PreTrainedModel, path: str | None = None) -> PreTrained
     else:
         config = policy.config.__class__.from_dict({**policy.config.to_dict(), **_VALUE_HEAD})
         critic = AutoModelForTokenClassification.from_config(config)
-        critic.base_model.load_state_dict(policy.base_model.state_dict())
+        from textgym.trainers.lora import is_lora, merged_state_dict
+
+        if is_lora(policy):
+            # The backbone of a LoRA policy under its plain names (the merged weights).
+            peft_model: Any = policy
+            prefix = peft_model.get_base_model().base_model_prefix + "."
+            merged = merged_state_dict(policy)
+            critic.base_model.load_state_dict(
+                {k[len(prefix) :]: v for k, v in merged.items() if k.startswith(prefix)}
+            )
+        else:
+            critic.base_model.load_state_dict(policy.base_model.state_dict())
     with torch.no_grad():
         critic.score.weight.zero_()
         if critic.score.bias is not None:

@@ -44,22 +44,83 @@ def _pad(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor
     return ids, mask
 
 
+def _hidden(model: Any, rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Last hidden states [n, T, H] of right-padded `rows` and their attention mask [n, T]."""
+    device = next(model.parameters()).device
+    ids, mask = _pad(rows, pad_id)
+    ids, mask = ids.to(device), mask.to(device)
+    return model.model(input_ids=ids, attention_mask=mask).last_hidden_state, mask
+
+
+def _last_token_reward(model: Any, hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """The score head at each row's last real token: [n, T, H] -> [n]."""
+    last = mask.sum(-1) - 1
+    return model.score(hidden[torch.arange(len(hidden), device=hidden.device), last])[:, 0]
+
+
 def score_sequences(model: Any, rows: list[list[int]], pad_id: int, batch_size: int = 64) -> torch.Tensor:
     """Reward of each token sequence [n] (the head's output at its last real token).
 
     The last real token is found from the attention mask, so a pad id that also occurs
     inside a sequence does not confuse it.
     """
-    device = next(model.parameters()).device
     out = []
     for i in range(0, len(rows), batch_size):
-        ids, mask = _pad(rows[i : i + batch_size], pad_id)
-        ids, mask = ids.to(device), mask.to(device)
-        hidden = model.model(input_ids=ids, attention_mask=mask).last_hidden_state  # [b, T, H]
-        last = mask.sum(-1) - 1
-        h = hidden[torch.arange(len(ids), device=device), last]
-        out.append(model.score(h)[:, 0])
+        hidden, mask = _hidden(model, rows[i : i + batch_size], pad_id)
+        out.append(_last_token_reward(model, hidden, mask))
     return torch.cat(out)
+
+
+def _output_embeddings(model_dir: str | Path, model: Any) -> torch.nn.Parameter:
+    """The causal LM's output projection [V, H] for the language-modelling regulariser.
+
+    With tied embeddings it is the reward model's own input embedding (shared, trained);
+    otherwise the LM head is loaded from `model_dir` as an extra parameter that is trained
+    with the backbone and dropped when the reward model is saved.
+    """
+    if getattr(model.config, "tie_word_embeddings", False):
+        return model.model.embed_tokens.weight  # type: ignore[no-any-return]
+    from safetensors.torch import load_file
+
+    for f in sorted(Path(model_dir).glob("*.safetensors")):
+        tensors = load_file(str(f))
+        if "lm_head.weight" in tensors:
+            return torch.nn.Parameter(tensors["lm_head.weight"].float())
+    raise ValueError(
+        f"{model_dir} has no lm_head.weight for the language-modelling regulariser (lm_coef > 0)"
+    )
+
+
+def response_nll(
+    hidden: torch.Tensor,
+    mask: torch.Tensor,
+    head: torch.Tensor,
+    ids: list[list[int]],
+    starts: list[int],
+    loss_masks: list[list[int]],
+) -> torch.Tensor:
+    """Mean negative log-likelihood (nats per token) of the response tokens under the LM head.
+
+    Args:
+        hidden: last hidden states [n, T, H] of `prompt + response` rows.
+        mask: attention mask [n, T].
+        head: output embedding [V, H] (logits = hidden @ head^T).
+        ids: the token rows (prompt + response), n lists.
+        starts: index of each row's first response token.
+        loss_masks: per response token, 1 where it counts (the policy's tokens).
+
+    The token at position t is predicted from the hidden state at t − 1. This is the
+    text-generation regulariser of GRM (Yang et al. 2024, arXiv:2406.10216, eq. 6, the SFT
+    form on the chosen responses).
+    """
+    n, T, _ = hidden.shape
+    target = torch.full((n, T), -100, dtype=torch.long, device=hidden.device)
+    for i, (row, s, lm) in enumerate(zip(ids, starts, loss_masks, strict=True)):
+        for j, keep in enumerate(lm):
+            if keep and s + j >= 1:
+                target[i, s + j - 1] = row[s + j]
+    logits = hidden @ head.T  # [n, T, V]
+    return torch.nn.functional.cross_entropy(logits.reshape(n * T, -1), target.reshape(-1), ignore_index=-100)
 
 
 def split_by_prompt(pairs: pa.Table, eval_fraction: float, seed: int) -> tuple[list[int], list[int]]:
@@ -96,8 +157,11 @@ def train_reward_model(
     model = AutoModelForSequenceClassification.from_pretrained(model_dir, num_labels=1, dtype=torch.float32)
     pad_id = int(tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id)
     model.config.pad_token_id = pad_id
-    cols = {c: pairs.column(c).to_pylist() for c in ("prompt_ids", "chosen_ids", "rejected_ids")}
+    cols = {
+        c: pairs.column(c).to_pylist() for c in ("prompt_ids", "chosen_ids", "rejected_ids", "chosen_mask")
+    }
     chosen = [p + c for p, c in zip(cols["prompt_ids"], cols["chosen_ids"], strict=True)]
+    starts = [len(p) for p in cols["prompt_ids"]]
     rejected = [p + r for p, r in zip(cols["prompt_ids"], cols["rejected_ids"], strict=True)]
     train_idx, test_idx = split_by_prompt(pairs, cfg.eval_fraction, cfg.seed)
     if not train_idx:
@@ -114,7 +178,12 @@ def train_reward_model(
 
     before = accuracy(test_idx)
     steps = cfg.epochs * math.ceil(len(train_idx) / cfg.batch_size)
-    optimizer, scheduler = build_optimizer(model, cfg.optim, steps)
+    head = _output_embeddings(model_dir, model) if cfg.lm_coef > 0 else None
+    trained = torch.nn.Module()
+    trained.model = model
+    if head is not None and head is not model.model.embed_tokens.weight:
+        trained.lm_head = torch.nn.ParameterList([head])  # untied LM head: trained, not saved
+    optimizer, scheduler = build_optimizer(trained, cfg.optim, steps)
     rng = random.Random(cfg.seed)
     loss_value = float("nan")
     step = 0
@@ -124,13 +193,24 @@ def train_reward_model(
         for b in range(0, len(order), cfg.batch_size):
             idx = order[b : b + cfg.batch_size]
             model.train()
-            r = score_sequences(model, [chosen[i] for i in idx] + [rejected[i] for i in idx], pad_id)
+            hidden, mask = _hidden(model, [chosen[i] for i in idx] + [rejected[i] for i in idx], pad_id)
+            r = _last_token_reward(model, hidden, mask)
             rc, rr = r[: len(idx)], r[len(idx) :]
             loss = -torch.nn.functional.logsigmoid(rc - rr).mean()
+            if head is not None:
+                nll = response_nll(
+                    hidden[: len(idx)],
+                    mask[: len(idx)],
+                    head,
+                    [chosen[i] for i in idx],
+                    [starts[i] for i in idx],
+                    [cols["chosen_mask"][i] for i in idx],
+                )
+                loss = loss + cfg.lm_coef * nll
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             if cfg.optim.max_grad_norm is not None:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.max_grad_norm)
+                torch.nn.utils.clip_grad_norm_(trained.parameters(), cfg.optim.max_grad_norm)
             optimizer.step()
             scheduler.step()
             step += 1
