@@ -7,6 +7,7 @@ Exit codes: 0 success; 1 some input lines failed (score/verify) or a run failed;
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
@@ -158,7 +159,11 @@ def train_cmd(
     ] = False,
     overwrite: Annotated[bool, typer.Option(help="Delete an existing run directory first.")] = False,
 ) -> None:
-    """Train per the config: optional SFT, then GRPO-family or PPO, with a before/after evaluation."""
+    """Train per the config: optional SFT, then GRPO-family or PPO, with a before/after evaluation.
+
+    Under `torchrun --nproc-per-node N -m textgym train CONFIG` the stages train on N ranks.
+    """
+    from textgym import distributed
     from textgym.config import ConfigError, load_config
     from textgym.pipeline import run
 
@@ -166,7 +171,14 @@ def train_cmd(
         cfg = load_config(config, overrides or [])
         summary = run(cfg, resume=resume, overwrite=overwrite, echo=console.print)
     except ConfigError as e:
-        _fail(str(e))
+        main = distributed.is_main()
+        distributed.shutdown(wait=False)
+        if main:
+            _fail(str(e))
+        raise typer.Exit(2) from None
+    main = distributed.is_main()
+    distributed.shutdown()
+    if not main:
         return
     if "accuracy_before" in summary:
         kwargs = " ".join(f"{k}={v!r}" for k, v in summary["eval_env_kwargs"].items())
@@ -763,7 +775,26 @@ def main() -> None:
 
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
+    _refuse_ranks_outside_train(sys.argv[1:])
     app(prog_name="textgym")
+
+
+def _refuse_ranks_outside_train(args: list[str]) -> None:
+    """Under torchrun with several processes only `textgym train` knows how to split the work.
+
+    Every other command would run once per rank and write the same outputs; it exits with
+    code 2 and a message instead.
+    """
+    import os
+
+    command = next((a for a in args if not a.startswith("-")), None)
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and command not in (None, "train"):
+        if os.environ.get("RANK", "0") == "0":
+            typer.echo(
+                f"error: `textgym {command}` runs on one process; only `textgym train` runs under torchrun",
+                err=True,
+            )
+        raise SystemExit(2)
 
 
 if __name__ == "__main__":

@@ -204,6 +204,11 @@ class RolloutEngineConfig(_Strict):
     """C, the truncation of the importance weight."""
     vllm: VLLMEngineConfig = Field(default_factory=VLLMEngineConfig)
     """Engine settings for backend "vllm"."""
+    per_sequence_seeds: bool = False
+    """Sample each sequence from its own generator, seeded by (run seed, step, the task's slot in
+    the step's global batch, sample index, turn): the rollouts then depend neither on the number
+    of ranks nor on how prompts are batched, so a run on N ranks samples what the same run on one
+    samples (`textgym.agents.llm_agent.TransformersBackend`). Transformers backend only."""
 
     @property
     def use_tis(self) -> bool:
@@ -217,6 +222,8 @@ class RolloutEngineConfig(_Strict):
 
             if importlib.util.find_spec("vllm") is None:
                 raise ValueError("backend 'vllm' needs vLLM installed: pip install 'textgym[vllm]'")
+            if self.per_sequence_seeds:
+                raise ValueError("per_sequence_seeds needs backend 'transformers'")
         return self
 
 
@@ -472,6 +479,26 @@ class PPOConfig(_PolicyGradientConfig):
     """Iterations at the start that train only the critic (the policy is not updated)."""
 
 
+class ParallelConfig(_Strict):
+    """How the stages use the hardware: sharding under torchrun, mixed precision, activation memory.
+
+    A run started by `torchrun --nproc-per-node N -m textgym train CONFIG` shards every
+    trained model with FSDP2 over the N processes (`textgym.distributed`); started as
+    `python -m textgym train`, it trains on one device as before and `mixed_precision`
+    does not apply.
+    """
+
+    mixed_precision: Literal["auto", "bf16", "fp32"] = "auto"
+    """Under torchrun: "bf16" computes in bf16 with fp32 master weights, optimizer state and
+    gradient reduction (FSDP2's MixedPrecisionPolicy); "fp32" computes in fp32; "auto" is bf16
+    on CUDA and fp32 on CPU."""
+    gradient_checkpointing: bool = False
+    """Recompute each block's activations in backward instead of keeping them (HF's
+    `gradient_checkpointing_enable`) for the trained models (policy, critic): less activation
+    memory, about one more forward pass of compute. Groups then run their shared prompt once
+    per row (the KV cache cannot be kept under checkpointing)."""
+
+
 class RunConfig(_Strict):
     """A training run: a start model, optional SFT, optional RL (GRPO family or PPO), and an evaluation."""
 
@@ -498,6 +525,8 @@ class RunConfig(_Strict):
     instead of an RL stage."""
     eval: EvalConfig | None = None
     """Evaluation before and after the last training stage."""
+    parallel: ParallelConfig = Field(default_factory=ParallelConfig)
+    """Sharding under torchrun, mixed precision and gradient checkpointing."""
 
     @model_validator(mode="after")
     def _has_stage(self) -> RunConfig:

@@ -9,10 +9,16 @@
 The evaluation brackets the last training stage: with an RL stage, "before" is the model
 that enters it (after SFT when there is one). With `resume=True` finished stages
 are skipped and an unfinished one continues from its newest checkpoint.
+
+Under `torchrun --nproc-per-node N -m textgym train CONFIG` every rank runs this function:
+the SFT and RL stages train sharded over the N ranks (`textgym.distributed`), while rank 0
+alone prepares the run directory, builds the start model, evaluates and writes the summary
+(the others wait). The DPO stage's rounds collect rollouts on rank 0 and train sharded.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import resource
 import shutil
@@ -25,11 +31,12 @@ import gymnasium as gym
 import torch
 import yaml
 
+from textgym import distributed
 from textgym.agents.llm_agent import LLMAgent, SamplingParams
 from textgym.config import ConfigError, EnvConfig, EvalConfig, RunConfig
 from textgym.evaluation import EvalResult, evaluate
 from textgym.models import init_model, load_model
-from textgym.trainers.common import resolve_device, seed_everything
+from textgym.trainers.common import seed_everything
 
 
 def preflight(cfg: RunConfig) -> None:
@@ -85,7 +92,16 @@ def evaluate_model(model: Any, tokenizer: Any, cfg: EvalConfig) -> EvalResult:
 def _cached_eval(
     path: Path, model_path: Path, cfg: EvalConfig, device: torch.device, resume: bool
 ) -> dict[str, Any]:
-    """Evaluate the model saved at `model_path`, reusing `path` when resuming the same model."""
+    """Evaluate the model saved at `model_path`, reusing `path` when resuming the same model.
+
+    Distributed, rank 0 evaluates and every rank gets the result.
+    """
+    return distributed.on_main(lambda: _eval_saved(path, model_path, cfg, device, resume))
+
+
+def _eval_saved(
+    path: Path, model_path: Path, cfg: EvalConfig, device: torch.device, resume: bool
+) -> dict[str, Any]:
     if resume and path.is_file():
         cached = json.loads(path.read_text(encoding="utf-8"))
         if cached.get("model") == str(model_path):
@@ -142,8 +158,10 @@ def _run_stage(
         return stage_dir / "final", None
     t = time.perf_counter()
     model, tok = load_model(model_path, device=device)
-    stage_dir.mkdir(parents=True, exist_ok=True)
-    _write_yaml(stage_dir / "config.yaml", stage_cfg)
+    if distributed.is_main():
+        stage_dir.mkdir(parents=True, exist_ok=True)
+        _write_yaml(stage_dir / "config.yaml", stage_cfg)
+    distributed.barrier()
     final: Path = build(model, tok, stage_dir).train(echo)
     return final, time.perf_counter() - t
 
@@ -153,6 +171,8 @@ def run(
 ) -> dict[str, Any]:
     """Run the configured stages and return the summary (also written to summary.json).
 
+    Under torchrun, every rank calls this and gets the summary; only rank 0 echoes.
+
     Raises:
         ConfigError: on a bad config, or an existing run directory without `resume`/`overwrite`.
     """
@@ -160,15 +180,20 @@ def run(
     from textgym.trainers.ppo import PPOTrainer
     from textgym.trainers.sft import SFTTrainer
 
+    world = distributed.init(cfg.device)
+    if not world.is_main:
+        echo = _silent
     preflight(cfg)
-    run_dir = _prepare_run_dir(cfg, resume, overwrite)
+    run_dir = distributed.on_main(lambda: _prepare_run_dir(cfg, resume, overwrite))
     start = time.perf_counter()
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    device = resolve_device(cfg.device)
-    seed_everything(cfg.seed)
+    device = distributed.device(cfg.device)
+    seed_everything(distributed.rank_seed(cfg.seed))
+    if world.size > 1:
+        echo(f"{world.size} ranks ({world.backend}); models sharded with FSDP2")
     # 0. Start model.
-    model_path = _start_model(cfg, run_dir, echo)
+    model_path = distributed.on_main(lambda: _start_model(cfg, run_dir, echo))
     stage_times: dict[str, float] = {}
     summary_extra: dict[str, Any] = {}
     before: dict[str, Any] | None = None
@@ -178,10 +203,10 @@ def run(
         sft_cfg = cfg.sft
         if cfg.eval is not None and cfg.rl is None and cfg.dpo is None:
             before = _cached_eval(run_dir / "eval_before.json", model_path, cfg.eval, device, resume)
-        seed_everything(cfg.seed)
+        seed_everything(distributed.rank_seed(cfg.seed))
         model_path, secs = _run_stage(
             "sft", sft_cfg, run_dir, model_path, device, resume, echo,
-            lambda m, t, d: SFTTrainer(sft_cfg, m, t, d, seed=cfg.seed, resume=resume),
+            lambda m, t, d: SFTTrainer(sft_cfg, m, t, d, seed=cfg.seed, resume=resume, parallel=cfg.parallel),
         )  # fmt: skip
         if secs is not None:
             stage_times["sft"] = secs
@@ -204,9 +229,11 @@ def run(
         trainer_cls = GRPOTrainer if stage == "grpo" else PPOTrainer
 
         def build(m: Any, t: Any, d: Path) -> Any:
-            return trainer_cls(rl_cfg, m, t, d, seed=cfg.seed, resume=resume, eval_fn=periodic)
+            return trainer_cls(
+                rl_cfg, m, t, d, seed=cfg.seed, resume=resume, eval_fn=periodic, parallel=cfg.parallel
+            )
 
-        seed_everything(cfg.seed + 1)
+        seed_everything(distributed.rank_seed(cfg.seed + 1))
         model_path, secs = _run_stage(stage, rl_cfg, run_dir, model_path, device, resume, echo, build)
         if secs is not None:
             stage_times[stage] = secs
@@ -234,8 +261,15 @@ def run(
     summary["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     if torch.cuda.is_available():
         summary["peak_cuda_mb"] = torch.cuda.max_memory_allocated() / 2**20
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
-    return summary
+    if world.size > 1:
+        summary["ranks"] = world.size
+    if world.is_main:
+        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
+    return distributed.broadcast_object(summary)
+
+
+def _silent(line: str) -> None:
+    """The echo of ranks other than 0."""
 
 
 def _preference_rounds(
@@ -247,8 +281,6 @@ def _preference_rounds(
     echo: Callable[[str], None],
 ) -> tuple[Path, list[dict[str, Any]]]:
     """Run `cfg.dpo.rounds` rounds of collect → pair → train; return the last model and per-round counts."""
-    from textgym.offline import build_pairs, collect_rollouts, write_pairs
-    from textgym.store import read_trajectories
     from textgym.trainers.dpo import PreferenceTrainer
 
     pc = cfg.dpo
@@ -262,41 +294,12 @@ def _preference_rounds(
             model_path = final
             continue
         model, tok = load_model(model_path, device=device)
-        agent = LLMAgent(model, tok, batch_size=256)
-        c = pc.collect
-        t0 = time.perf_counter()
-        res = collect_rollouts(
-            agent,
-            pc.env.id,
-            round_dir / "trajectories",
-            env_kwargs=pc.env.kwargs,
-            n=c.n,
-            samples=c.samples,
-            start=c.start + r * c.n,
-            params=SamplingParams(**c.sampling.model_dump()),
-            policy=str(model_path),
-            policy_version=r,
-            seed=cfg.seed,
-            run=cfg.name,
-        )
-        table = read_trajectories(round_dir / "trajectories")
-        pairs, unpaired, stats = build_pairs(
-            table,
-            margin=pc.pairs.margin,
-            mode=pc.pairs.mode,
-            max_per_prompt=pc.pairs.max_per_prompt,
-            dedup=pc.pairs.dedup,
-            desirable_threshold=pc.pairs.desirable_threshold,
-            seed=cfg.seed + r,
-        )
-        write_pairs(pairs, unpaired, round_dir / "pairs")
-        mean_reward = sum(table.column("reward").to_pylist()) / max(table.num_rows, 1)
-        echo(
-            f"dpo round {r}: {table.num_rows} rollouts (mean reward {mean_reward:.3f}, "
-            f"{time.perf_counter() - t0:.0f}s) -> {stats.pairs} pairs, "
-            f"{stats.desirable}/{stats.undesirable} desirable/undesirable"
-        )
-        seed_everything(cfg.seed + 100 + r)
+
+        # Distributed: rank 0 collects with the whole model (the others wait) and every rank
+        # gets the pairs; the training below is sharded.
+        collect = functools.partial(_collect_round, cfg, r, round_dir, model, tok, model_path, echo)
+        pairs, unpaired, counts = distributed.on_main(collect)
+        seed_everything(distributed.rank_seed(cfg.seed + 100 + r))
         trainer = PreferenceTrainer(
             pc,
             model,
@@ -306,20 +309,72 @@ def _preference_rounds(
             unpaired,
             seed=cfg.seed + r,
             resume=resume,
+            parallel=cfg.parallel,
         )
         model_path = trainer.train(echo)
-        info.append(
-            {
-                "round": r,
-                "rollouts": table.num_rows,
-                "new_tasks": res.new_tasks,
-                "rollout_mean_reward": mean_reward,
-                "pairs": stats.pairs,
-                "desirable": stats.desirable,
-                "undesirable": stats.undesirable,
-            }
-        )
+        info.append(counts)
     return model_path, info
+
+
+def _collect_round(
+    cfg: RunConfig,
+    r: int,
+    round_dir: Path,
+    model: Any,
+    tok: Any,
+    model_path: Path,
+    echo: Callable[[str], None],
+) -> tuple[Any, Any, dict[str, Any]]:
+    """Round `r` of the DPO stage: roll out the policy, build and write the pairs; return them and counts."""
+    from textgym.offline import build_pairs, collect_rollouts, write_pairs
+    from textgym.store import read_trajectories
+
+    pc = cfg.dpo
+    assert pc is not None
+    agent = LLMAgent(model, tok, batch_size=256)
+    c = pc.collect
+    t0 = time.perf_counter()
+    res = collect_rollouts(
+        agent,
+        pc.env.id,
+        round_dir / "trajectories",
+        env_kwargs=pc.env.kwargs,
+        n=c.n,
+        samples=c.samples,
+        start=c.start + r * c.n,
+        params=SamplingParams(**c.sampling.model_dump()),
+        policy=str(model_path),
+        policy_version=r,
+        seed=cfg.seed,
+        run=cfg.name,
+    )
+    table = read_trajectories(round_dir / "trajectories")
+    pairs, unpaired, stats = build_pairs(
+        table,
+        margin=pc.pairs.margin,
+        mode=pc.pairs.mode,
+        max_per_prompt=pc.pairs.max_per_prompt,
+        dedup=pc.pairs.dedup,
+        desirable_threshold=pc.pairs.desirable_threshold,
+        seed=cfg.seed + r,
+    )
+    write_pairs(pairs, unpaired, round_dir / "pairs")
+    mean_reward = sum(table.column("reward").to_pylist()) / max(table.num_rows, 1)
+    echo(
+        f"dpo round {r}: {table.num_rows} rollouts (mean reward {mean_reward:.3f}, "
+        f"{time.perf_counter() - t0:.0f}s) -> {stats.pairs} pairs, "
+        f"{stats.desirable}/{stats.undesirable} desirable/undesirable"
+    )
+    counts = {
+        "round": r,
+        "rollouts": table.num_rows,
+        "new_tasks": res.new_tasks,
+        "rollout_mean_reward": mean_reward,
+        "pairs": stats.pairs,
+        "desirable": stats.desirable,
+        "undesirable": stats.undesirable,
+    }
+    return pairs, unpaired, counts
 
 
 def _models_in_memory(cfg: RunConfig) -> list[str]:

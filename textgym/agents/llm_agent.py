@@ -14,7 +14,16 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
-from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import (
+    GenerationConfig,
+    LogitsProcessor,
+    LogitsProcessorList,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
 
 from textgym.models import load_model, load_tokenizer
 from textgym.types import Message
@@ -70,6 +79,45 @@ def eos_token_ids(
     return sorted(ids)
 
 
+def derive_seed(*words: int) -> int:
+    """A 64-bit seed derived from a tuple of non-negative integers (numpy's `SeedSequence` hash).
+
+    Distinct tuples give unrelated seeds, e.g. `(run seed, step, task slot, sample, turn)`.
+    """
+    import numpy as np
+
+    hi, lo = np.random.SeedSequence([int(w) for w in words]).generate_state(2, dtype=np.uint32)
+    return (int(hi) << 32) | int(lo)
+
+
+class SeededGumbelNoise(LogitsProcessor):
+    """Adds Gumbel noise from one generator per row, so that greedy decoding draws a sample.
+
+    The Gumbel-max trick (Gumbel 1954; Maddison et al. 2014, arXiv:1411.0030, §2):
+    `argmax_v(s_v + g_v)` with `g_v = −log(−log U_v)`, `U_v ~ Uniform(0, 1)` i.i.d., is
+    distributed as `softmax(s)`. Row i's noise comes from its own `torch.Generator` seeded
+    with `seeds[i]`, so its t-th token depends only on its seed and its own logits, not on
+    which other rows share the batch or on the global RNG. Filtered logits (−inf) stay −inf.
+
+    Args:
+        seeds: one seed per row of the generation batch.
+        device: where the generators (and the noise) live.
+    """
+
+    def __init__(self, seeds: list[int], device: torch.device):
+        self.generators = [torch.Generator(device=device).manual_seed(int(s)) for s in seeds]
+        self.device = device
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        """Return `scores + Gumbel noise`, [B, V] (float32)."""
+        V = scores.shape[-1]
+        u = torch.stack([torch.rand(V, generator=g, device=self.device) for g in self.generators])
+        tiny = torch.finfo(u.dtype).tiny
+        u = u.clamp_(min=tiny, max=1.0 - torch.finfo(u.dtype).eps)
+        noise = -torch.log(-torch.log(u))
+        return scores.float() + noise.to(scores.device)  # type: ignore[return-value]
+
+
 def _has_gen_config(path: str | Path) -> bool:
     return (Path(path) / "generation_config.json").is_file()
 
@@ -114,14 +162,32 @@ class TransformersBackend:
         return cache
 
     @torch.no_grad()
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
-        """Sample one response per prompt (prompts given as token ids)."""
+    def generate(
+        self, prompts: list[list[int]], params: SamplingParams, seeds: list[int] | None = None
+    ) -> list[Generation]:
+        """Sample one response per prompt (prompts given as token ids).
+
+        Args:
+            prompts: token ids of each prompt.
+            params: sampling parameters.
+            seeds: one seed per prompt: each response is then sampled from its own generator
+                (`SeededGumbelNoise`), independent of batching and of the global RNG. None
+                samples from the global torch RNG. Ignored when decoding greedily.
+
+        Raises:
+            ValueError: if `seeds` is not one per prompt.
+        """
+        if seeds is not None and len(seeds) != len(prompts):
+            raise ValueError(f"got {len(seeds)} seeds for {len(prompts)} prompts")
         out: list[Generation] = []
         for i in range(0, len(prompts), self.batch_size):
-            out += self._generate_batch(prompts[i : i + self.batch_size], params)
+            chunk_seeds = None if seeds is None else seeds[i : i + self.batch_size]
+            out += self._generate_batch(prompts[i : i + self.batch_size], params, chunk_seeds)
         return out
 
-    def _generate_batch(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
+    def _generate_batch(
+        self, prompts: list[list[int]], params: SamplingParams, seeds: list[int] | None = None
+    ) -> list[Generation]:
         device = next(self.model.parameters()).device
         P = max(len(p) for p in prompts)
         ids = torch.full((len(prompts), P), self.pad_id, dtype=torch.long)
@@ -130,11 +196,24 @@ class TransformersBackend:
             ids[i, P - len(p) :] = torch.tensor(p, dtype=torch.long)
             mask[i, P - len(p) :] = 1
         greedy = params.temperature == 0
+        seeded = seeds is not None and not greedy
+        processors = LogitsProcessorList()
+        if seeded:
+            # The same warpers `do_sample` applies (temperature, top-k, top-p, in HF's order),
+            # then per-row Gumbel noise; decoding is "greedy" on the noisy scores.
+            assert seeds is not None
+            processors.append(TemperatureLogitsWarper(params.temperature))
+            if params.top_k > 0:
+                processors.append(TopKLogitsWarper(params.top_k))
+            if params.top_p < 1:
+                processors.append(TopPLogitsWarper(params.top_p))
+            processors.append(SeededGumbelNoise(seeds, device))
+        sample = not greedy and not seeded
         config = GenerationConfig(
-            do_sample=not greedy,
-            temperature=None if greedy else params.temperature,
-            top_p=None if greedy or params.top_p >= 1 else params.top_p,
-            top_k=None if greedy or params.top_k == 0 else params.top_k,
+            do_sample=sample,
+            temperature=params.temperature if sample else None,
+            top_p=params.top_p if sample and params.top_p < 1 else None,
+            top_k=params.top_k if sample and params.top_k > 0 else None,
             max_new_tokens=params.max_new_tokens,
             eos_token_id=self.eos_ids,
             pad_token_id=self.pad_id,
@@ -148,7 +227,12 @@ class TransformersBackend:
         try:
             cache = self._shared_prefix_cache(prompts, ids, mask)
             res = self.model.generate(  # type: ignore[operator]
-                input_ids=ids, attention_mask=mask, past_key_values=cache, generation_config=config
+                input_ids=ids,
+                attention_mask=mask,
+                past_key_values=cache,
+                generation_config=config,
+                logits_processor=processors,
+                synced_gpus=False,  # sharded models generate inside `distributed.full_params`
             )
         finally:
             self.model.train(was_training)
@@ -277,9 +361,23 @@ class LLMAgent:
             token_ids = token_ids[:-1]
         return str(self.tokenizer.decode(token_ids, skip_special_tokens=False))
 
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
-        """Sample one response per token-id prompt."""
-        return self.backend.generate(prompts, params)
+    def generate(
+        self, prompts: list[list[int]], params: SamplingParams, seeds: list[int] | None = None
+    ) -> list[Generation]:
+        """Sample one response per token-id prompt.
+
+        `seeds` (one per prompt) makes each response a function of its seed alone; only the
+        transformers backend takes them.
+
+        Raises:
+            ValueError: if seeds are given to a backend that cannot honour them.
+        """
+        if seeds is None:
+            return self.backend.generate(prompts, params)
+        if not isinstance(self.backend, TransformersBackend):
+            name = type(self.backend).__name__
+            raise ValueError(f"per-sequence seeds need the transformers backend, not {name}")
+        return self.backend.generate(prompts, params, seeds=seeds)
 
     def act(self, messages: list[Message], params: SamplingParams | None = None) -> str:
         """Reply to one conversation (greedy by default) and return the text."""

@@ -18,7 +18,7 @@ import gymnasium as gym
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from textgym.agents.llm_agent import LLMAgent, SamplingParams
+from textgym.agents.llm_agent import LLMAgent, SamplingParams, derive_seed
 from textgym.agents.trajectory import Trajectory
 from textgym.types import Message
 
@@ -90,6 +90,7 @@ class _Episode:
     truncated: bool = False
     info: dict = field(default_factory=dict)
     finish_reason: str = "stop"
+    seed: int | None = None
 
 
 def rollout(
@@ -101,6 +102,7 @@ def rollout(
     group_size: int = 1,
     max_turns: int = 16,
     env_id: str = "",
+    seeds: list[int] | None = None,
 ) -> list[Trajectory]:
     """Run `group_size` episodes of each task in `task_indices` and return their trajectories.
 
@@ -113,14 +115,19 @@ def rollout(
         max_turns: safety cap on agent turns per episode (environments normally end
             themselves or through `TimeLimit`); an episode cut here is marked truncated.
         env_id: recorded in each trajectory.
+        seeds: one seed per episode (in the order of the returned trajectories); turn k of
+            episode e is sampled with `derive_seed(seeds[e], k)` (see `LLMAgent.generate`), so an
+            episode's tokens depend only on its seed and the policy. None: the global RNG.
 
     Returns:
         `len(task_indices) * group_size` trajectories, grouped: rows g*G .. g*G+G-1 share task g.
 
     Raises:
-        ValueError: if there are fewer envs than episodes.
+        ValueError: if there are fewer envs than episodes, or `seeds` is not one per episode.
     """
     n = len(task_indices) * group_size
+    if seeds is not None and len(seeds) != n:
+        raise ValueError(f"got {len(seeds)} seeds for {n} episodes")
     if len(envs) < n:
         raise ValueError(
             f"need {n} environments for {len(task_indices)} tasks x {group_size} samples, got {len(envs)}"
@@ -137,6 +144,7 @@ def rollout(
             if prompt_ids is None:
                 prompt_ids = agent.encode_prompt(obs, tools=tools)
             ep = _Episode(env, ti, g, list(obs), list(prompt_ids), len(prompt_ids), tools=tools)
+            ep.seed = None if seeds is None else seeds[len(episodes)]
             ep.loss_mask = [0.0] * len(prompt_ids)
             ep.logprobs = [0.0] * len(prompt_ids)
             ep.token_rewards = [0.0] * len(prompt_ids)
@@ -144,7 +152,12 @@ def rollout(
 
     active = episodes
     while active:
-        gens = agent.generate([ep.token_ids for ep in active], params)
+        prompts = [ep.token_ids for ep in active]
+        if seeds is None:
+            gens = agent.generate(prompts, params)
+        else:
+            turn_seeds = [derive_seed(ep.seed or 0, ep.turns) for ep in active]
+            gens = agent.generate(prompts, params, seeds=turn_seeds)
         texts = [agent.decode(gen.token_ids) for gen in gens]
         # Environments are independent objects: step them concurrently, so verifiers that wait on
         # worker processes (math-verify, later the sandbox) score in parallel.

@@ -6,6 +6,7 @@ L = response columns of a `RolloutBatch`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Literal
 
 import torch
@@ -13,6 +14,9 @@ import torch
 from textgym.trainers.losses import KLEstimator, kl_estimate
 
 ScaleMode = Literal["group", "batch", "none"]
+Reduce = Callable[[torch.Tensor], torch.Tensor]
+"""Sums a tensor over data-parallel ranks (`textgym.distributed.all_reduce_sum`), so that a batch
+statistic covers every rank's rows; None: the local batch alone."""
 
 
 def group_advantages(
@@ -148,20 +152,35 @@ def token_level_rewards(
     return rewards, stats
 
 
-def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Σ m·x / Σ m (0 for an empty mask)."""
-    return (x * mask).sum() / mask.sum().clamp(min=1.0)
+def masked_mean(x: torch.Tensor, mask: torch.Tensor, reduce: Reduce | None = None) -> torch.Tensor:
+    """Σ m·x / Σ m (0 for an empty mask); with `reduce`, both sums run over every rank's batch."""
+    sums = torch.stack([(x * mask).sum(), mask.sum().to(x.dtype)])
+    if reduce is not None:
+        sums = reduce(sums)
+    return sums[0] / sums[1].clamp(min=1.0)
 
 
-def masked_var(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Unbiased variance of the masked entries (0 when fewer than two)."""
+def masked_var(x: torch.Tensor, mask: torch.Tensor, reduce: Reduce | None = None) -> torch.Tensor:
+    """Unbiased variance of the masked entries (0 when fewer than two); over every rank with `reduce`.
+
+    Two passes (mean, then the sum of squared deviations), each summed over ranks by `reduce`.
+    """
     n = mask.sum()
-    mean = masked_mean(x, mask)
-    ss = ((x - mean).pow(2) * mask).sum()
+    mean = masked_mean(x, mask, reduce)
+    sums = torch.stack([((x - mean).pow(2) * mask).sum(), n.to(x.dtype)])
+    if reduce is not None:
+        sums = reduce(sums)
+    ss, n = sums[0], sums[1]
     return ss / (n - 1) if n > 1 else torch.zeros((), dtype=x.dtype, device=x.device)
 
 
-def whiten(x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, eps: float = 1e-8) -> torch.Tensor:
+def whiten(
+    x: torch.Tensor,
+    mask: torch.Tensor,
+    shift_mean: bool = True,
+    eps: float = 1e-8,
+    reduce: Reduce | None = None,
+) -> torch.Tensor:
     """Normalise the masked entries of `x` to unit variance (and zero mean when `shift_mean`).
 
     Used for PPO's advantage whitening and REINFORCE++'s global batch normalisation
@@ -172,9 +191,10 @@ def whiten(x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, eps: fl
         mask: [B, L] 1.0 where the entry counts.
         shift_mean: subtract the masked mean (otherwise only divide by the std).
         eps: added to the variance before the square root.
+        reduce: sum statistics over ranks (the mean and variance of the global batch).
     """
-    inv_std = torch.rsqrt(masked_var(x, mask) + eps)
-    out = (x - masked_mean(x, mask)) * inv_std if shift_mean else x * inv_std
+    inv_std = torch.rsqrt(masked_var(x, mask, reduce) + eps)
+    out = (x - masked_mean(x, mask, reduce)) * inv_std if shift_mean else x * inv_std
     return out * mask
 
 
@@ -270,18 +290,21 @@ def overlong_penalty(lengths: torch.Tensor, max_len: int, cache_len: int) -> tor
     return ((start - lengths) / cache_len).clamp(-1.0, 0.0)
 
 
-def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float:
+def explained_variance(
+    values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor, reduce: Reduce | None = None
+) -> float:
     """`1 − Var[R − V] / Var[R]` over the masked tokens: 1 = perfect critic, ≤ 0 = no better than a constant.
 
     Args:
         values: [B, L] predictions V.
         returns: [B, L] targets R.
         mask: [B, L] 1.0 on tokens that count.
+        reduce: sum statistics over ranks (the global batch's explained variance).
 
     Returns:
         The explained variance (nan when Var[R] = 0).
     """
-    var_r = masked_var(returns, mask)
+    var_r = masked_var(returns, mask, reduce)
     if float(var_r) == 0.0:
         return float("nan")
-    return float(1.0 - masked_var(returns - values, mask) / var_r)
+    return float(1.0 - masked_var(returns - values, mask, reduce) / var_r)

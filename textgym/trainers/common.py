@@ -11,6 +11,12 @@ Run directory of one stage (DESIGN.md, "Run directory"):
 
 Checkpoints are written to a temporary folder and renamed into place, so a killed
 run never leaves a half-written checkpoint.
+
+Under torchrun (`textgym.distributed`) the same functions are collective: every rank calls
+them, the full (unsharded) model and optimizer states are gathered to rank 0, and rank 0
+alone writes, in exactly the single-process format; loading broadcasts rank 0's copy and
+shards it. `rng.pt` then also holds every rank's RNG states (`"ranks"`), restored rank by
+rank when the world size is unchanged.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ import torch
 from torch.optim.lr_scheduler import LambdaLR
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from textgym import distributed
 from textgym.agents.trajectory import RolloutBatch
 from textgym.config import OptimConfig
 from textgym.trainers.losses import entropy_from_logits
@@ -50,17 +57,20 @@ def resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
-def shared_prompt_rows(batch: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor] | None:
+def shared_prompt_rows(
+    batch: RolloutBatch, even_if_unique: bool = False
+) -> tuple[torch.Tensor, torch.Tensor] | None:
     """Find rows whose prompt columns can be computed once: `(first_rows, inverse)` or None.
 
     `first_rows[k]` is the first row of the k-th distinct group and `inverse[i]` the group
     position of row i, so `x[first_rows][inverse]` rebuilds a per-row tensor. None when no
-    group repeats, a row is ungrouped (-1), or rows of one group differ in their prompt.
+    group repeats (unless `even_if_unique`), a row is ungrouped (-1), or rows of one group
+    differ in their prompt.
     """
     if batch.groups.numel() == 0 or bool((batch.groups < 0).any()):
         return None
     uniq, inverse = torch.unique(batch.groups, return_inverse=True)
-    if len(uniq) == len(batch):
+    if len(uniq) == len(batch) and not even_if_unique:
         return None
     rows = torch.arange(len(batch), device=inverse.device)
     first = torch.full((len(uniq),), len(batch), dtype=torch.long, device=inverse.device)
@@ -78,6 +88,7 @@ def sequence_logprobs(
     with_entropy: bool = False,
     share_prompts: bool = True,
     entropy_grad: bool = False,
+    split_prompt: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probabilities of the response tokens of `batch` under `model`.
 
@@ -90,7 +101,12 @@ def sequence_logprobs(
     for each distinct prompt and gathered to every row of its group, then only the
     response columns are run. The result is the same function of the parameters (its
     gradient sums over the group through the shared cache), with about
-    `(num_groups·P + B·L) / (B·(P + L))` of the tokens.
+    `(num_groups·P + B·L) / (B·(P + L))` of the tokens. Under gradient checkpointing (in
+    training mode) HF drops the KV cache, so prompts are not shared then.
+
+    A sharded model (FSDP) must make the same forward calls on every rank; a rank's
+    micro-batch may hold repeated groups while another's does not, so `split_prompt` runs
+    the prompt/response pair of calls even when no prompt repeats.
 
     Args:
         model: a causal LM.
@@ -99,12 +115,14 @@ def sequence_logprobs(
         with_entropy: also return the per-token entropy (no grad unless `entropy_grad`).
         share_prompts: compute each group's prompt once when the batch allows it.
         entropy_grad: keep the entropy in the autograd graph (for an entropy bonus).
+        split_prompt: with `share_prompts`, always run prompt and response as two calls.
 
     Returns:
         logprobs [B, L] (0 where the batch has padding — mask it), entropy [B, L] or None.
     """
     P, L = batch.prompt_width, batch.loss_mask.shape[1]
-    shared = shared_prompt_rows(batch) if share_prompts else None
+    checkpointing = model.training and bool(getattr(model, "is_gradient_checkpointing", False))
+    shared = shared_prompt_rows(batch, split_prompt) if share_prompts and not checkpointing else None
     if shared is None:
         out = model(
             input_ids=batch.input_ids,
@@ -237,6 +255,21 @@ class MetricsLogger:
         self.tb.close()
 
 
+class NullLogger:
+    """The metrics logger of ranks other than 0: drops everything."""
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        """Do nothing."""
+
+    def close(self) -> None:
+        """Do nothing."""
+
+
+def metrics_logger(stage_dir: Path, resume_step: int | None = None) -> MetricsLogger | NullLogger:
+    """A `MetricsLogger` on rank 0, a `NullLogger` elsewhere (rank 0 alone writes the run directory)."""
+    return MetricsLogger(stage_dir, resume_step) if distributed.is_main() else NullLogger()
+
+
 def _rng_state() -> dict[str, Any]:
     return {
         "python": random.getstate(),
@@ -246,12 +279,53 @@ def _rng_state() -> dict[str, Any]:
     }
 
 
+def _all_rng_states() -> dict[str, Any]:
+    """rng.pt's content: rank 0's states, plus every rank's under "ranks" when distributed."""
+    if distributed.world().size == 1:
+        return _rng_state()
+    states = distributed.gather_list([_rng_state()])
+    return {**states[0], "ranks": states} if states else {}
+
+
+def _restore_rng_states(state: dict[str, Any]) -> None:
+    """Set this rank's RNGs from rng.pt.
+
+    Its own states when the world size is unchanged; otherwise rank 0's, re-seeded on the
+    other ranks by `distributed.rank_seed`.
+    """
+    w = distributed.world()
+    ranks = state.get("ranks")
+    if ranks is not None and len(ranks) == w.size:
+        _set_rng_state(ranks[w.rank])
+        return
+    _set_rng_state(state)
+    if w.rank > 0:
+        seed_everything(distributed.rank_seed(int(torch.randint(0, 2**31, (1,)))))
+
+
 def _set_rng_state(state: dict[str, Any]) -> None:
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
     if state.get("cuda") is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save_model_folder(folder: Path, model: torch.nn.Module, tokenizer: Any = None) -> None:
+    """Write `model` (and `tokenizer`) as a Hugging Face folder.
+
+    Collective for a sharded model (every rank calls it; the full weights are gathered and
+    rank 0 writes them); the folder is the one `save_pretrained` writes for the plain model.
+    """
+    state = distributed.model_state(model) if distributed.is_sharded(model) else None
+    if not distributed.is_main():
+        return
+    if state is not None:
+        model.save_pretrained(folder, state_dict=state)  # type: ignore[operator]
+    else:
+        model.save_pretrained(folder)  # type: ignore[operator]  # (a peft model takes no state_dict)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(folder)
 
 
 def save_checkpoint(
@@ -269,31 +343,39 @@ def save_checkpoint(
 
     `state` is JSON-serialisable trainer state (the data cursor, counters); `extra(folder)`
     may write more files into the checkpoint before it is renamed into place (PPO's critic).
+    Distributed: every rank calls this (and `extra`, which must itself be collective); rank 0
+    writes; every rank returns after the checkpoint is in place.
     """
+    main = distributed.is_main()
     root = stage_dir / "checkpoints"
-    root.mkdir(parents=True, exist_ok=True)
     final = root / f"step_{step}"
-    tmp = root / f".tmp_step_{step}_{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-    torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
-    torch.save(_rng_state(), tmp / "rng.pt")
-    (tmp / "state.json").write_text(json.dumps({"step": step, **state}), encoding="utf-8")
+    tmp = root / distributed.broadcast_object(f".tmp_step_{step}_{os.getpid()}")
+    if main:
+        root.mkdir(parents=True, exist_ok=True)
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir()
+    save_model_folder(tmp, model, tokenizer)
+    optim_state = distributed.optimizer_state(model, optimizer)
+    rng = _all_rng_states()
+    if main:
+        torch.save(optim_state, tmp / "optimizer.pt")
+        torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
+        torch.save(rng, tmp / "rng.pt")
+        (tmp / "state.json").write_text(json.dumps({"step": step, **state}), encoding="utf-8")
     if extra is not None:
         extra(tmp)
-    for f in tmp.rglob("*"):
-        if f.is_file():
-            with f.open("rb") as fh:
-                os.fsync(fh.fileno())
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(tmp, final)
-    for old in sorted(root.glob("step_*"), key=lambda p: int(p.name.split("_")[1]))[:-keep]:
-        shutil.rmtree(old)
+    if main:
+        for f in tmp.rglob("*"):
+            if f.is_file():
+                with f.open("rb") as fh:
+                    os.fsync(fh.fileno())
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        for old in sorted(root.glob("step_*"), key=lambda p: int(p.name.split("_")[1]))[:-keep]:
+            shutil.rmtree(old)
+    distributed.barrier()
     return final
 
 
@@ -314,12 +396,14 @@ def load_weights(folder: Path, model: torch.nn.Module) -> None:
     """
     from safetensors.torch import load_file
 
+    sharded = distributed.is_sharded(model)
     weights: dict[str, torch.Tensor] = {}
-    for f in sorted(folder.glob("*.safetensors")):
-        weights.update(load_file(str(f)))
+    if distributed.is_main() or not sharded:  # a sharded model takes rank 0's copy
+        for f in sorted(folder.glob("*.safetensors")):
+            weights.update(load_file(str(f)))
     from textgym.trainers.lora import is_lora
 
-    if is_lora(model):
+    if is_lora(model):  # one process only (the trainers refuse LoRA on several ranks)
         # A LoRA checkpoint holds the adapter only (adapter_model.safetensors).
         from peft import set_peft_model_state_dict
 
@@ -333,13 +417,13 @@ def load_weights(folder: Path, model: torch.nn.Module) -> None:
                 f"checkpoint {folder} does not match the adapters: unexpected {result.unexpected_keys}"
             )
         return
-    missing, unexpected = model.load_state_dict(weights, strict=False)
+    missing, unexpected = distributed.load_model_state(model, weights)
     tied = {k for k in missing if "lm_head" in k}
     if set(missing) - tied or unexpected:
         raise RuntimeError(
             f"checkpoint {folder} does not match the model: missing {missing}, unexpected {unexpected}"
         )
-    if tied and isinstance(model, PreTrainedModel):
+    if tied and isinstance(model, PreTrainedModel) and not sharded:  # sharded: one shared parameter
         model.tie_weights()
 
 
@@ -348,14 +432,30 @@ def load_checkpoint(
 ) -> dict[str, Any]:
     """Restore model weights, optimizer, scheduler and RNG states from `ckpt`; return its state.json.
 
+    Distributed: collective; a checkpoint written by any number of ranks loads on any number.
+
     Raises:
         RuntimeError: if the checkpoint's weights do not match `model`'s parameters.
     """
     load_weights(ckpt, model)
-    optimizer.load_state_dict(torch.load(ckpt / "optimizer.pt", weights_only=False))
+    load_optimizer(ckpt / "optimizer.pt", model, optimizer)
     scheduler.load_state_dict(torch.load(ckpt / "scheduler.pt", weights_only=False))
-    _set_rng_state(torch.load(ckpt / "rng.pt", weights_only=False))
+    _restore_rng_states(torch.load(ckpt / "rng.pt", weights_only=False))
     return dict(json.loads((ckpt / "state.json").read_text(encoding="utf-8")))
+
+
+def load_optimizer(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """Load an `optimizer.pt` (single-process format) into `optimizer`; collective when `model` is sharded."""
+    need = distributed.is_main() or not distributed.is_sharded(model)
+    state = torch.load(path, weights_only=False) if need else {}
+    distributed.load_optimizer_state(model, optimizer, state)
+
+
+def save_optimizer(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """Write `optimizer`'s state to `path` in the single-process format (collective when sharded)."""
+    state = distributed.optimizer_state(model, optimizer)
+    if distributed.is_main():
+        torch.save(state, path)
 
 
 def save_lora_final(stage_dir: Path, model: Any, tokenizer: PreTrainedTokenizerBase) -> Path:
@@ -381,16 +481,17 @@ def save_lora_final(stage_dir: Path, model: Any, tokenizer: PreTrainedTokenizerB
 
 
 def save_final(stage_dir: Path, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> Path:
-    """Save the trained model as a plain HF folder at `<stage_dir>/final` (atomically)."""
+    """Save the trained model as a plain HF folder at `<stage_dir>/final` (atomically; collective)."""
     final = stage_dir / "final"
-    tmp = stage_dir / f".tmp_final_{os.getpid()}"
-    if tmp.exists():
+    tmp = stage_dir / distributed.broadcast_object(f".tmp_final_{os.getpid()}")
+    if distributed.is_main() and tmp.exists():
         shutil.rmtree(tmp)
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(tmp, final)
+    save_model_folder(tmp, model, tokenizer)
+    if distributed.is_main():
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+    distributed.barrier()
     return final
 
 
@@ -398,7 +499,11 @@ class Trainable(Protocol):
     """What `run_loop` needs of a trainer."""
 
     step: int
-    logger: MetricsLogger
+
+    @property
+    def logger(self) -> MetricsLogger | NullLogger:
+        """Where metrics go."""
+        ...
 
     def train_step(self) -> dict[str, float]:
         """Do one iteration and return its metrics."""
@@ -427,9 +532,12 @@ def run_loop(
     every `checkpoint_every` steps (0: only at the end) and always at the end. About
     `lines` progress lines (`describe(metrics)`) go above a live progress bar on a
     terminal, or through `echo` otherwise. `after_step(metrics)` may add metrics (e.g. a
-    periodic evaluation) before they are logged.
+    periodic evaluation) before they are logged. Distributed, every rank runs the loop (the
+    steps and checkpoints are collective) and rank 0 alone logs and reports.
     """
-    bar = progress_bar(steps, trainer.step, name)
+    if not distributed.is_main():
+        echo = None
+    bar = progress_bar(steps, trainer.step, name, disable=not distributed.is_main())
     write = (lambda line: bar.write(line)) if not bar.disable and echo is not None else echo
     every = max(1, steps // lines)
     try:
@@ -451,9 +559,9 @@ def run_loop(
         trainer.logger.close()
 
 
-def progress_bar(total: int, initial: int, desc: str) -> Any:
-    """A tqdm bar on stderr (disabled when stderr is not a terminal and TEXTGYM_PROGRESS is unset)."""
+def progress_bar(total: int, initial: int, desc: str, disable: bool = False) -> Any:
+    """A tqdm bar on stderr (disabled when asked, or off a terminal unless TEXTGYM_PROGRESS is set)."""
     from tqdm.auto import tqdm
 
-    disable = not (sys.stderr.isatty() or os.environ.get("TEXTGYM_PROGRESS"))
+    disable = disable or not (sys.stderr.isatty() or os.environ.get("TEXTGYM_PROGRESS"))
     return tqdm(total=total, initial=initial, desc=desc, disable=disable, dynamic_ncols=True)

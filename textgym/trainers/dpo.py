@@ -7,6 +7,13 @@ minibatch of pairs (shuffled each epoch) · 2 one forward pass over chosen and r
 accumulated over micro-batches · 4 clip, step · 5 log and checkpoint. Metrics: `loss/<name>`,
 `rewards/chosen`, `rewards/rejected`, `rewards/margin`, `rewards/accuracy` (preference
 accuracy of the implicit rewards), `kl` (KTO's reference point).
+
+Under torchrun the model is sharded (FSDP2) and each step's examples are split into
+contiguous per-rank slices; a rank whose slice needs fewer micro-batches than another's runs
+weight-0 filler micro-batches, so that every rank makes the same forward calls. The loss is
+each rank's sum divided by the step's global example count (times the ranks, which FSDP
+averages over), so the gradient is the one-process gradient of the whole step. The
+reference log-probs are computed the same way, one slice per rank, and gathered.
 """
 
 from __future__ import annotations
@@ -22,13 +29,14 @@ import pyarrow as pa
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from textgym import distributed
 from textgym.agents.trajectory import RolloutBatch, Trajectory
-from textgym.config import PreferenceConfig
+from textgym.config import ParallelConfig, PreferenceConfig
 from textgym.trainers.common import (
-    MetricsLogger,
     build_optimizer,
     latest_checkpoint,
     load_checkpoint,
+    metrics_logger,
     run_loop,
     save_checkpoint,
     save_final,
@@ -63,6 +71,7 @@ class PreferenceTrainer:
         unpaired: `textgym.offline.UNPAIRED_SCHEMA` rows (KTO).
         seed: seed of the shuffling.
         resume: continue from the newest checkpoint in `stage_dir`.
+        parallel: sharding, mixed precision and gradient checkpointing under torchrun.
 
     Raises:
         ValueError: if there is nothing to train on (no pairs; for KTO, no examples).
@@ -79,8 +88,10 @@ class PreferenceTrainer:
         *,
         seed: int = 0,
         resume: bool = False,
+        parallel: ParallelConfig | None = None,
     ):
         self.cfg, self.model, self.tokenizer, self.stage_dir = cfg, model, tokenizer, Path(stage_dir)
+        self.world = distributed.world()
         self.stage_dir.mkdir(parents=True, exist_ok=True)
         self.device = next(model.parameters()).device
         self.pad_id = int(tokenizer.pad_token_id)  # type: ignore[arg-type]
@@ -119,7 +130,14 @@ class PreferenceTrainer:
         self.total_steps = cfg.epochs * self.steps_per_epoch
         self.micro_batch_size = cfg.micro_batch_size or cfg.batch_size
         self.seed = seed
+        parallel = parallel or ParallelConfig()
+        if parallel.gradient_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        bf16 = distributed.resolve_mixed_precision(parallel.mixed_precision, self.device)
+        self.model = model = distributed.shard(model, bf16=bf16)  # type: ignore[assignment]
+        self.split = distributed.is_sharded(model)  # every rank makes the same forward calls
         self.optimizer, self.scheduler = build_optimizer(model, cfg.optim, self.total_steps)
+        self.memory = distributed.memory_report({"policy": (model, self.optimizer)})
         self.step = 0
         self.reference: dict[str, torch.Tensor] = {}
         ref_path = self.stage_dir / "reference_logps.pt"
@@ -128,12 +146,13 @@ class PreferenceTrainer:
                 self.reference = torch.load(ref_path)
             else:
                 self.reference = self._reference_logps()
-                torch.save(self.reference, ref_path)
+                if distributed.is_main():
+                    torch.save(self.reference, ref_path)
         ckpt = latest_checkpoint(self.stage_dir) if resume else None
         if ckpt is not None:
             state = load_checkpoint(ckpt, model, self.optimizer, self.scheduler)
             self.step = int(state["step"])
-        self.logger = MetricsLogger(self.stage_dir, resume_step=self.step if ckpt is not None else None)
+        self.logger = metrics_logger(self.stage_dir, resume_step=self.step if ckpt is not None else None)
 
     # --- sequences and log-probs -------------------------------------------------------
     def _sequences(self, idx: list[int]) -> list[Trajectory]:
@@ -159,26 +178,48 @@ class PreferenceTrainer:
     def _logps(self, trajs: list[Trajectory]) -> tuple[torch.Tensor, torch.Tensor]:
         """(summed response log-probs [n], response token counts [n]) under the current model."""
         batch = RolloutBatch.from_trajectories(trajs, self.pad_id).to(self.device)
-        per_token, _ = sequence_logprobs(self.model, batch)
+        per_token, _ = sequence_logprobs(self.model, batch, split_prompt=self.split)
         mask = batch.loss_mask
         return (per_token * mask).sum(-1), mask.sum(-1)
 
+    def _micro_batches(self, rows: list[int]) -> list[tuple[list[int], bool]]:
+        """This rank's slice of `rows` cut into micro-batches: `(indices, is_filler)` pairs.
+
+        The slice is the rank's contiguous `ceil(len(rows) / ranks)`; a rank that needs fewer
+        micro-batches than the fullest one gets filler micro-batches (one real example, weight 0),
+        so every rank runs the same number of forward passes. One process: all of `rows`.
+        """
+        W, r = self.world.size, self.world.rank
+        per = -(-len(rows) // W)
+        mine = rows[r * per : (r + 1) * per]
+        out = [
+            (mine[i : i + self.micro_batch_size], False) for i in range(0, len(mine), self.micro_batch_size)
+        ]
+        fullest = -(-per // self.micro_batch_size)
+        out += [([rows[0]], True)] * (fullest - len(out))
+        return out
+
     @torch.no_grad()
     def _reference_logps(self) -> dict[str, torch.Tensor]:
-        """The start model's summed log-probs of every response (and KTO's mismatched ones), once."""
+        """The start model's summed log-probs of every response (and KTO's mismatched ones), once.
+
+        Distributed: each rank scores its slice of the examples and the slices are gathered.
+        """
         was = self.model.training
         self.model.eval()
         parts: dict[str, list[torch.Tensor]] = defaultdict(list)
         try:
-            for i in range(0, self.n, self.micro_batch_size):
-                idx = list(range(i, min(self.n, i + self.micro_batch_size)))
+            for idx, filler in self._micro_batches(list(range(self.n))):
                 lp, _ = self._logps(self._sequences(idx))
+                if filler:
+                    continue
                 a, b = lp[: len(idx)], lp[len(idx) :]
                 parts["first"].append(a.cpu())
                 parts["second"].append(b.cpu())
         finally:
             self.model.train(was)
-        return {k: torch.cat(v) for k, v in parts.items()}
+        local = {k: torch.cat(parts[k]) if parts[k] else torch.zeros(0) for k in ("first", "second")}
+        return {k: torch.cat(distributed.all_gather_list([v])) for k, v in local.items()}
 
     # --- the step ----------------------------------------------------------------------
     def _order(self, epoch: int) -> list[int]:
@@ -230,24 +271,34 @@ class PreferenceTrainer:
         self.optimizer.zero_grad(set_to_none=True)
         sums: dict[str, float] = defaultdict(float)
         total = 0.0
-        for i in range(0, len(idx), self.micro_batch_size):
-            sub = idx[i : i + self.micro_batch_size]
+        micros = self._micro_batches(idx)
+        W = self.world.size  # FSDP averages the ranks' gradients: each rank's loss is scaled by W
+        for j, (sub, filler) in enumerate(micros):
+            distributed.set_requires_gradient_sync(self.model, j == len(micros) - 1)
             losses, stats = self._loss(sub)
-            loss = losses.sum() / len(idx)
+            loss = losses.sum() / len(idx) * (0.0 if filler else W)
             loss.backward()
-            total += float(loss.detach())
+            if filler:
+                continue
+            total += float(loss.detach()) / W
             for k, v in stats.items():
                 sums[k] += v * len(sub) / len(idx)
-        metrics: dict[str, float] = {f"loss/{self.cfg.loss}": total, **sums}
+        name = f"loss/{self.cfg.loss}"
+        metrics: dict[str, float] = {name: total, **sums}
+        metrics = distributed.reduce_metrics(
+            metrics, ops={k: "sum" for k in metrics}
+        )  # parts of global means
         if self.cfg.optim.max_grad_norm is not None:
-            metrics["grad_norm"] = float(
+            metrics["grad_norm"] = distributed.grad_norm(
                 torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.optim.max_grad_norm)
             )
         self.optimizer.step()
         self.scheduler.step()
         self.step += 1
         metrics["lr"] = float(self.scheduler.get_last_lr()[0])
-        metrics["time/step_s"] = time.perf_counter() - t0
+        metrics["time/step_s"] = distributed.reduce_metrics({"time/step_s": time.perf_counter() - t0})[
+            "time/step_s"
+        ]
         return metrics
 
     def save(self) -> Path:
@@ -271,6 +322,9 @@ class PreferenceTrainer:
             acc = f"  pref-acc {m['rewards/accuracy']:.2f}" if "rewards/accuracy" in m else ""
             return f"loss {m[f'loss/{name}']:.4f}{acc}  {m['time/step_s']:.2f}s/step"
 
+        if echo is not None and distributed.is_main():
+            report = distributed.format_memory_report(self.memory)
+            echo(f"{name} memory on each of {self.world.size} rank(s): {report}")
         run_loop(
             self,
             name=name,

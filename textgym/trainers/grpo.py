@@ -12,17 +12,25 @@
 With `kl_placement: reward`, GRPO and RLOO subtract β·Σ_t KL_t from each sequence's reward
 before the group statistics (the KL is computed from the rollout's log-probabilities,
 without gradient); REINFORCE++ puts −β·KL_t on every token and sums rewards-to-go.
+
+Distributed (torchrun), each rank holds whole groups; the advantages are computed from the
+rewards of the whole batch, gathered from every rank (so `scale_rewards: batch` and the
+statistics are those of the global batch), and REINFORCE++ whitens over every rank's tokens.
+Dynamic sampling gathers each round's groups and picks from the global list exactly as one
+process would, then gives each rank its slice.
 """
 
 from __future__ import annotations
 
 import torch
 
+from textgym import distributed
 from textgym.agents.trajectory import RolloutBatch, Trajectory
 from textgym.config import GRPOConfig
 from textgym.trainers.advantages import (
     discounted_returns,
     group_advantages,
+    masked_var,
     rloo_advantages,
     token_level_rewards,
     whiten,
@@ -47,6 +55,8 @@ class GRPOTrainer(OnPolicyTrainer):
         `max_sampling_tries` rounds, and fills a batch that is still short with dropped groups
         (whose advantage is zero). Metrics: `sampling/rounds`, `sampling/dropped_groups`
         (over all rounds), `sampling/filled_groups` (dropped groups used as filler).
+        Distributed, every rank sees every round's groups (gathered) and makes the same choice;
+        it keeps its contiguous `prompts_per_step / ranks` of the chosen groups.
         """
         cfg, G = self.cfg, self.cfg.group_size
         if not cfg.dynamic_sampling:
@@ -56,7 +66,7 @@ class GRPOTrainer(OnPolicyTrainer):
         everything: list[Trajectory] = []
         rounds = 0
         while len(kept) < cfg.prompts_per_step and rounds < cfg.max_sampling_tries:
-            trajs = self.collect(cfg.prompts_per_step)
+            trajs = distributed.all_gather_list(self.collect(cfg.prompts_per_step, round_index=rounds))
             rounds += 1
             everything += trajs
             for g in range(0, len(trajs), G):
@@ -65,7 +75,9 @@ class GRPOTrainer(OnPolicyTrainer):
                 (kept if len(rewards) > 1 else dropped).append(group)
         short = max(0, cfg.prompts_per_step - len(kept))
         chosen = kept[: cfg.prompts_per_step] + dropped[:short]
-        metrics.update(rollout_metrics(everything))
+        k = cfg.prompts_per_step // self.world.size
+        chosen = chosen[self.world.rank * k : (self.world.rank + 1) * k]
+        metrics.update(rollout_metrics(everything, gather=False))
         metrics.update(
             {
                 "sampling/rounds": float(rounds),
@@ -74,7 +86,7 @@ class GRPOTrainer(OnPolicyTrainer):
             }
         )
         out = []
-        for gi, group in enumerate(chosen):  # renumber groups 0..n-1 for prompt sharing
+        for gi, group in enumerate(chosen, start=self.world.rank * k):  # renumber: the global batch's
             for t in group:
                 t.group = gi
                 out.append(t)
@@ -96,17 +108,21 @@ class GRPOTrainer(OnPolicyTrainer):
         )
         metrics.update(kl_stats)
         if cfg.advantage_estimator == "reinforce_pp":
-            returns = discounted_returns(token_rewards, batch.loss_mask, gamma=1.0)
-            adv = whiten(returns, batch.loss_mask)
-            metrics["adv/std"] = float(adv[batch.loss_mask > 0].std()) if batch.loss_mask.sum() > 1 else 0.0
+            mask, reduce = batch.loss_mask, distributed.all_reduce_sum
+            returns = discounted_returns(token_rewards, mask, gamma=1.0)
+            adv = whiten(returns, mask, reduce=reduce)
+            metrics["adv/std"] = float(masked_var(adv, mask, reduce=reduce).sqrt())
             return adv
         rewards = batch.rewards
         if in_reward:
             kl_seq = (batch.token_rewards * batch.loss_mask).sum(-1) - token_rewards.sum(-1)
             rewards = rewards - kl_seq  # β·Σ_t KL_t
+        # Every rank computes the advantages of the whole batch and keeps its rows.
+        everyone = distributed.all_gather_tensor(rewards)
         if cfg.advantage_estimator == "rloo":
-            adv, stats = rloo_advantages(rewards, cfg.group_size)
+            adv, stats = rloo_advantages(everyone, cfg.group_size)
         else:
-            adv, stats = group_advantages(rewards, cfg.group_size, cfg.scale_rewards)
+            adv, stats = group_advantages(everyone, cfg.group_size, cfg.scale_rewards)
         metrics.update(stats)
-        return adv
+        first = self.world.rank * len(batch)
+        return adv[first : first + len(batch)]

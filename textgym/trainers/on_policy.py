@@ -13,11 +13,20 @@ the vLLM engine (`cfg.rollout.backend = "vllm"`), the trainer recomputes log π_
 logs the rollout/trainer mismatch (`mismatch/*`), weights the policy gradient by truncated
 importance weights (TIS, on by default there), and pushes the updated weights into the
 engine after each iteration's optimizer steps.
+
+Under torchrun (`textgym.distributed`) every rank draws the same global task list, rolls
+out its contiguous slice of whole prompts (a group never straddles ranks) with the full
+policy weights (`distributed.full_params`), and trains on its rows with the policy (and the
+reference, and PPO's critic) sharded by FSDP2. Each loss is divided by this rank's share of
+the global denominator (tokens or sequences), so the averaged gradient is the one a single
+process computes on the whole batch; batch statistics (GRPO's rewards, whitening, metrics)
+are reduced over ranks. Rank 0 alone writes metrics, trajectories and checkpoints.
 """
 
 from __future__ import annotations
 
 import copy
+import json
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -27,17 +36,18 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from textgym.agents.llm_agent import LLMAgent, SamplingParams
+from textgym import distributed
+from textgym.agents.llm_agent import LLMAgent, SamplingParams, derive_seed
 from textgym.agents.rollout import rollout
 from textgym.agents.trajectory import RolloutBatch, Trajectory
-from textgym.config import GRPOConfig, PPOConfig
+from textgym.config import ConfigError, GRPOConfig, ParallelConfig, PPOConfig
 from textgym.trainers.advantages import overlong_penalty
 from textgym.trainers.common import (
-    MetricsLogger,
     TaskSampler,
     build_optimizer,
     latest_checkpoint,
     load_checkpoint,
+    metrics_logger,
     run_loop,
     save_checkpoint,
     save_final,
@@ -54,20 +64,27 @@ def chunks(idx: torch.Tensor, size: int) -> list[torch.Tensor]:
     return [idx[i : i + size] for i in range(0, len(idx), size)]
 
 
-def rollout_metrics(trajs: list[Trajectory]) -> dict[str, float]:
-    """Reward, accuracy, reward terms and length statistics of a rollout batch."""
-    rewards = torch.tensor([t.reward for t in trajs])
-    lengths = torch.tensor([float(t.response_length) for t in trajs])
+def rollout_metrics(trajs: list[Trajectory], gather: bool = True) -> dict[str, float]:
+    """Reward, accuracy, reward terms and length statistics of a rollout batch.
+
+    With `gather` (and several ranks), over every rank's trajectories: their rewards, lengths
+    and terms are gathered first, so the statistics are those of the global batch.
+    """
+    rows = [(t.reward, t.response_length, t.finish_reason, t.reward_terms) for t in trajs]
+    if gather:
+        rows = distributed.all_gather_list(rows)
+    rewards = torch.tensor([r[0] for r in rows])
+    lengths = torch.tensor([float(r[1]) for r in rows])
     m = {
         "rollout/reward_mean": float(rewards.mean()),
-        "rollout/reward_std": float(rewards.std()) if len(trajs) > 1 else 0.0,
+        "rollout/reward_std": float(rewards.std()) if len(rows) > 1 else 0.0,
         "rollout/response_length_mean": float(lengths.mean()),
         "rollout/response_length_max": float(lengths.max()),
-        "rollout/overlong_frac": sum(t.finish_reason == "length" for t in trajs) / len(trajs),
+        "rollout/overlong_frac": sum(r[2] == "length" for r in rows) / len(rows),
     }
     terms: dict[str, list[float]] = defaultdict(list)
-    for t in trajs:
-        for k, v in t.reward_terms.items():
+    for r in rows:
+        for k, v in r[3].items():
             terms[k].append(v)
     for k, vs in terms.items():
         m[f"rollout/{k.split('/', 1)[1]}_mean"] = sum(vs) / len(vs)
@@ -105,7 +122,13 @@ class OnPolicyTrainer:
         stage_dir: where metrics, TensorBoard events and checkpoints go.
         seed: seed of task sampling.
         resume: continue from the newest checkpoint in `stage_dir` when there is one.
-        eval_fn: called as `eval_fn(model, tokenizer) -> {metric: value}` every `cfg.eval_every` steps.
+        eval_fn: called as `eval_fn(model, tokenizer) -> {metric: value}` every `cfg.eval_every` steps
+            (on rank 0 only when distributed).
+        parallel: sharding, mixed precision and gradient checkpointing (default `ParallelConfig()`).
+
+    Raises:
+        ConfigError: under torchrun, when the batch does not split evenly over the ranks, the
+            rollout engine is vLLM, or LoRA is on.
     """
 
     name = "rl"
@@ -120,37 +143,51 @@ class OnPolicyTrainer:
         seed: int = 0,
         resume: bool = False,
         eval_fn: EvalFn | None = None,
+        parallel: ParallelConfig | None = None,
     ):
+        self.cfg, self.world = cfg, distributed.world()
+        self._check_world()
         if cfg.lora is not None:
             from textgym.trainers.lora import apply_lora
 
             model = apply_lora(model, cfg.lora)
-        self.cfg, self.policy, self.tokenizer, self.stage_dir = cfg, model, tokenizer, Path(stage_dir)
+        self.policy, self.tokenizer, self.stage_dir = model, tokenizer, Path(stage_dir)
+        self.parallel = parallel or ParallelConfig()
         self.stage_dir.mkdir(parents=True, exist_ok=True)
         self.device = next(model.parameters()).device
         self.eval_fn = eval_fn
-        B = cfg.prompts_per_step * cfg.group_size
-        self.agent = LLMAgent(model, tokenizer, batch_size=B)
+        self.seed = seed
+        W = self.world.size
+        B = cfg.prompts_per_step * cfg.group_size  # the global batch; this rank holds B / W rows
+        self.agent = LLMAgent(model, tokenizer, batch_size=B // W)
         self.params = SamplingParams(**cfg.sampling.model_dump())
-        self.envs = [cfg.env.make() for _ in range(B)]
+        self.envs = [cfg.env.make() for _ in range(B // W)]
         self.sampler = TaskSampler(len(self.envs[0].unwrapped.tasks), seed)  # type: ignore[attr-defined]
-        self.minibatch_size = cfg.minibatch_size or B
+        self.minibatch_size = (cfg.minibatch_size or B) // W  # rows of a minibatch on this rank
         self.micro_batch_size = cfg.micro_batch_size or self.minibatch_size
-        updates = cfg.steps * cfg.epochs * (B // self.minibatch_size)
-        self.optimizer, self.scheduler = build_optimizer(model, cfg.optim, updates)
+        updates = cfg.steps * cfg.epochs * (B // (cfg.minibatch_size or B))
+        if self.parallel.gradient_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         # The reference is the stage's start model (frozen); β = 0 never builds one. It is copied
         # before a checkpoint is loaded, so a resumed run has the same reference. With LoRA it is
         # the policy itself with its adapters disabled (no copy).
         self.reference: PreTrainedModel | None = None
         if cfg.kl_coef > 0 and cfg.lora is None:
             self.reference = copy.deepcopy(model).eval().requires_grad_(False)
+            if self.parallel.gradient_checkpointing:
+                self.reference.gradient_checkpointing_disable()
         self.step = 0
         self._ref_logprobs: torch.Tensor | None = None
         self._is_weights: torch.Tensor | None = None
-        self._setup(updates)
+        self._setup(updates)  # subclass models are built from the unsharded policy, then sharded
+        self.policy = self._shard(model)
+        if self.reference is not None:
+            self._shard(self.reference)
+        self.optimizer, self.scheduler = build_optimizer(self.policy, cfg.optim, updates)
+        self.memory = distributed.memory_report(self._models())
         ckpt = latest_checkpoint(self.stage_dir) if resume else None
         if ckpt is not None:
-            state = load_checkpoint(ckpt, model, self.optimizer, self.scheduler)
+            state = load_checkpoint(ckpt, self.policy, self.optimizer, self.scheduler)
             self.step, self.sampler.cursor = int(state["step"]), int(state["cursor"])
             self._load_extra(ckpt, state)
         self.engine: Any = None
@@ -170,13 +207,53 @@ class OnPolicyTrainer:
                 **({} if v.dtype == "auto" else {"dtype": v.dtype}),
             )
             self.agent = LLMAgent(model, tokenizer, backend=self.engine)
-        self.logger = MetricsLogger(self.stage_dir, resume_step=self.step if ckpt is not None else None)
+        self.logger = metrics_logger(self.stage_dir, resume_step=self.step if ckpt is not None else None)
         self.trajectory_dir = self.stage_dir / "trajectories"
-        if cfg.log_trajectories and self.trajectory_dir.is_dir():
+        if cfg.log_trajectories and self.trajectory_dir.is_dir() and distributed.is_main():
             # Like metrics.jsonl, the store keeps nothing past the step the run resumes from.
             for shard in self.trajectory_dir.glob("step-*.parquet"):
                 if int(shard.name.split("-")[1]) > self.step:
                     shard.unlink()
+
+    def _check_world(self) -> None:
+        """Refuse a batch that does not split into whole prompts per rank (and vLLM) under torchrun."""
+        cfg, W = self.cfg, self.world.size
+        if W == 1:
+            return
+        B = cfg.prompts_per_step * cfg.group_size
+        mb = cfg.minibatch_size or B
+        if cfg.prompts_per_step % W:
+            raise ConfigError(
+                f"{self.name}.prompts_per_step={cfg.prompts_per_step} must be a multiple of the number of "
+                f"ranks ({W}): each rank rolls out whole groups of the same number of prompts"
+            )
+        if mb % W:
+            raise ConfigError(
+                f"{self.name}.minibatch_size={mb} must be a multiple of the number of ranks ({W})"
+            )
+        if cfg.rollout.backend == "vllm":
+            raise ConfigError(
+                f"{self.name}.rollout.backend: vllm rollouts are not supported on several ranks yet"
+            )
+        if cfg.lora is not None:
+            raise ConfigError(f"{self.name}.lora: LoRA is not supported on several ranks yet")
+
+    def _shard(self, model: torch.nn.Module) -> Any:
+        """Shard `model` over the ranks (FSDP2) when launched by torchrun; return it."""
+        bf16 = distributed.resolve_mixed_precision(self.parallel.mixed_precision, self.device)
+        return distributed.shard(model, bf16=bf16)
+
+    def _models(self) -> dict[str, tuple[torch.nn.Module, torch.optim.Optimizer | None]]:
+        """The models this trainer holds, for the memory report: name → (model, optimizer or None)."""
+        models: dict[str, tuple[torch.nn.Module, torch.optim.Optimizer | None]] = {
+            "policy": (self.policy, self.optimizer)
+        }
+        if self.reference is not None:
+            models["reference"] = (self.reference, None)
+        verifier = getattr(self.envs[0], "verifier", None)
+        if verifier is not None and isinstance(getattr(verifier, "model", None), torch.nn.Module):
+            models["reward_model"] = (verifier.model, None)
+        return models
 
     # --- hooks ---------------------------------------------------------------------------
     def _setup(self, updates: int) -> None:
@@ -208,31 +285,54 @@ class OnPolicyTrainer:
         """Step the critic's optimizer after a minibatch; return its stats."""
         return {}
 
+    def _gradient_sync(self, sync: bool) -> None:
+        """Whether the coming backward passes reduce gradients over ranks (the last micro-batch does)."""
+        distributed.set_requires_gradient_sync(self.policy, sync)
+
     def _update_policy(self) -> bool:
         """Whether this iteration steps the policy (PPO's critic warm-up says no)."""
         return True
 
     # --- the iteration -------------------------------------------------------------------
-    def collect(self, n_prompts: int) -> list[Trajectory]:
-        """Roll out `group_size` samples of the next `n_prompts` tasks (shaping applied)."""
-        cfg = self.cfg
+    def collect(self, n_prompts: int, round_index: int = 0) -> list[Trajectory]:
+        """Roll out `group_size` samples of the next `n_prompts` tasks (shaping applied).
+
+        Distributed: every rank draws the same `n_prompts` tasks and rolls out its contiguous
+        slice of `n_prompts / ranks` of them, so the ranks' trajectories, concatenated in rank
+        order, are the global batch. With `rollout.per_sequence_seeds`, sample j of the task in
+        global slot g is seeded by `(seed, step, round_index, g, j)`.
+        """
+        cfg, w = self.cfg, self.world
         tasks = self.sampler.next(n_prompts)
-        trajs = rollout(
-            self.agent,
-            self.envs,
-            tasks,
-            self.params,
-            group_size=cfg.group_size,
-            max_turns=cfg.max_turns or 16,
-            env_id=cfg.env.id,
-        )
+        k = n_prompts // w.size
+        first = w.rank * k
+        seeds = None
+        if cfg.rollout.per_sequence_seeds:
+            seeds = [
+                derive_seed(self.seed, self.step, round_index, first + g, j)
+                for g in range(k)
+                for j in range(cfg.group_size)
+            ]
+        with torch.no_grad(), distributed.full_params(self.policy):
+            trajs = rollout(
+                self.agent,
+                self.envs,
+                tasks[first : first + k],
+                self.params,
+                group_size=cfg.group_size,
+                max_turns=cfg.max_turns or 16,
+                env_id=cfg.env.id,
+                seeds=seeds,
+            )
+        for t in trajs:
+            t.group += first  # the group's index in the step's global batch
         if cfg.overlong_penalty is not None:
             op = cfg.overlong_penalty
             apply_overlong_penalty(trajs, op.max_len, op.cache_len, op.factor)
         return trajs
 
     def sample(self, metrics: dict[str, float]) -> list[Trajectory]:
-        """The step's trajectories (`prompts_per_step × group_size`); subclasses may resample."""
+        """The step's trajectories (`prompts_per_step × group_size` in all); subclasses may resample."""
         trajs = self.collect(self.cfg.prompts_per_step)
         metrics.update(rollout_metrics(trajs))
         return trajs
@@ -245,7 +345,9 @@ class OnPolicyTrainer:
         trajs = self.sample(metrics)
         t_rollout = time.perf_counter() - t0
         if cfg.log_trajectories:
-            self._log_trajectories(trajs)
+            everyone = distributed.gather_list(trajs)  # the global batch on rank 0, [] elsewhere
+            if distributed.is_main():
+                self._log_trajectories(everyone)
 
         batch = RolloutBatch.from_trajectories(trajs, int(self.tokenizer.pad_token_id)).to(self.device)  # type: ignore[arg-type]
         if cfg.overlong_filter:
@@ -254,6 +356,10 @@ class OnPolicyTrainer:
             metrics["rollout/overlong_masked"] = float(cut.float().mean())
 
         t1 = time.perf_counter()
+        # Token means are combined over ranks weighted by each rank's policy tokens.
+        tokens = float(batch.loss_mask.sum())
+        token_means = ("kl/rollout_k3", "kl/ref", "value/mean_rollout", "returns/mean")
+        token_weights = {k: tokens for k in token_means}
         self._is_weights = None
         if self.engine is not None:
             # The engine's log-probs are π_rollout; the ratio's denominator is the trainer's π_old.
@@ -283,7 +389,6 @@ class OnPolicyTrainer:
 
         self.step += 1
         step_s = time.perf_counter() - t0
-        tokens = float(batch.loss_mask.sum())
         metrics.update(
             {
                 "lr": float(self.scheduler.get_last_lr()[0]),
@@ -293,7 +398,7 @@ class OnPolicyTrainer:
                 "throughput/tokens_per_s": tokens / step_s,
             }
         )
-        return metrics
+        return distributed.reduce_metrics(metrics, token_weights)
 
     def update(
         self,
@@ -316,7 +421,13 @@ class OnPolicyTrainer:
 
         Returns:
             Loss, KL, clip, entropy and gradient-norm metrics, averaged over optimizer steps
-            (losses) or policy tokens (the rest).
+            (losses) or policy tokens (the rest), over all ranks.
+
+        Distributed: each rank takes `minibatch_size / ranks` of its rows per minibatch; the
+        loss denominators (`num_tokens`, `num_seqs`) are this rank's share of the global
+        minibatch's (`distributed.share`), so FSDP's average of the ranks' gradients is the
+        gradient of the whole minibatch. The gradient reduce-scatter runs once per minibatch,
+        after its last micro-batch.
         """
         cfg = self.cfg
         if cfg.kl_placement != "loss":
@@ -332,9 +443,12 @@ class OnPolicyTrainer:
         self.policy.train(step_policy)
         for _ in range(cfg.epochs if epochs is None else epochs):
             for mb in chunks(torch.randperm(len(batch)), self.minibatch_size):
-                num_tokens = float(batch.loss_mask[mb].sum().clamp(min=1.0))
+                # The global Σ mask (at least 1) divided by the ranks: see the docstring.
+                num_tokens = max(distributed.share(float(batch.loss_mask[mb].sum())), 1.0 / self.world.size)
                 self.optimizer.zero_grad(set_to_none=True)
-                for micro in chunks(mb, self.micro_batch_size):
+                micros = chunks(mb, self.micro_batch_size)
+                for i, micro in enumerate(micros):
+                    self._gradient_sync(i == len(micros) - 1)
                     sub = batch.select(micro)
                     micro_d = micro.to(self.device)
                     Lm = sub.loss_mask.shape[1]
@@ -386,7 +500,7 @@ class OnPolicyTrainer:
                 if step_policy:
                     if cfg.optim.max_grad_norm is not None:
                         gn = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.optim.max_grad_norm)
-                        sums["grad_norm"] += float(gn)
+                        sums["grad_norm"] += distributed.grad_norm(gn)  # the global norm, on every rank
                         weights["grad_norm"] += 1.0
                     self.optimizer.step()
                     self.scheduler.step()
@@ -394,15 +508,29 @@ class OnPolicyTrainer:
                     sums[k] += v
                     weights[k] += 1.0
                 updates += 1
-        return {
-            k: v / updates if k.startswith("loss/") else v / max(weights[k], 1e-12) for k, v in sums.items()
-        }
+        # A rank's loss is its part of the global loss times the number of ranks (see the
+        # docstring), so the mean over ranks is the global loss; the other statistics are
+        # weighted sums, added up over ranks before dividing.
+        out = {k: v / updates for k, v in sums.items() if k.startswith("loss/")}
+        rest = [k for k in sums if not k.startswith("loss/")]
+        ops: dict[str, distributed.MetricOp] = {k: "mean" for k in out}
+        out.update({k: sums[k] for k in rest} | {f"{k}#weight": weights[k] for k in rest})
+        ops.update({k: "sum" for k in out if k not in ops})
+        out = distributed.reduce_metrics(out, ops=ops)
+        for k in rest:
+            out[k] /= max(out.pop(f"{k}#weight"), 1e-12)
+        return out
 
     def _policy_forward(self, sub: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """(logprobs [B, L], entropy [B, L] no grad, entropy with grad or None)."""
         grad = self.cfg.entropy_coef > 0
         logprobs, entropy = sequence_logprobs(
-            self.policy, sub, self.cfg.sampling.temperature, with_entropy=True, entropy_grad=grad
+            self.policy,
+            sub,
+            self.cfg.sampling.temperature,
+            with_entropy=True,
+            entropy_grad=grad,
+            split_prompt=distributed.is_sharded(self.policy),
         )
         assert entropy is not None
         return logprobs, entropy.detach(), entropy if grad else None
@@ -461,7 +589,10 @@ class OnPolicyTrainer:
         if self.reference is None:
             return None
         reference, T = self.reference, self.cfg.sampling.temperature
-        return self.per_micro_batch(batch, lambda sub: sequence_logprobs(reference, sub, T)[0])
+        split = distributed.is_sharded(reference)
+        return self.per_micro_batch(
+            batch, lambda sub: sequence_logprobs(reference, sub, T, split_prompt=split)[0]
+        )
 
     @torch.no_grad()
     def per_micro_batch(
@@ -508,8 +639,16 @@ class OnPolicyTrainer:
 
         def periodic_eval(metrics: dict[str, float]) -> None:
             if self.eval_fn is not None and cfg.eval_every and self.step % cfg.eval_every == 0:
-                metrics.update(self.eval_fn(self.policy, self.tokenizer))
+                eval_fn = self.eval_fn
+                with torch.no_grad(), distributed.full_params(self.policy):  # rank 0 evaluates alone
+                    metrics.update(distributed.on_main(lambda: eval_fn(self.policy, self.tokenizer)))
 
+        if echo is not None and distributed.is_main():
+            echo(f"{self.name} memory on each of {self.world.size} rank(s):")
+            for line in distributed.format_memory_report(self.memory).splitlines():
+                echo(f"  {line}")
+        if distributed.is_main():
+            (self.stage_dir / "memory.json").write_text(json.dumps(self.memory, indent=2), encoding="utf-8")
         run_loop(
             self,
             name=self.name,

@@ -14,6 +14,10 @@ from the critic's value of its final state, a `terminated` one from 0); returns 
 advantages whitened; then μ epochs over minibatches of the clipped surrogate for the policy
 and the (clipped) value loss for the critic, each with its own optimizer. β is fixed or
 adapted towards `kl_target` (`kl_control.AdaptiveKLController`).
+
+Distributed (torchrun), the critic is sharded like the policy; GAE runs per sequence on each
+rank's rows, while whitening, explained variance and the KL controller's measurement use
+the whole batch (statistics summed over ranks).
 """
 
 from __future__ import annotations
@@ -25,10 +29,17 @@ from typing import Any
 import torch
 from transformers import AutoModelForTokenClassification, PreTrainedModel
 
+from textgym import distributed
 from textgym.agents.trajectory import RolloutBatch, Trajectory
 from textgym.config import PPOConfig
 from textgym.trainers.advantages import explained_variance, gae, masked_mean, token_level_rewards, whiten
-from textgym.trainers.common import build_optimizer, load_weights
+from textgym.trainers.common import (
+    build_optimizer,
+    load_optimizer,
+    load_weights,
+    save_model_folder,
+    save_optimizer,
+)
 from textgym.trainers.kl_control import AdaptiveKLController, FixedKLController
 from textgym.trainers.losses import value_loss
 from textgym.trainers.on_policy import OnPolicyTrainer
@@ -112,6 +123,9 @@ class PPOTrainer(OnPolicyTrainer):
     def _setup(self, updates: int) -> None:
         cfg = self.cfg
         self.critic = build_critic(self.policy, cfg.critic.path)
+        if self.parallel.gradient_checkpointing:
+            self.critic.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self._shard(self.critic)
         critic_updates = updates // cfg.epochs * max(cfg.epochs, cfg.critic.epochs)
         self.critic_optimizer, self.critic_scheduler = build_optimizer(
             self.critic, cfg.critic.optim, critic_updates
@@ -125,16 +139,24 @@ class PPOTrainer(OnPolicyTrainer):
     def _extra_state(self) -> dict[str, Any]:
         return {"kl_coef": self.kl_ctl.value}
 
+    def _models(self) -> dict[str, tuple[torch.nn.Module, torch.optim.Optimizer | None]]:
+        return {**super()._models(), "critic": (self.critic, self.critic_optimizer)}
+
+    def _gradient_sync(self, sync: bool) -> None:
+        super()._gradient_sync(sync)
+        distributed.set_requires_gradient_sync(self.critic, sync)
+
     def _save_extra(self, folder: Path) -> None:
         d = folder / "critic"
-        self.critic.save_pretrained(d)
-        torch.save(self.critic_optimizer.state_dict(), d / "optimizer.pt")
-        torch.save(self.critic_scheduler.state_dict(), d / "scheduler.pt")
+        save_model_folder(d, self.critic)
+        save_optimizer(d / "optimizer.pt", self.critic, self.critic_optimizer)
+        if distributed.is_main():
+            torch.save(self.critic_scheduler.state_dict(), d / "scheduler.pt")
 
     def _load_extra(self, ckpt: Path, state: dict[str, Any]) -> None:
         d = ckpt / "critic"
         load_weights(d, self.critic)
-        self.critic_optimizer.load_state_dict(torch.load(d / "optimizer.pt", weights_only=False))
+        load_optimizer(d / "optimizer.pt", self.critic, self.critic_optimizer)
         self.critic_scheduler.load_state_dict(torch.load(d / "scheduler.pt", weights_only=False))
         self.kl_ctl.value = float(state.get("kl_coef", self.kl_ctl.value))
 
@@ -172,17 +194,19 @@ class PPOTrainer(OnPolicyTrainer):
         bootstrap = torch.where(truncated, final_value, torch.zeros_like(final_value))
         adv, returns = gae(rewards, values, mask, gamma=cfg.gamma, lam=cfg.lam, bootstrap=bootstrap)
         self._old_values, self._returns = values * mask, returns
-        metrics["value/explained_variance"] = explained_variance(values, returns, mask)
-        metrics["value/mean_rollout"] = float(masked_mean(values, mask))
+        reduce = distributed.all_reduce_sum  # batch statistics over every rank's rows
+        metrics["value/explained_variance"] = explained_variance(values, returns, mask, reduce=reduce)
+        metrics["value/mean_rollout"] = float(masked_mean(values, mask))  # token-weighted over ranks
         metrics["returns/mean"] = float(masked_mean(returns, mask))
         metrics["kl/coef"] = beta
         if cfg.whiten_advantages:
-            adv = whiten(adv, mask)
+            adv = whiten(adv, mask, reduce=reduce)
+        n_seqs = len(batch) * self.world.size
         if "kl/ref_seq" in kl_stats:
-            self.kl_ctl.update(kl_stats["kl/ref_seq"], len(batch))
+            self.kl_ctl.update(distributed.mean(kl_stats["kl/ref_seq"]), n_seqs)
         elif self._ref_logprobs is not None:  # KL in the loss: still track it for the controller
             kl = (batch.old_logprobs - self._ref_logprobs) * mask
-            self.kl_ctl.update(float(kl.sum(-1).mean()), len(batch))
+            self.kl_ctl.update(distributed.mean(float(kl.sum(-1).mean())), n_seqs)
         return adv
 
     def update(
@@ -229,7 +253,7 @@ class PPOTrainer(OnPolicyTrainer):
         stats = {}
         if self.cfg.critic.optim.max_grad_norm is not None:
             gn = torch.nn.utils.clip_grad_norm_(self.critic.parameters(), self.cfg.critic.optim.max_grad_norm)
-            stats["value/grad_norm"] = float(gn)
+            stats["value/grad_norm"] = distributed.grad_norm(gn)
         self.critic_optimizer.step()
         self.critic_scheduler.step()
         self.critic_optimizer.zero_grad(set_to_none=True)
@@ -245,8 +269,10 @@ class PPOTrainer(OnPolicyTrainer):
     def train(self, echo: Any = None) -> Path:
         """Run until `cfg.steps`; save the policy to `final/` and the critic to `critic/`."""
         final = super().train(echo)
-        self.critic.save_pretrained(self.stage_dir / "critic")
-        (self.stage_dir / "critic" / "textgym.json").write_text(
-            json.dumps({"role": "critic", "kl_coef": self.kl_ctl.value}), encoding="utf-8"
-        )
+        save_model_folder(self.stage_dir / "critic", self.critic)
+        if distributed.is_main():
+            (self.stage_dir / "critic" / "textgym.json").write_text(
+                json.dumps({"role": "critic", "kl_coef": self.kl_ctl.value}), encoding="utf-8"
+            )
+        distributed.barrier()
         return final

@@ -5,6 +5,10 @@ prompt the policy sees in rollouts) followed by the task's `solution` and the
 end-of-turn token; the loss is the token-mean NLL of the solution tokens only.
 Loop: 1 draw tasks · 2 build the batch · 3 forward/backward over micro-batches ·
 4 clip, step · 5 log and checkpoint.
+
+Under torchrun every rank draws the same `batch_size` tasks and trains on its contiguous
+`batch_size / ranks` of them with the model sharded (FSDP2); the token-mean's denominator is
+this rank's share of the global token count, so the averaged gradient is the whole batch's.
 """
 
 from __future__ import annotations
@@ -17,14 +21,15 @@ import gymnasium as gym
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from textgym import distributed
 from textgym.agents.trajectory import RolloutBatch, Trajectory
-from textgym.config import SFTConfig
+from textgym.config import ConfigError, ParallelConfig, SFTConfig
 from textgym.trainers.common import (
-    MetricsLogger,
     TaskSampler,
     build_optimizer,
     latest_checkpoint,
     load_checkpoint,
+    metrics_logger,
     run_loop,
     save_checkpoint,
     save_final,
@@ -36,8 +41,18 @@ from textgym.trainers.losses import sft_loss
 class SFTTrainer:
     """Trains `model` in place on `(prompt, gold solution)` pairs of `cfg.env`.
 
+    Args:
+        cfg: the SFT stage config.
+        model: the model (on its device); sharded in place under torchrun.
+        tokenizer: its tokenizer.
+        stage_dir: where metrics and checkpoints go.
+        seed: seed of task sampling.
+        resume: continue from the newest checkpoint in `stage_dir`.
+        parallel: sharding, mixed precision and gradient checkpointing.
+
     Raises:
         ValueError: if the environment's tasks carry no gold `solution`.
+        ConfigError: under torchrun, if `batch_size` is not a multiple of the number of ranks.
     """
 
     def __init__(
@@ -49,23 +64,36 @@ class SFTTrainer:
         *,
         seed: int = 0,
         resume: bool = False,
+        parallel: ParallelConfig | None = None,
     ):
         self.cfg, self.model, self.tokenizer, self.stage_dir = cfg, model, tokenizer, Path(stage_dir)
+        self.world = distributed.world()
+        W, parallel = self.world.size, parallel or ParallelConfig()
+        if cfg.batch_size % W:
+            raise ConfigError(
+                f"sft.batch_size={cfg.batch_size} must be a multiple of the number of ranks ({W})"
+            )
+        self.local_batch = cfg.batch_size // W
         self.stage_dir.mkdir(parents=True, exist_ok=True)
         self.device = next(model.parameters()).device
+        if parallel.gradient_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        bf16 = distributed.resolve_mixed_precision(parallel.mixed_precision, self.device)
+        self.model = model = distributed.shard(model, bf16=bf16)  # type: ignore[assignment]
         self.env = gym.make(cfg.env.id, **cfg.env.kwargs)
         tasks = self.env.unwrapped.tasks  # type: ignore[attr-defined]
         if tasks[0].solution is None:
             raise ValueError(f"{cfg.env.id} tasks have no gold solutions to fine-tune on")
         self.sampler = TaskSampler(len(tasks), seed)
-        self.micro_batch_size = cfg.micro_batch_size or cfg.batch_size
+        self.micro_batch_size = cfg.micro_batch_size or self.local_batch
         self.optimizer, self.scheduler = build_optimizer(model, cfg.optim, cfg.steps)
+        self.memory = distributed.memory_report({"policy": (model, self.optimizer)})
         self.step = 0
         ckpt = latest_checkpoint(self.stage_dir) if resume else None
         if ckpt is not None:
             state = load_checkpoint(ckpt, model, self.optimizer, self.scheduler)
             self.step, self.sampler.cursor = int(state["step"]), int(state["cursor"])
-        self.logger = MetricsLogger(self.stage_dir, resume_step=self.step if ckpt is not None else None)
+        self.logger = metrics_logger(self.stage_dir, resume_step=self.step if ckpt is not None else None)
 
     def example(self, task_index: int) -> Trajectory:
         """The supervised sequence of one task: prompt (mask 0) + solution + end-of-turn (mask 1)."""
@@ -92,17 +120,22 @@ class SFTTrainer:
     def train_step(self) -> dict[str, float]:
         """One optimizer step on `batch_size` examples; returns its metrics."""
         t0 = time.perf_counter()
-        # 1-2. Draw tasks and build the padded batch.
+        # 1-2. Draw tasks (the same on every rank), keep this rank's slice, build the padded batch.
+        tasks = self.sampler.next(self.cfg.batch_size)
+        first = self.world.rank * self.local_batch
         batch = RolloutBatch.from_trajectories(
-            [self.example(i) for i in self.sampler.next(self.cfg.batch_size)],
+            [self.example(i) for i in tasks[first : first + self.local_batch]],
             int(self.tokenizer.pad_token_id),  # type: ignore[arg-type]
         ).to(self.device)
-        num_tokens = float(batch.loss_mask.sum())
+        local_tokens = float(batch.loss_mask.sum())
+        num_tokens = distributed.share(local_tokens)  # the global count / ranks (FSDP averages)
         # 3. Forward/backward with gradient accumulation (token-mean over the whole batch).
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         total = 0.0
-        for i in range(0, len(batch), self.micro_batch_size):
+        starts = range(0, len(batch), self.micro_batch_size)
+        for i in starts:
+            distributed.set_requires_gradient_sync(self.model, i == starts[-1])
             sub = batch.select(list(range(i, min(len(batch), i + self.micro_batch_size))))
             logprobs, _ = sequence_logprobs(self.model, sub)
             loss, _ = sft_loss(logprobs, sub.loss_mask, num_tokens=num_tokens)
@@ -111,7 +144,7 @@ class SFTTrainer:
         # 4. Clip and step.
         metrics: dict[str, float] = {"loss/sft": total}
         if self.cfg.optim.max_grad_norm is not None:
-            metrics["grad_norm"] = float(
+            metrics["grad_norm"] = distributed.grad_norm(
                 torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.optim.max_grad_norm)
             )
         self.optimizer.step()
@@ -122,10 +155,10 @@ class SFTTrainer:
             {
                 "lr": float(self.scheduler.get_last_lr()[0]),
                 "time/step_s": dt,
-                "throughput/tokens_per_s": num_tokens / dt,
+                "throughput/tokens_per_s": local_tokens / dt,
             }
         )
-        return metrics
+        return distributed.reduce_metrics(metrics)
 
     def save(self) -> Path:
         """Checkpoint the current step."""
@@ -143,6 +176,9 @@ class SFTTrainer:
     def train(self, echo: Callable[[str], None] | None = None) -> Path:
         """Run until `cfg.steps` (5. log and checkpoint on the way); return the saved final model folder."""
         cfg = self.cfg
+        if echo is not None and distributed.is_main():
+            report = distributed.format_memory_report(self.memory)
+            echo(f"sft memory on each of {self.world.size} rank(s): {report}")
         run_loop(
             self,
             name="sft",

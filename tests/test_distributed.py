@@ -1,0 +1,438 @@
+"""Data-parallel training on torch.distributed: 2 ranks (torchrun, gloo on CPU) against 1 process.
+
+The same run config is trained by `python -m textgym train` and by
+`python -m torch.distributed.run --nproc-per-node 2 -m textgym train`, from the same warm
+model, with `rollout.per_sequence_seeds` so that both sample the very same rollouts, and one
+minibatch per step (with several, which rows share a minibatch depends on the ranks).
+
+Tolerances, and why. Two things differ between the runs, both fp32 rounding: the order in
+which gradients are summed (the ranks' halves are reduced by FSDP instead of accumulated
+in one process) and the padding of each batch (a rank pads to its own longest row). The
+first step's gradients agree to ~2e-7 relative (L2; measured with `optimizer.step`
+intercepted). AdamW then amplifies that for the few elements whose true gradient is ~0:
+their gradient is rounding noise of size ~1e-9, comparable to Adam's ε = 1e-8, so their
+update `lr·g/(|g|+ε)` can take any value up to ~lr. One process with micro_batch_size 4
+against the same process with 8 (nothing but summation order) differs by as much: after 2
+GRPO steps of 2 epochs from the warm model, ‖Δθ‖/‖θ − θ₀‖ = 5.6e-4 between micro-batch sizes
+and 6.1e-4 between 1 and 2 ranks. Measured here: 6.4e-5 for SFT + GRPO, 2.5e-5 for PPO,
+2.3e-5 for DPO. The parameter test asks for ‖θ₂ − θ₁‖ ≤ 5e-3·‖θ₁ − θ₀‖, ten times the
+rounding floor, with ‖θ₁ − θ₀‖ ≈ 3-4 itself. It fails on real bugs: whitening PPO's
+advantages per rank instead of over the batch gives 0.82, dividing the token-mean by the
+rank's own token count 7.2e-2.
+Adam is blind to a constant factor in the gradient (a loss divided by the world size once
+too often), so the logged pre-clip `grad_norm`, the losses and the KL of every step must
+also agree, to 5e-3 relative; such a factor moves them by 50 % or more.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from conftest import WARM_ENV
+from safetensors.torch import load_file
+
+from textgym import distributed
+from textgym.config import ConfigError, GRPOConfig, SFTConfig
+from textgym.models import load_model
+
+PARAM_RTOL = 5e-3
+METRIC_RTOL = 5e-3
+# Per-micro-batch maxima averaged over micro-batches: they depend on which rows share a
+# micro-batch, so they are not comparable across batch layouts by definition.
+NOT_COMPARABLE = ("ratio/max",)
+
+
+def write_config(path: Path, model_dir: Path, out_dir: Path, **stages: dict) -> Path:
+    cfg = {"name": "run", "out_dir": str(out_dir), "threads": 1, "model": {"path": str(model_dir)}, **stages}
+    path.write_text(yaml.safe_dump(cfg), encoding="utf-8")
+    return path
+
+
+def train(config: Path, name: str, ranks: int, *extra: str) -> subprocess.CompletedProcess:
+    """`textgym train` in a subprocess: one process, or `ranks` processes under torchrun."""
+    launcher = [sys.executable, "-m", "textgym"]
+    if ranks > 1:
+        launcher = [
+            sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}",
+            "-m", "textgym",
+        ]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    res = subprocess.run(
+        [*launcher, "train", str(config), f"name={name}", *extra],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    if res.returncode != 0:
+        raise AssertionError(f"exit {res.returncode}\n{res.stdout[-3000:]}\n{res.stderr[-5000:]}")
+    return res
+
+
+def params(folder: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(folder / "model.safetensors"))
+
+
+def relative_distance(a: dict, b: dict, start: dict) -> tuple[float, float]:
+    """(‖a − b‖ / ‖a − start‖, ‖a − start‖) over all parameters."""
+    diff = torch.cat([(a[k] - b[k]).flatten() for k in a])
+    moved = torch.cat([(a[k] - start[k]).flatten() for k in a])
+    return float(diff.norm() / moved.norm()), float(moved.norm())
+
+
+def records(stage_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (stage_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def assert_same_metrics(one: list[dict], two: list[dict], keys: tuple[str, ...]) -> None:
+    assert [r["step"] for r in one] == [r["step"] for r in two]
+    for a, b in zip(one, two, strict=True):
+        assert set(a) == set(b)
+        for k in keys:
+            assert a[k] == pytest.approx(b[k], rel=METRIC_RTOL, abs=1e-7), (a["step"], k, a[k], b[k])
+        for k in a:
+            if k.startswith(("time", "throughput")) or k in NOT_COMPARABLE or not math.isfinite(a[k]):
+                continue
+            assert a[k] == pytest.approx(b[k], rel=METRIC_RTOL, abs=1e-6), (a["step"], k, a[k], b[k])
+
+
+SAMPLING = {"temperature": 1.0, "max_new_tokens": 8}
+SEEDED = {"per_sequence_seeds": True}
+
+
+@pytest.fixture(scope="module")
+def grpo_runs(warm_model_dir, tmp_path_factory):
+    """A short SFT stage then 2 GRPO steps on 1 and 2 ranks.
+
+    KL in the loss (a sharded reference), 2 epochs, micro-batches, DAPO's dynamic sampling
+    (groups gathered across ranks), trajectory shards, an evaluation every step and around
+    the stage (rank 0 alone).
+    """
+    out = tmp_path_factory.mktemp("dist_grpo")
+    stages = {
+        "sft": {"env": WARM_ENV, "steps": 3, "batch_size": 8, "micro_batch_size": 3, "log_every": 1},
+        "grpo": {
+            "env": WARM_ENV,
+            "steps": 2,
+            "prompts_per_step": 4,
+            "group_size": 4,
+            "epochs": 2,
+            "micro_batch_size": 4,
+            "kl_coef": 0.05,
+            "sampling": SAMPLING,
+            "rollout": SEEDED,
+            "optim": {"lr": 1e-3},
+            "checkpoint_every": 1,
+            "dynamic_sampling": True,
+            "max_sampling_tries": 2,
+            "log_trajectories": True,
+            "eval_every": 1,
+        },
+        "eval": {
+            "env": {**WARM_ENV, "kwargs": {**WARM_ENV["kwargs"], "split": "test"}},
+            "n": 8,
+            "sampling": {"temperature": 0.0, "max_new_tokens": 8},
+        },
+    }
+    config = write_config(out / "grpo.yaml", warm_model_dir, out, **stages)
+    times = {}
+    for ranks in (1, 2):
+        t = time.perf_counter()
+        train(config, f"r{ranks}", ranks)
+        times[ranks] = time.perf_counter() - t
+    return out, config, times
+
+
+def test_grpo_on_two_ranks_matches_one_process(grpo_runs, warm_model_dir):
+    out, _, times = grpo_runs
+    one, two = out / "r1", out / "r2"
+    start = params(warm_model_dir)
+    rel, moved = relative_distance(params(one / "grpo" / "final"), params(two / "grpo" / "final"), start)
+    print(f"GRPO 1 vs 2 ranks: ‖Δθ‖/‖θ−θ0‖ = {rel:.2e}, ‖θ−θ0‖ = {moved:.3f}, wall {times}")
+    assert moved > 0.5  # SFT + GRPO moved the weights far beyond the tolerance
+    assert rel < PARAM_RTOL
+    keys = ("loss/policy", "grad_norm", "kl/ref", "rollout/reward_mean", "adv/std", "entropy")
+    assert_same_metrics(records(one / "grpo"), records(two / "grpo"), keys)
+    assert_same_metrics(records(one / "sft"), records(two / "sft"), ("loss/sft", "grad_norm"))
+    assert (
+        records(one / "grpo")[0]["rollout/reward_std"] > 0
+    )  # groups with different rewards: a real gradient
+    # rank 0 alone wrote the run directory: one set of files, the single-process layout
+    assert sorted(p.name for p in (two / "grpo").iterdir()) == sorted(
+        p.name for p in (one / "grpo").iterdir()
+    )
+    summary_one, summary_two = (json.loads((d / "summary.json").read_text()) for d in (one, two))
+    assert summary_two["ranks"] == 2
+    for k in ("accuracy_before", "accuracy_after", "mean_reward_after"):
+        assert summary_one[k] == summary_two[k]  # greedy evaluation of (nearly) the same weights
+    assert "eval/accuracy" in records(two / "grpo")[-1]
+    assert records(two / "grpo")[0]["sampling/rounds"] >= 1
+    from textgym.store import read_trajectories
+
+    cols = ["task_index", "group", "sample", "reward", "token_ids"]
+    rows = [read_trajectories(d / "grpo" / "trajectories", columns=cols).to_pylist() for d in (one, two)]
+    assert len(rows[0]) == 2 * 16 and rows[0] == rows[1]  # the same rollouts, one shard per step
+    memory = json.loads((two / "grpo" / "memory.json").read_text())
+    assert set(memory) == {"policy", "reference"}
+    full = json.loads((one / "grpo" / "memory.json").read_text())
+    assert memory["policy"]["param_mib"] == pytest.approx(full["policy"]["param_mib"] / 2, rel=0.05)
+
+
+def test_a_two_rank_checkpoint_resumes_on_one_process(grpo_runs):
+    """The 2-rank checkpoint of step 2, continued for a third step on one process, lands where
+    the 1-process run continued from its own step-2 checkpoint does."""
+    out, config, _ = grpo_runs
+    ckpt_one, ckpt_two = (
+        out / "r1" / "grpo" / "checkpoints" / "step_2",
+        out / "r2" / "grpo" / "checkpoints" / "step_2",
+    )
+    # the same files, in the same format: integer-keyed optimizer state, a plain HF folder
+    assert sorted(p.name for p in ckpt_two.iterdir()) == sorted(p.name for p in ckpt_one.iterdir())
+    opt_one, opt_two = (torch.load(c / "optimizer.pt", weights_only=False) for c in (ckpt_one, ckpt_two))
+    assert list(opt_two["state"]) == list(opt_one["state"]) == list(range(len(opt_one["state"])))
+    assert opt_two["param_groups"][0]["params"] == opt_one["param_groups"][0]["params"]
+    assert len(torch.load(ckpt_two / "rng.pt", weights_only=False)["ranks"]) == 2
+    assert json.loads((ckpt_two / "config.json").read_text())["architectures"] == ["Qwen2ForCausalLM"]
+    for name in ("r1", "r2"):
+        shutil.rmtree(out / name / "grpo" / "final")  # as if the run had stopped after its checkpoint
+        train(config, name, 1, "grpo.steps=3", "--resume")
+    one, two = records(out / "r1" / "grpo"), records(out / "r2" / "grpo")
+    assert [r["step"] for r in two] == [1, 2, 3]
+    assert_same_metrics(one[2:], two[2:], ("loss/policy", "grad_norm", "kl/ref", "rollout/reward_mean"))
+    start = params(ckpt_one)
+    rel, moved = relative_distance(
+        params(out / "r1" / "grpo" / "final"), params(out / "r2" / "grpo" / "final"), start
+    )
+    print(f"resumed step 3: ‖Δθ‖/‖θ−θ2‖ = {rel:.2e}, ‖θ−θ2‖ = {moved:.3f}")
+    assert rel < 10 * PARAM_RTOL  # the two step-2 checkpoints already differ by rounding (above)
+
+
+def test_ppo_on_two_ranks_matches_one_process(warm_model_dir, tmp_path):
+    """PPO with its critic, a reference (KL in the reward, adaptive β), whitening and GAE."""
+    ppo = {
+        "env": WARM_ENV,
+        "steps": 2,
+        "prompts_per_step": 4,
+        "group_size": 2,
+        "epochs": 2,
+        "micro_batch_size": 2,
+        "kl_coef": 0.05,
+        "kl_target": 0.5,
+        "sampling": SAMPLING,
+        "rollout": SEEDED,
+        "optim": {"lr": 1e-3},
+        "critic": {"optim": {"lr": 1e-3}},
+    }
+    config = write_config(tmp_path / "ppo.yaml", warm_model_dir, tmp_path, ppo=ppo)
+    times = {}
+    for ranks in (1, 2):
+        t = time.perf_counter()
+        train(config, f"r{ranks}", ranks)
+        times[ranks] = time.perf_counter() - t
+    one, two = tmp_path / "r1" / "ppo", tmp_path / "r2" / "ppo"
+    start = params(warm_model_dir)
+    rel, moved = relative_distance(params(one / "final"), params(two / "final"), start)
+    print(f"PPO 1 vs 2 ranks: ‖Δθ‖/‖θ−θ0‖ = {rel:.2e}, ‖θ−θ0‖ = {moved:.3f}, wall {times}")
+    assert moved > 0.5 and rel < PARAM_RTOL
+    critic_one, critic_two = params(one / "critic"), params(two / "critic")
+    head = "score.weight"
+    assert float(critic_one[head].abs().max()) > 1e-3  # the zero-initialised value head learned
+    assert float((critic_one[head] - critic_two[head]).abs().max()) < PARAM_RTOL * float(
+        critic_one[head].norm()
+    )
+    keys = (
+        "loss/policy",
+        "loss/value",
+        "grad_norm",
+        "value/grad_norm",
+        "kl/ref",
+        "kl/coef",
+        "rollout/reward_mean",
+    )
+    assert_same_metrics(records(one), records(two), keys)
+    assert set(json.loads((two / "memory.json").read_text())) == {"policy", "reference", "critic"}
+
+
+def test_dpo_on_two_ranks_matches_one_process(warm_model_dir, tmp_path):
+    """Rank 0 collects the rollouts and builds the pairs; both ranks train on their halves.
+
+    Batches of 5 pairs split 3 + 2 over the ranks, micro-batches of 2: rank 1 runs a filler
+    micro-batch (weight 0) so that both make the same forward calls; the epoch's last batch
+    is ragged.
+    """
+    dpo = {
+        "env": WARM_ENV,
+        "loss": "dpo",
+        "collect": {"n": 32, "samples": 4, "sampling": SAMPLING},
+        "epochs": 2,
+        "batch_size": 5,
+        "micro_batch_size": 2,
+        "optim": {"lr": 1e-3},
+        "log_every": 1,
+    }
+    config = write_config(tmp_path / "dpo.yaml", warm_model_dir, tmp_path, dpo=dpo)
+    for ranks in (1, 2):
+        train(config, f"r{ranks}", ranks)
+    one, two = (tmp_path / f"r{n}" / "dpo" / "round_0" for n in (1, 2))
+    summary = json.loads((tmp_path / "r2" / "summary.json").read_text())
+    assert summary["dpo_rounds"] == json.loads((tmp_path / "r1" / "summary.json").read_text())["dpo_rounds"]
+    assert summary["dpo_rounds"][0]["pairs"] % 5 != 0  # a ragged last batch
+    rel, moved = relative_distance(
+        params(one / "train" / "final"), params(two / "train" / "final"), params(warm_model_dir)
+    )
+    print(f"DPO 1 vs 2 ranks: ‖Δθ‖/‖θ−θ0‖ = {rel:.2e}, ‖θ−θ0‖ = {moved:.3f}")
+    assert moved > 0.5 and rel < PARAM_RTOL
+    ref_one, ref_two = (torch.load(d / "train" / "reference_logps.pt") for d in (one, two))
+    for k in ("first", "second"):
+        torch.testing.assert_close(ref_two[k], ref_one[k], rtol=0, atol=1e-4)  # gathered from both ranks
+    keys = ("loss/dpo", "grad_norm", "rewards/margin", "rewards/accuracy")
+    assert_same_metrics(records(one / "train"), records(two / "train"), keys)
+
+
+# --- in-process checks ------------------------------------------------------------------------
+@pytest.fixture
+def two_rank_world(monkeypatch):
+    """Pretend to be rank 0 of 2 (no process group: only checks that run before any collective)."""
+    monkeypatch.setattr(
+        distributed, "_WORLD", distributed.World(rank=0, size=2, local_rank=0, backend="gloo")
+    )
+
+
+def test_a_batch_that_does_not_split_over_the_ranks_is_a_config_error(
+    two_rank_world, tiny_model_dir, tmp_path
+):
+    from textgym.trainers.grpo import GRPOTrainer
+    from textgym.trainers.sft import SFTTrainer
+
+    model, tok = load_model(tiny_model_dir)
+    cfg = GRPOConfig.model_validate({"env": WARM_ENV, "prompts_per_step": 3, "group_size": 2})
+    with pytest.raises(
+        ConfigError, match=r"prompts_per_step=3 must be a multiple of the number of ranks \(2\)"
+    ):
+        GRPOTrainer(cfg, model, tok, tmp_path)
+    cfg = GRPOConfig.model_validate(
+        {"env": WARM_ENV, "prompts_per_step": 2, "group_size": 3, "minibatch_size": 3}
+    )
+    with pytest.raises(ConfigError, match="minibatch_size=3 must be a multiple"):
+        GRPOTrainer(cfg, model, tok, tmp_path)
+    with pytest.raises(ConfigError, match="batch_size=5 must be a multiple"):
+        SFTTrainer(SFTConfig.model_validate({"env": WARM_ENV, "batch_size": 5}), model, tok, tmp_path)
+
+
+def test_outside_torchrun_every_helper_is_the_identity():
+    assert not distributed.world().active and distributed.is_main()
+    x = torch.arange(3.0)
+    assert distributed.all_reduce_sum(x) is x and distributed.all_gather_tensor(x) is x
+    assert distributed.share(7.0) == 7.0 and distributed.all_gather_list([1, 2]) == [1, 2]
+    metrics = {"a": 1.0, "time/x": 2.0}
+    assert distributed.reduce_metrics(metrics, {"a": 5.0}) is metrics
+    assert distributed.on_main(lambda: 4) == 4 and distributed.rank_seed(11) == 11
+    assert distributed.metric_op("time/step_s") == "max" and distributed.metric_op("rollout/len_max") == "max"
+    assert (
+        distributed.metric_op("throughput/tokens_per_s") == "sum"
+        and distributed.metric_op("loss/x") == "mean"
+    )
+
+
+def test_per_sequence_seeds_make_samples_independent_of_batching(tiny_model_dir):
+    from textgym.agents.llm_agent import LLMAgent, SamplingParams
+
+    model, tok = load_model(tiny_model_dir)
+    agent = LLMAgent(model, tok, batch_size=8)
+    prompts = [tok(f"{i} + {i}")["input_ids"] for i in range(6)]  # different lengths: different padding
+    params = SamplingParams(temperature=1.0, top_k=50, top_p=0.95, max_new_tokens=10)
+    seeds = [1000 + i for i in range(6)]
+    together = agent.generate(prompts, params, seeds=seeds)
+    agent.backend.batch_size = 4  # other batches, reversed order
+    apart = agent.generate(prompts[::-1], params, seeds=seeds[::-1])[::-1]
+    assert [g.token_ids for g in together] == [g.token_ids for g in apart]
+    for a, b in zip(together, apart, strict=True):
+        torch.testing.assert_close(a.logprobs, b.logprobs, rtol=0, atol=1e-5)  # padding changes rounding only
+    other = agent.generate(prompts, params, seeds=[s + 1 for s in seeds])
+    assert [g.token_ids for g in other] != [g.token_ids for g in together]
+
+
+def test_seeded_gumbel_noise_samples_the_softmax():
+    """argmax(s + Gumbel) over 20000 seeded rows hits each token with probability softmax(s)."""
+    from textgym.agents.llm_agent import SeededGumbelNoise
+
+    n, logits = 20000, torch.tensor([2.0, 1.0, 0.0, -1.0, -float("inf")])
+    scores = logits.repeat(n, 1)
+    noisy = SeededGumbelNoise(list(range(n)), torch.device("cpu"))(
+        torch.zeros(n, 1, dtype=torch.long), scores
+    )
+    freq = torch.bincount(noisy.argmax(-1), minlength=5).float() / n
+    p = torch.softmax(logits, -1)
+    assert freq[4] == 0  # a filtered token is never drawn
+    assert torch.all((freq - p).abs() <= 4 * (p * (1 - p) / n).sqrt() + 1e-9)  # 4 standard errors
+    again = SeededGumbelNoise([7, 8], torch.device("cpu"))(torch.zeros(2, 1, dtype=torch.long), scores[:2])
+    assert torch.equal(again, SeededGumbelNoise([7, 8], torch.device("cpu"))(None, scores[:2]))  # type: ignore[arg-type]
+
+
+def test_gradient_checkpointing_gives_the_same_gradients(tiny_model_dir):
+    """Recomputing activations in backward changes no gradient (bit for bit on the same graph).
+
+    Under checkpointing HF drops the KV cache, so `sequence_logprobs` no longer shares a
+    group's prompt; against the shared-prompt default the gradients then differ by rounding.
+    """
+    from textgym.agents.trajectory import RolloutBatch, Trajectory
+    from textgym.trainers.common import sequence_logprobs
+
+    def batch() -> RolloutBatch:
+        g = torch.Generator().manual_seed(0)
+        trajs = []
+        for i in range(4):  # two groups of two rows sharing their prompt
+            prompt = torch.randint(3, 200, (5 + i // 2,), generator=torch.Generator().manual_seed(i // 2))
+            ids = torch.cat([prompt, torch.randint(3, 200, (3 + i,), generator=g)])
+            mask = torch.cat([torch.zeros(len(prompt)), torch.ones(len(ids) - len(prompt))])
+            zeros = torch.zeros(len(ids))
+            trajs.append(Trajectory(ids, mask, zeros, zeros.clone(), len(prompt), [], 0.0, group=i // 2))
+        return RolloutBatch.from_trajectories(trajs, 0)
+
+    def grads(checkpointing: bool, share_prompts: bool) -> dict[str, torch.Tensor]:
+        model, _ = load_model(tiny_model_dir)
+        if checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.train()
+        b = batch()
+        logprobs, _ = sequence_logprobs(model, b, share_prompts=share_prompts)
+        ((logprobs * b.loss_mask).sum() / b.loss_mask.sum()).backward()
+        return {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    plain, checkpointed = grads(False, False), grads(True, False)
+    assert max(float(g.abs().max()) for g in plain.values()) > 1e-2
+    assert all(torch.equal(checkpointed[n], g) for n, g in plain.items())
+    shared, checkpointed_default = grads(False, True), grads(True, True)
+    assert all(torch.equal(checkpointed_default[n], g) for n, g in plain.items())  # sharing was turned off
+    for n, g in shared.items():
+        torch.testing.assert_close(checkpointed_default[n], g, rtol=1e-5, atol=1e-6, msg=n)
+
+
+def test_memory_report_counts_parameters_gradients_and_adam_state(tiny_model_dir):
+    from textgym.config import OptimConfig
+    from textgym.trainers.common import build_optimizer
+
+    model, _ = load_model(tiny_model_dir)
+    optimizer, _ = build_optimizer(model, OptimConfig(), 10)
+    frozen, _ = load_model(tiny_model_dir)
+    frozen.requires_grad_(False)
+    report = distributed.memory_report({"policy": (model, optimizer), "reference": (frozen, None)})
+    n = sum(p.numel() for p in model.parameters())
+    assert report["policy"]["params_m"] == pytest.approx(n / 1e6)
+    assert report["policy"]["param_mib"] == report["policy"]["grad_mib"] == pytest.approx(4 * n / 2**20)
+    assert report["policy"]["optim_mib"] == pytest.approx(8 * n / 2**20)  # AdamW's two moments, before a step
+    assert report["reference"]["grad_mib"] == report["reference"]["optim_mib"] == 0
+    model(input_ids=torch.tensor([[1, 2, 3]]), labels=torch.tensor([[1, 2, 3]])).loss.backward()
+    optimizer.step()
+    stepped = distributed.memory_report({"policy": (model, optimizer)})["policy"]["optim_mib"]
+    assert stepped == pytest.approx(8 * n / 2**20, rel=1e-3)  # the moments it now holds (+ step counters)
