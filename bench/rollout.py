@@ -11,6 +11,7 @@ engine does for a faster start).
 
     python bench/rollout.py [--presets tiny small] [--groups 16] [--group-size 8]
                             [--max-new-tokens 128] [--repeats 3] [--threads 2] [--eager]
+                            [--device cpu] [--dtype float32]
 
 Last line per preset: `tokens/s ratio vllm/transformers (<preset>): X.XX`.
 """
@@ -62,6 +63,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--eager", action="store_true", help="vLLM without torch.compile")
+    ap.add_argument("--device", default="cpu", help="where the transformers backend runs (cuda on a GPU)")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -72,18 +75,18 @@ def main() -> None:
     params = SamplingParams(temperature=1.0, max_new_tokens=args.max_new_tokens)
     print(
         f"{args.groups} prompts x {args.group_size} samples, up to {args.max_new_tokens} new tokens, "
-        f"T=1, float32, {args.threads} threads, median of {args.repeats}, "
+        f"T=1, {args.dtype}, {args.device}, {args.threads} threads, median of {args.repeats}, "
         f"vLLM {'eager' if args.eager else 'compiled'}"
     )
     with tempfile.TemporaryDirectory() as tmp:
         for preset in args.presets:
             path = init_model(preset, Path(tmp) / preset, seed=0)
-            model, tok = load_model(path)
+            model, tok = load_model(path, dtype=getattr(torch, args.dtype), device=args.device)
             hf = LLMAgent(model, tok, batch_size=args.groups * args.group_size)
             prompts = [p for p in prompts_for(hf, args.groups) for _ in range(args.group_size)]
             hf_s, hf_tok = timed(hf.backend, prompts, params, args.repeats)
             vl = LLMAgent.from_pretrained(
-                path, backend="vllm", vllm_kwargs={"dtype": "float32", "enforce_eager": args.eager}
+                path, backend="vllm", vllm_kwargs={"dtype": args.dtype, "enforce_eager": args.eager}
             )
             vl_s, vl_tok = timed(vl.backend, prompts, params, args.repeats)
             vl.backend.close()
