@@ -167,3 +167,23 @@ def test_lora_ppo_builds_its_critic_from_the_base_and_trains(warm_model_dir, tmp
         torch.testing.assert_close(v, backbone[k], rtol=0, atol=0, msg=k)
     trainer.train()
     assert (tmp_path / "final" / "model.safetensors").is_file()
+
+
+def test_reference_placement_is_validated_and_used(warm_model_dir, tmp_path):
+    with pytest.raises(ValueError, match="with LoRA the reference is the policy"):
+        grpo_cfg(reference_device="cpu")
+    with pytest.raises(ValueError, match="is not a torch device"):
+        grpo_cfg(lora=None, reference_device="gpu7")
+    seed_everything(0)
+    model, tok = load_model(warm_model_dir)
+    batch = _batch(model, tok)
+    trainer = GRPOTrainer(grpo_cfg(lora=None, reference_device="cpu", steps=1), model, tok, tmp_path)
+    assert trainer.reference is not None and trainer.reference is not trainer.policy
+    assert {p.device.type for p in trainer.reference.parameters()} == {"cpu"}
+    fresh, _ = load_model(warm_model_dir)
+    trainer.train()
+    with torch.no_grad():
+        want = sequence_logprobs(fresh, batch)[0]
+    # After a step the policy moved; the placed reference still computes the start model.
+    torch.testing.assert_close(trainer._reference_logprobs(batch), want, rtol=0, atol=1e-6)
+    assert (sequence_logprobs(trainer.policy, batch)[0] - want).abs().max() > 1e-3

@@ -52,6 +52,8 @@ class EnvConfig(_Strict):
     terms (`reward/correct`, ...) stay in `info` as the true measure (RLHF)."""
     reward_model_weight: float = 1.0
     """Scale of the reward model's score."""
+    reward_model_device: str = "cpu"
+    """Where the reward model runs ("cuda:1": another GPU; it scores in the env workers)."""
 
     def make(self) -> gym.Env:
         """Build the env (wrapped with `RewardModelWrapper` when `reward_model` is set)."""
@@ -59,7 +61,9 @@ class EnvConfig(_Strict):
         if self.reward_model is not None:
             from textgym.trainers.reward_model import RewardModelWrapper
 
-            env = RewardModelWrapper(env, self.reward_model, self.reward_model_weight)
+            env = RewardModelWrapper(
+                env, self.reward_model, self.reward_model_weight, self.reward_model_device
+            )
         return env
 
     @field_validator("reward_model")
@@ -402,6 +406,27 @@ class _PolicyGradientConfig(_Strict):
     lora: LoraSettings | None = None
     """Train LoRA adapters instead of every weight; the reference is the base model with the
     adapters disabled (no second copy); `final/` is the merged model, `final_adapter/` the adapter."""
+    reference_device: str | None = None
+    """Where the frozen reference runs: "cpu" offloads it from the GPU, "cuda:1" puts it on
+    another GPU; null = the policy's device. Each micro-batch is sent there and its log-probs
+    come back. Not with LoRA (the reference is the policy) nor on several ranks (it is sharded)."""
+
+    @model_validator(mode="after")
+    def _reference_placement(self) -> _PolicyGradientConfig:
+        if self.reference_device is not None:
+            if self.lora is not None:
+                raise ValueError(
+                    "reference_device: with LoRA the reference is the policy itself (adapters off)"
+                )
+            import torch
+
+            try:
+                torch.device(self.reference_device)
+            except RuntimeError as e:
+                raise ValueError(
+                    f"reference_device {self.reference_device!r} is not a torch device: {e}"
+                ) from e
+        return self
 
     @model_validator(mode="after")
     def _batch_sizes(self) -> _PolicyGradientConfig:

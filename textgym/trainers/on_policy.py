@@ -174,6 +174,8 @@ class OnPolicyTrainer:
         self.reference: PreTrainedModel | None = None
         if cfg.kl_coef > 0 and cfg.lora is None:
             self.reference = copy.deepcopy(model).eval().requires_grad_(False)
+            if cfg.reference_device is not None:
+                self.reference.to(torch.device(cfg.reference_device))  # type: ignore[arg-type]
             if self.parallel.gradient_checkpointing:
                 self.reference.gradient_checkpointing_disable()
         self.step = 0
@@ -237,6 +239,10 @@ class OnPolicyTrainer:
             )
         if cfg.lora is not None:
             raise ConfigError(f"{self.name}.lora: LoRA is not supported on several ranks yet")
+        if cfg.reference_device is not None:
+            raise ConfigError(
+                f"{self.name}.reference_device: on several ranks the reference is sharded with the policy"
+            )
 
     def _shard(self, model: torch.nn.Module) -> Any:
         """Shard `model` over the ranks (FSDP2) when launched by torchrun; return it."""
@@ -590,6 +596,13 @@ class OnPolicyTrainer:
             return None
         reference, T = self.reference, self.cfg.sampling.temperature
         split = distributed.is_sharded(reference)
+        if self.cfg.reference_device is not None:
+            # Placed elsewhere (another GPU, or offloaded to CPU): the micro-batch goes there
+            # and its log-probs come back.
+            where = torch.device(self.cfg.reference_device)
+            return self.per_micro_batch(
+                batch, lambda sub: sequence_logprobs(reference, sub.to(where), T)[0].to(self.device)
+            )
         return self.per_micro_batch(
             batch, lambda sub: sequence_logprobs(reference, sub, T, split_prompt=split)[0]
         )

@@ -296,13 +296,14 @@ class RewardModelWrapper(gym.Wrapper):
         env: a textgym env (its `messages` hold the conversation so far).
         model_dir: the reward model folder.
         weight: scale of the learned reward.
+        device: where the reward model runs.
     """
 
-    def __init__(self, env: gym.Env, model_dir: str | Path, weight: float = 1.0):
+    def __init__(self, env: gym.Env, model_dir: str | Path, weight: float = 1.0, device: str = "cpu"):
         super().__init__(env)
-        key = str(Path(model_dir).resolve())
+        key = f"{Path(model_dir).resolve()}@{device}"
         if key not in _VERIFIERS:
-            _VERIFIERS[key] = RewardModelVerifier(model_dir)
+            _VERIFIERS[key] = RewardModelVerifier(model_dir, device=device)
         self.verifier = _VERIFIERS[key]
         self.weight = float(weight)
         self._history: list[Message] = []
