@@ -386,3 +386,37 @@ def test_reward_model_lm_regulariser_teaches_the_backbone_the_chosen_responses(t
     # token here); the regulariser learns `40, EOS` exactly and the first token (one of 5) partly:
     # measured 7.05 vs 1.44 nats.
     assert nll[1.0] < 2.0 and nll[0.0] > 5.0
+
+
+def test_dpo_with_lora_trains_adapters_against_the_base_models_log_probs(
+    warm_model_dir, warm_pairs, tmp_path
+):
+    from textgym.trainers.lora import is_lora
+
+    pairs, unpaired, _ = warm_pairs
+    base = {
+        "env": WARM_ENV, "loss": "dpo", "beta": 0.5, "epochs": 4, "batch_size": 16, "optim": {"lr": 1e-2},
+    }  # fmt: skip
+    model, tok = load_model(warm_model_dir)
+    plain = PreferenceTrainer(
+        PreferenceConfig.model_validate(base), model, tok, tmp_path / "plain", pairs, unpaired
+    )
+    model, tok = load_model(warm_model_dir)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    cfg = PreferenceConfig.model_validate({**base, "epochs": 10, "lora": {"r": 4, "alpha": 8}})
+    trainer = PreferenceTrainer(cfg, model, tok, tmp_path / "lora", pairs, unpaired)
+    assert is_lora(trainer.model)
+    # The cached reference is the base model's (the adapters start at B = 0).
+    assert trainer.reference.keys() == plain.reference.keys()
+    for k in plain.reference:
+        torch.testing.assert_close(trainer.reference[k], plain.reference[k], rtol=0, atol=1e-6)
+    final = trainer.train()
+    rows = [json.loads(x) for x in (tmp_path / "lora" / "metrics.jsonl").read_text().splitlines()]
+    assert rows[-1]["rewards/margin"] > 0.1 and rows[-1]["rewards/accuracy"] >= 0.75
+    for k, v in trainer.model.get_base_model().state_dict().items():
+        if ".lora_" not in k:
+            torch.testing.assert_close(v, before[k.replace(".base_layer.", ".")], rtol=0, atol=0, msg=k)
+    assert (tmp_path / "lora" / "final_adapter" / "adapter_config.json").is_file()
+    merged, _ = load_model(final)
+    assert not is_lora(merged)
+    assert any(not torch.equal(v, before[k]) for k, v in merged.state_dict().items())

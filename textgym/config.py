@@ -259,6 +259,22 @@ class PairConfig(_Strict):
     """KTO: a response is desirable when its reward is at least this."""
 
 
+class LoraSettings(_Strict):
+    """LoRA adapters through `peft` (Hu et al. 2021, arXiv:2106.09685, eq. 3).
+
+    Only A [r, in] and B [out, r] of each targeted weight train: h = W x + (alpha / r) · B A x.
+    """
+
+    r: int = Field(16, ge=1)
+    """Rank r of the update."""
+    alpha: int = Field(32, gt=0)
+    """Scale α (the update is multiplied by α / r)."""
+    dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    """Dropout on the adapter's input."""
+    target_modules: str | list[str] = "all-linear"
+    """Module names (or suffixes) that get adapters; "all-linear" = every linear layer but the LM head."""
+
+
 class PreferenceConfig(_Strict):
     """Offline preference optimisation from logged rollouts: DPO, IPO, KTO, SimPO or ORPO.
 
@@ -298,6 +314,9 @@ class PreferenceConfig(_Strict):
     """Pairs per forward pass (gradient accumulation)."""
     optim: OptimConfig = Field(default_factory=lambda: OptimConfig(lr=1e-4))
     """Optimizer of the policy (a fresh one each round)."""
+    lora: LoraSettings | None = None
+    """Train LoRA adapters (fresh each round) instead of every weight; the cached reference
+    log-probs are the base model's; `final/` is the merged model, `final_adapter/` the adapter."""
     log_every: int = Field(10, ge=1)
     """Log metrics every this many steps."""
     checkpoint_every: int = Field(0, ge=0)
@@ -327,22 +346,6 @@ class RewardModelConfig(_Strict):
     under the backbone's LM head (GRM, Yang et al. 2024, arXiv:2406.10216); 0 turns it off."""
     seed: int = 0
     """Seed of the split and the shuffling."""
-
-
-class LoraSettings(_Strict):
-    """LoRA adapters through `peft` (Hu et al. 2021, arXiv:2106.09685, eq. 3).
-
-    Only A [r, in] and B [out, r] of each targeted weight train: h = W x + (alpha / r) · B A x.
-    """
-
-    r: int = Field(16, ge=1)
-    """Rank r of the update."""
-    alpha: int = Field(32, gt=0)
-    """Scale α (the update is multiplied by α / r)."""
-    dropout: float = Field(0.0, ge=0.0, lt=1.0)
-    """Dropout on the adapter's input."""
-    target_modules: str | list[str] = "all-linear"
-    """Module names (or suffixes) that get adapters; "all-linear" = every linear layer but the LM head."""
 
 
 class _PolicyGradientConfig(_Strict):

@@ -31,7 +31,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from textgym import distributed
 from textgym.agents.trajectory import RolloutBatch, Trajectory
-from textgym.config import ParallelConfig, PreferenceConfig
+from textgym.config import ConfigError, ParallelConfig, PreferenceConfig
 from textgym.trainers.common import (
     build_optimizer,
     latest_checkpoint,
@@ -40,6 +40,7 @@ from textgym.trainers.common import (
     run_loop,
     save_checkpoint,
     save_final,
+    save_lora_final,
     sequence_logprobs,
 )
 from textgym.trainers.preference import dpo_loss, ipo_loss, kto_loss, orpo_loss, simpo_loss
@@ -131,6 +132,14 @@ class PreferenceTrainer:
         self.micro_batch_size = cfg.micro_batch_size or cfg.batch_size
         self.seed = seed
         parallel = parallel or ParallelConfig()
+        if cfg.lora is not None:
+            if self.world.size > 1:
+                raise ConfigError("dpo.lora: LoRA is not supported on several ranks yet")
+            from textgym.trainers.lora import apply_lora
+
+            # B = 0 at the start: the reference log-probs computed below are the base model's.
+            model = apply_lora(model, cfg.lora)
+            self.model = model
         if parallel.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         bf16 = distributed.resolve_mixed_precision(parallel.mixed_precision, self.device)
@@ -335,4 +344,6 @@ class PreferenceTrainer:
             lines=10,
             describe=describe,
         )
+        if self.cfg.lora is not None:
+            return save_lora_final(self.stage_dir, self.model, self.tokenizer)
         return save_final(self.stage_dir, self.model, self.tokenizer)
