@@ -40,7 +40,7 @@ from pathlib import Path
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
-def _batch(B: int, P: int, L: int, vocab: int, device: str):
+def synthetic_batch(B: int, P: int, L: int, vocab: int, device: str = "cpu"):
     """A RolloutBatch of random token ids (every row full length)."""
     import torch
 
@@ -92,7 +92,7 @@ def child(args: argparse.Namespace) -> dict[str, float | str]:
         policy.config.use_cache = False
     cfg = policy.config
     B, P, L = args.batch, args.prompt_len, args.response_len
-    batch = _batch(B, P, L, cfg.vocab_size, dev)
+    batch = synthetic_batch(B, P, L, cfg.vocab_size, dev)
     reference = critic = reward_model = None
     if args.what in ("memory-grpo", "memory-ppo", "train"):
         reference = copy.deepcopy(policy).eval().requires_grad_(False)

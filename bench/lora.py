@@ -47,8 +47,8 @@ def child(args: argparse.Namespace) -> None:
 
     import torch
     import transformers  # noqa: F401  (its import is part of the baseline, not of the models)
+    from gpu import synthetic_batch  # bench/gpu.py, beside this script
 
-    from textgym.agents import RolloutBatch
     from textgym.config import LoraSettings
     from textgym.models import load_model
     from textgym.trainers.common import sequence_logprobs
@@ -66,20 +66,8 @@ def child(args: argparse.Namespace) -> None:
     params = [p for p in policy.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=1e-5)
     B, P, L = args.batch, args.prompt_len, args.response_len
-    g = torch.Generator().manual_seed(0)
-    vocab = policy.config.vocab_size
-    ids = torch.randint(3, vocab, (B, P + L), generator=g)
-    batch = RolloutBatch(
-        input_ids=ids,
-        attention_mask=torch.ones_like(ids),
-        position_ids=torch.arange(P + L).expand(B, -1).contiguous(),
-        prompt_width=P,
-        loss_mask=torch.ones(B, L),
-        old_logprobs=torch.zeros(B, L),
-        token_rewards=torch.zeros(B, L),
-        rewards=torch.zeros(B),
-        groups=torch.arange(B) // 4,
-    )
+    batch = synthetic_batch(B, P, L, policy.config.vocab_size)
+    g = torch.Generator().manual_seed(1)
     advantages = torch.randn(B, generator=g)[:, None].expand(B, L)
     times = []
     for _ in range(args.steps):
