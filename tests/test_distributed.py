@@ -114,9 +114,9 @@ SEEDED = {"per_sequence_seeds": True}
 def grpo_runs(warm_model_dir, tmp_path_factory):
     """A short SFT stage then 2 GRPO steps on 1 and 2 ranks.
 
-    KL in the loss (a sharded reference), 2 epochs, micro-batches, DAPO's dynamic sampling
-    (groups gathered across ranks), trajectory shards, an evaluation every step and around
-    the stage (rank 0 alone).
+    KL in the loss (a sharded reference, CPU-offloaded on 2 ranks), 2 epochs, micro-batches,
+    DAPO's dynamic sampling (groups gathered across ranks), trajectory shards, an evaluation
+    every step and around the stage (rank 0 alone).
     """
     out = tmp_path_factory.mktemp("dist_grpo")
     stages = {
@@ -148,7 +148,9 @@ def grpo_runs(warm_model_dir, tmp_path_factory):
     times = {}
     for ranks in (1, 2):
         t = time.perf_counter()
-        train(config, f"r{ranks}", ranks)
+        # 2 ranks: the reference's shards offloaded to CPU memory (FSDP2's CPU offload; on this
+        # CPU-only machine the same memory, but the offload path runs and must change nothing)
+        train(config, f"r{ranks}", ranks, *(["grpo.reference_device=cpu"] if ranks == 2 else []))
         times[ranks] = time.perf_counter() - t
     return out, config, times
 
@@ -263,12 +265,13 @@ def test_ppo_on_two_ranks_matches_one_process(warm_model_dir, tmp_path):
     assert set(json.loads((two / "memory.json").read_text())) == {"policy", "reference", "critic"}
 
 
-def test_dpo_on_two_ranks_matches_one_process(warm_model_dir, tmp_path):
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_dpo_on_two_ranks_matches_one_process(warm_model_dir, tmp_path, lora):
     """Rank 0 collects the rollouts and builds the pairs; both ranks train on their halves.
 
     Batches of 5 pairs split 3 + 2 over the ranks, micro-batches of 2: rank 1 runs a filler
     micro-batch (weight 0) so that both make the same forward calls; the epoch's last batch
-    is ragged.
+    is ragged. With LoRA the sharded adapters train and the merged final is compared.
     """
     dpo = {
         "env": WARM_ENV,
@@ -277,8 +280,9 @@ def test_dpo_on_two_ranks_matches_one_process(warm_model_dir, tmp_path):
         "epochs": 2,
         "batch_size": 5,
         "micro_batch_size": 2,
-        "optim": {"lr": 1e-3},
+        "optim": {"lr": 1e-2 if lora else 1e-3},
         "log_every": 1,
+        **({"lora": {"r": 8, "alpha": 16}} if lora else {}),
     }
     config = write_config(tmp_path / "dpo.yaml", warm_model_dir, tmp_path, dpo=dpo)
     for ranks in (1, 2):
@@ -290,13 +294,65 @@ def test_dpo_on_two_ranks_matches_one_process(warm_model_dir, tmp_path):
     rel, moved = relative_distance(
         params(one / "train" / "final"), params(two / "train" / "final"), params(warm_model_dir)
     )
-    print(f"DPO 1 vs 2 ranks: ‖Δθ‖/‖θ−θ0‖ = {rel:.2e}, ‖θ−θ0‖ = {moved:.3f}")
+    print(f"DPO ({'LoRA' if lora else 'full'}) 1 vs 2 ranks: ‖Δθ‖/‖θ−θ0‖ = {rel:.2e}, ‖θ−θ0‖ = {moved:.3f}")
+    assert (two / "train" / "final_adapter").is_dir() == lora
     assert moved > 0.5 and rel < PARAM_RTOL
     ref_one, ref_two = (torch.load(d / "train" / "reference_logps.pt") for d in (one, two))
     for k in ("first", "second"):
         torch.testing.assert_close(ref_two[k], ref_one[k], rtol=0, atol=1e-4)  # gathered from both ranks
     keys = ("loss/dpo", "grad_norm", "rewards/margin", "rewards/accuracy")
     assert_same_metrics(records(one / "train"), records(two / "train"), keys)
+
+
+def test_lora_grpo_on_two_ranks_matches_one_process(warm_model_dir, tmp_path):
+    """LoRA adapters sharded with their frozen base; the KL reference is the policy with its
+    adapters off (no copy). The merged final and the adapter agree with one process, and the
+    2-rank adapter checkpoint resumes on one process where the 1-process one does."""
+    grpo = {
+        "env": WARM_ENV,
+        "steps": 2,
+        "prompts_per_step": 4,
+        "group_size": 4,
+        "micro_batch_size": 4,
+        "kl_coef": 0.05,
+        "sampling": SAMPLING,
+        "rollout": SEEDED,
+        "optim": {"lr": 1e-2},
+        "checkpoint_every": 1,
+        "lora": {"r": 8, "alpha": 16},
+    }
+    config = write_config(tmp_path / "lora.yaml", warm_model_dir, tmp_path, grpo=grpo)
+    for ranks in (1, 2):
+        train(config, f"r{ranks}", ranks)
+    one, two = tmp_path / "r1" / "grpo", tmp_path / "r2" / "grpo"
+    start = params(warm_model_dir)
+    rel, moved = relative_distance(params(one / "final"), params(two / "final"), start)
+    adapter = [load_file(str(d / "final_adapter" / "adapter_model.safetensors")) for d in (one, two)]
+    assert sorted(adapter[0]) == sorted(adapter[1]) and all(".lora_" in k for k in adapter[0])
+    b_one = torch.cat([v.flatten() for k, v in sorted(adapter[0].items()) if "lora_B" in k])
+    b_two = torch.cat([v.flatten() for k, v in sorted(adapter[1].items()) if "lora_B" in k])
+    rel_b = float((b_one - b_two).norm() / b_one.norm())
+    print(f"LoRA GRPO 1 vs 2 ranks: merged ‖Δθ‖/‖θ−θ0‖ = {rel:.2e} (‖θ−θ0‖ = {moved:.3f}), B: {rel_b:.2e}")
+    assert moved > 0.05 and rel < PARAM_RTOL and rel_b < PARAM_RTOL
+    keys = ("loss/policy", "grad_norm", "kl/ref", "rollout/reward_mean")
+    assert_same_metrics(records(one), records(two), keys)
+    assert records(one)[-1]["kl/ref"] > 0  # the adapters-off reference differs from the policy
+    memory = [json.loads((d / "memory.json").read_text())["policy"] for d in (one, two)]
+    assert memory[1]["grad_mib"] == pytest.approx(memory[0]["grad_mib"] / 2, rel=0.05)  # adapters only
+    assert memory[0]["grad_mib"] < memory[0]["param_mib"] / 5
+    ckpt = two / "checkpoints" / "step_2"
+    assert sorted(p.name for p in ckpt.iterdir()) == sorted(
+        p.name for p in (one / "checkpoints" / "step_2").iterdir()
+    )
+    assert (ckpt / "adapter_config.json").is_file() and not (ckpt / "model.safetensors").exists()
+    for name in ("r1", "r2"):
+        shutil.rmtree(tmp_path / name / "grpo" / "final")
+        train(config, name, 1, "grpo.steps=3", "--resume")
+    assert [r["step"] for r in records(two)] == [1, 2, 3]
+    assert_same_metrics(records(one)[2:], records(two)[2:], keys)
+    rel3, moved3 = relative_distance(params(one / "final"), params(two / "final"), start)
+    print(f"resumed step 3 on one process: ‖Δθ‖/‖θ−θ0‖ = {rel3:.2e} (‖θ−θ0‖ = {moved3:.3f})")
+    assert moved3 > moved and rel3 < PARAM_RTOL
 
 
 # --- in-process checks ------------------------------------------------------------------------
@@ -324,6 +380,17 @@ def test_a_batch_that_does_not_split_over_the_ranks_is_a_config_error(
         {"env": WARM_ENV, "prompts_per_step": 2, "group_size": 3, "minibatch_size": 3}
     )
     with pytest.raises(ConfigError, match="minibatch_size=3 must be a multiple"):
+        GRPOTrainer(cfg, model, tok, tmp_path)
+    cfg = GRPOConfig.model_validate(
+        {
+            "env": WARM_ENV,
+            "prompts_per_step": 2,
+            "group_size": 2,
+            "kl_coef": 0.1,
+            "reference_device": "cuda:1",
+        }
+    )
+    with pytest.raises(ConfigError, match=r"reference_device='cuda:1': on several ranks .* only \"cpu\""):
         GRPOTrainer(cfg, model, tok, tmp_path)
     with pytest.raises(ConfigError, match="batch_size=5 must be a multiple"):
         SFTTrainer(SFTConfig.model_validate({"env": WARM_ENV, "batch_size": 5}), model, tok, tmp_path)

@@ -412,7 +412,9 @@ class _PolicyGradientConfig(_Strict):
     reference_device: str | None = None
     """Where the frozen reference runs: "cpu" offloads it from the GPU, "cuda:1" puts it on
     another GPU; null = the policy's device. Each micro-batch is sent there and its log-probs
-    come back. Not with LoRA (the reference is the policy) nor on several ranks (it is sharded)."""
+    come back. Not with LoRA (the reference is the policy). On several ranks the reference is
+    sharded with the policy and only "cpu" applies: its shards stay in CPU memory and each block
+    is copied to the rank's device for its forward (FSDP2's CPU offload)."""
 
     @model_validator(mode="after")
     def _reference_placement(self) -> _PolicyGradientConfig:

@@ -359,7 +359,7 @@ def is_sharded(model: torch.nn.Module) -> bool:
     return isinstance(model, FSDPModule)
 
 
-def shard(model: torch.nn.Module, *, bf16: bool = False) -> torch.nn.Module:
+def shard(model: torch.nn.Module, *, bf16: bool = False, offload: bool = False) -> torch.nn.Module:
     """Shard `model` with FSDP2 over all ranks: each transformer block, then the root.
 
     Blocks are the submodules whose class is in the model's `_no_split_modules` (HF's list of
@@ -371,17 +371,22 @@ def shard(model: torch.nn.Module, *, bf16: bool = False) -> torch.nn.Module:
     Args:
         model: a Hugging Face model on this rank's device.
         bf16: compute in bf16 with fp32 master weights and fp32 gradient reduction.
+        offload: keep the shards in CPU memory (pinned on CUDA) and copy each unit to the
+            device for its forward (FSDP2's `CPUOffloadPolicy`); for a frozen model whose
+            device memory is better spent elsewhere (the reference).
 
     Returns:
         `model`.
     """
     if not _WORLD.active:
         return model
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
     kwargs: dict[str, Any] = {}
     if bf16:
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    if offload:
+        kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=torch.cuda.is_available())
     block_names = set(getattr(model, "_no_split_modules", None) or [])
     for module in model.modules():
         if module is not model and type(module).__name__ in block_names:

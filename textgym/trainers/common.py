@@ -323,7 +323,7 @@ def save_model_folder(folder: Path, model: torch.nn.Module, tokenizer: Any = Non
     if state is not None:
         model.save_pretrained(folder, state_dict=state)  # type: ignore[operator]
     else:
-        model.save_pretrained(folder)  # type: ignore[operator]  # (a peft model takes no state_dict)
+        model.save_pretrained(folder)  # type: ignore[operator]
     if tokenizer is not None:
         tokenizer.save_pretrained(folder)
 
@@ -403,19 +403,24 @@ def load_weights(folder: Path, model: torch.nn.Module) -> None:
             weights.update(load_file(str(f)))
     from textgym.trainers.lora import is_lora
 
-    if is_lora(model):  # one process only (the trainers refuse LoRA on several ranks)
-        # A LoRA checkpoint holds the adapter only (adapter_model.safetensors).
-        from peft import set_peft_model_state_dict
+    if is_lora(model):
+        # A LoRA checkpoint holds the adapter only (adapter_model.safetensors, peft's names);
+        # the base weights stay as they are (frozen, the start model's).
+        from textgym.trainers.lora import adapter_state_for_model
 
         if not (folder / "adapter_config.json").is_file():
             raise RuntimeError(
                 f"checkpoint {folder} has no LoRA adapter (adapter_config.json) for a LoRA policy"
             )
-        result: Any = set_peft_model_state_dict(model, weights)
-        if result.unexpected_keys:
+        adapters = adapter_state_for_model(model, weights)
+        keys = set(distributed.broadcast_object(sorted(adapters) if distributed.is_main() else []))
+        expected = {k for k in model.state_dict() if ".lora_" in k}
+        if keys != expected:
             raise RuntimeError(
-                f"checkpoint {folder} does not match the adapters: unexpected {result.unexpected_keys}"
+                f"checkpoint {folder} does not match the adapters: missing {sorted(expected - keys)}, "
+                f"unexpected {sorted(keys - expected)}"
             )
+        distributed.load_model_state(model, adapters)
         return
     missing, unexpected = distributed.load_model_state(model, weights)
     tied = {k for k in missing if "lm_head" in k}
@@ -462,21 +467,35 @@ def save_lora_final(stage_dir: Path, model: Any, tokenizer: PreTrainedTokenizerB
     """Save a LoRA policy; return the merged folder.
 
     The adapter goes to `<stage_dir>/final_adapter` (peft's format), the merged model (a plain
-    HF folder any loader reads) to `<stage_dir>/final`, each written atomically.
+    HF folder any loader reads) to `<stage_dir>/final`, each written atomically. Collective
+    for a sharded policy: the full weights are gathered once, rank 0 writes both folders.
     """
-    from textgym.trainers.lora import save_merged
+    from textgym.trainers.lora import merge_state, write_merged
 
-    for name, write in (
-        ("final_adapter", lambda d: (model.save_pretrained(d), tokenizer.save_pretrained(d))),
-        ("final", lambda d: save_merged(model, tokenizer, d)),
-    ):
-        tmp = stage_dir / f".tmp_{name}_{os.getpid()}"
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        write(tmp)
-        if (stage_dir / name).exists():
-            shutil.rmtree(stage_dir / name)
-        os.replace(tmp, stage_dir / name)
+    state = distributed.model_state(model) if distributed.is_sharded(model) else None
+    pid = distributed.broadcast_object(os.getpid())
+    if distributed.is_main():
+        full = state if state is not None else model.state_dict()
+
+        def adapter(d: Path) -> None:
+            if state is not None:
+                model.save_pretrained(d, state_dict=state)
+            else:
+                model.save_pretrained(d)
+            tokenizer.save_pretrained(d)
+
+        for name, write in (
+            ("final_adapter", adapter),
+            ("final", lambda d: write_merged(model, merge_state(model, full), tokenizer, d)),
+        ):
+            tmp = stage_dir / f".tmp_{name}_{pid}"
+            if tmp.exists():
+                shutil.rmtree(tmp)
+            write(tmp)
+            if (stage_dir / name).exists():
+                shutil.rmtree(stage_dir / name)
+            os.replace(tmp, stage_dir / name)
+    distributed.barrier()
     return stage_dir / "final"
 
 

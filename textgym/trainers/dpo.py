@@ -31,7 +31,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from textgym import distributed
 from textgym.agents.trajectory import RolloutBatch, Trajectory
-from textgym.config import ConfigError, ParallelConfig, PreferenceConfig
+from textgym.config import ParallelConfig, PreferenceConfig
 from textgym.trainers.common import (
     build_optimizer,
     latest_checkpoint,
@@ -133,12 +133,10 @@ class PreferenceTrainer:
         self.seed = seed
         parallel = parallel or ParallelConfig()
         if cfg.lora is not None:
-            if self.world.size > 1:
-                raise ConfigError("dpo.lora: LoRA is not supported on several ranks yet")
             from textgym.trainers.lora import apply_lora
 
             # B = 0 at the start: the reference log-probs computed below are the base model's.
-            model = apply_lora(model, cfg.lora)
+            model = apply_lora(model, cfg.lora, seed=seed)
             self.model = model
         if parallel.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})

@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from textgym import distributed
+
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
@@ -40,12 +42,15 @@ def is_lora(model: Any) -> bool:
     return isinstance(model, PeftModel)
 
 
-def apply_lora(model: PreTrainedModel, settings: LoraSettings) -> Any:
+def apply_lora(model: PreTrainedModel, settings: LoraSettings, seed: int = 0) -> Any:
     """Wrap `model` with fresh LoRA adapters; only the adapters stay trainable.
 
     Args:
         model: a causal LM (any `transformers` model `peft` supports).
         settings: rank r, scale α, dropout, target modules.
+        seed: seed of the random A matrices. Drawn from their own generator (the global RNG
+            is left as it was), so every rank of a distributed run starts from the same
+            adapters, which FSDP2 requires (it shards each rank's own copy).
 
     Returns:
         The `peft.PeftModel` (its forward at step 0 equals `model`'s exactly: B = 0).
@@ -63,7 +68,9 @@ def apply_lora(model: PreTrainedModel, settings: LoraSettings) -> Any:
         bias="none",
         task_type="CAUSAL_LM",
     )
-    return get_peft_model(model, config)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return get_peft_model(model, config)
 
 
 @contextlib.contextmanager
@@ -82,45 +89,104 @@ def reference_of(model: Any) -> Iterator[Any]:
         yield model
 
 
+def merge_state(model: Any, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """W + (α / r)·B A for every LoRA layer of `model`, from `state` (a full `model.state_dict()`).
+
+    Keys are the base model's own parameter names (peft's `base_model.model.` prefix and the
+    `.base_layer.` / adapter entries removed). Tensors LoRA does not touch are passed through.
+    """
+    from peft.tuners.lora import LoraLayer
+
+    prefix = "base_model.model."
+    base_state = {k.removeprefix(prefix): v for k, v in state.items()}
+    out: dict[str, torch.Tensor] = {}
+    for key, value in base_state.items():
+        if ".lora_" in key:
+            continue
+        out[key.replace(".base_layer.", ".")] = value
+    for name, module in model.get_base_model().named_modules():
+        if not isinstance(module, LoraLayer):
+            continue
+        layer: Any = module  # a peft lora.Linear
+        weight = base_state[f"{name}.base_layer.weight"]
+        merged = weight.clone()
+        for adapter in layer.active_adapters:
+            if adapter not in layer.lora_A:
+                continue
+            a = base_state[f"{name}.lora_A.{adapter}.weight"].float()
+            b = base_state[f"{name}.lora_B.{adapter}.weight"].float()
+            delta = b @ a  # [out, r] @ [r, in] (Hu et al. 2021, eq. 3)
+            if layer.fan_in_fan_out:  # GPT-2's Conv1D keeps W as [in, out]
+                delta = delta.T
+            merged += (delta * layer.scaling[adapter]).to(merged.dtype)
+        out[f"{name}.weight"] = merged
+    return out
+
+
 @torch.no_grad()
 def merged_state_dict(model: Any) -> dict[str, torch.Tensor]:
     """Weights of the merged model, W + (α / r)·B A, keyed by the base model's parameter names.
 
     The module is not modified (no merge/unmerge round trip, so no rounding drift across
     steps). Tensors that LoRA does not touch are returned as they are (shared, not copied).
+    For a model sharded over several ranks (FSDP2) this is collective: every rank calls it,
+    the full weights are gathered to rank 0's CPU, and rank 0 gets the merged weights while
+    the other ranks get `{}`.
 
     Raises:
         TypeError: if `model` has no adapters.
     """
     if not is_lora(model):
         raise TypeError("merged_state_dict needs a LoRA policy (a peft.PeftModel)")
-    from peft.tuners.lora import LoraLayer
+    if distributed.is_sharded(model):
+        state = distributed.model_state(model)
+        return merge_state(model, state) if distributed.is_main() else {}
+    return merge_state(model, model.state_dict())
 
-    base = model.get_base_model()
-    out: dict[str, torch.Tensor] = {}
-    for key, value in base.state_dict().items():
-        if ".lora_" in key:
-            continue
-        out[key.replace(".base_layer.", ".")] = value
-    for name, module in base.named_modules():
-        if isinstance(module, LoraLayer):
-            layer: Any = module  # a peft lora.Linear (get_delta_weight is on the concrete layers)
-            weight: torch.Tensor = layer.get_base_layer().weight
-            merged = weight.clone()
-            for adapter in layer.active_adapters:
-                if adapter in layer.lora_A:
-                    merged += layer.get_delta_weight(adapter)
-            out[f"{name}.weight"] = merged
+
+def adapter_state_for_model(model: Any, saved: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Adapter weights as peft saves them (`...lora_A.weight`) renamed to `model.state_dict()`'s keys.
+
+    peft's files leave out the adapter's name (`...lora_A.default.weight` in the module);
+    this puts the active adapter's name back, so the tensors can be loaded with a plain
+    (or FSDP2's full) `load_state_dict`.
+
+    Raises:
+        TypeError: if `model` has no adapters.
+    """
+    if not is_lora(model):
+        raise TypeError("adapter_state_for_model needs a LoRA policy (a peft.PeftModel)")
+    adapter = model.active_adapter
+    out = {}
+    for key, value in saved.items():
+        for part in ("lora_A", "lora_B"):
+            key = key.replace(f".{part}.weight", f".{part}.{adapter}.weight")
+        out[key] = value
     return out
 
 
 def save_merged(model: Any, tokenizer: PreTrainedTokenizerBase, folder: Path) -> None:
     """Write the merged model as a plain Hugging Face folder (config, safetensors, tokenizer).
 
+    Collective for a sharded model (rank 0 writes).
+
     Raises:
         TypeError: if `model` has no adapters.
+        RuntimeError: if the merged weights do not fit the base model's architecture.
     """
     weights = merged_state_dict(model)
+    if distributed.is_main():
+        write_merged(model, weights, tokenizer, folder)
+
+
+def write_merged(
+    model: Any, weights: dict[str, torch.Tensor], tokenizer: PreTrainedTokenizerBase, folder: Path
+) -> None:
+    """Write `weights` (from `merged_state_dict`) as a plain HF folder of `model`'s base class.
+
+    Raises:
+        RuntimeError: if the weights do not fit the base model's architecture.
+    """
     base = model.get_base_model()
     # A fresh module of the base class with the merged weights: save_pretrained of the wrapped
     # base model would write peft's module names.

@@ -128,7 +128,7 @@ class OnPolicyTrainer:
 
     Raises:
         ConfigError: under torchrun, when the batch does not split evenly over the ranks, the
-            rollout engine is vLLM, or LoRA is on.
+            rollout engine is vLLM, or `reference_device` is other than "cpu".
     """
 
     name = "rl"
@@ -150,7 +150,7 @@ class OnPolicyTrainer:
         if cfg.lora is not None:
             from textgym.trainers.lora import apply_lora
 
-            model = apply_lora(model, cfg.lora)
+            model = apply_lora(model, cfg.lora, seed=seed)
         self.policy, self.tokenizer, self.stage_dir = model, tokenizer, Path(stage_dir)
         self.parallel = parallel or ParallelConfig()
         self.stage_dir.mkdir(parents=True, exist_ok=True)
@@ -174,7 +174,8 @@ class OnPolicyTrainer:
         self.reference: PreTrainedModel | None = None
         if cfg.kl_coef > 0 and cfg.lora is None:
             self.reference = copy.deepcopy(model).eval().requires_grad_(False)
-            if cfg.reference_device is not None:
+            if cfg.reference_device is not None and self.world.size == 1:
+                # (on several ranks "cpu" is FSDP2's CPU offload of the reference's shards: `_shard`)
                 self.reference.to(torch.device(cfg.reference_device))  # type: ignore[arg-type]
             if self.parallel.gradient_checkpointing:
                 self.reference.gradient_checkpointing_disable()
@@ -184,7 +185,7 @@ class OnPolicyTrainer:
         self._setup(updates)  # subclass models are built from the unsharded policy, then sharded
         self.policy = self._shard(model)
         if self.reference is not None:
-            self._shard(self.reference)
+            self._shard(self.reference, offload=cfg.reference_device == "cpu")
         self.optimizer, self.scheduler = build_optimizer(self.policy, cfg.optim, updates)
         self.memory = distributed.memory_report(self._models())
         ckpt = latest_checkpoint(self.stage_dir) if resume else None
@@ -237,17 +238,19 @@ class OnPolicyTrainer:
             raise ConfigError(
                 f"{self.name}.rollout.backend: vllm rollouts are not supported on several ranks yet"
             )
-        if cfg.lora is not None:
-            raise ConfigError(f"{self.name}.lora: LoRA is not supported on several ranks yet")
-        if cfg.reference_device is not None:
+        if cfg.reference_device not in (None, "cpu"):
             raise ConfigError(
-                f"{self.name}.reference_device: on several ranks the reference is sharded with the policy"
+                f"{self.name}.reference_device={cfg.reference_device!r}: on several ranks the reference is "
+                "sharded with the policy, on each rank's device; only \"cpu\" (offload its shards) applies"
             )
 
-    def _shard(self, model: torch.nn.Module) -> Any:
-        """Shard `model` over the ranks (FSDP2) when launched by torchrun; return it."""
+    def _shard(self, model: torch.nn.Module, offload: bool = False) -> Any:
+        """Shard `model` over the ranks (FSDP2) when launched by torchrun; return it.
+
+        `offload` keeps its shards in CPU memory (FSDP2's CPU offload; for the frozen reference).
+        """
         bf16 = distributed.resolve_mixed_precision(self.parallel.mixed_precision, self.device)
-        return distributed.shard(model, bf16=bf16)
+        return distributed.shard(model, bf16=bf16, offload=offload)
 
     def _models(self) -> dict[str, tuple[torch.nn.Module, torch.optim.Optimizer | None]]:
         """The models this trainer holds, for the memory report: name → (model, optimizer or None)."""
@@ -596,7 +599,7 @@ class OnPolicyTrainer:
             return None
         reference, T = self.reference, self.cfg.sampling.temperature
         split = distributed.is_sharded(reference)
-        if self.cfg.reference_device is not None:
+        if self.cfg.reference_device is not None and not split:
             # Placed elsewhere (another GPU, or offloaded to CPU): the micro-batch goes there
             # and its log-probs come back.
             where = torch.device(self.cfg.reference_device)
