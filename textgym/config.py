@@ -127,6 +127,22 @@ class OptimConfig(_Strict):
     """Clip the global gradient norm to this value; null disables clipping."""
 
 
+class LoraSettings(_Strict):
+    """LoRA adapters through `peft` (Hu et al. 2021, arXiv:2106.09685, eq. 3).
+
+    Only A [r, in] and B [out, r] of each targeted weight train: h = W x + (alpha / r) · B A x.
+    """
+
+    r: int = Field(16, ge=1)
+    """Rank r of the update."""
+    alpha: int = Field(32, gt=0)
+    """Scale α (the update is multiplied by α / r)."""
+    dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    """Dropout on the adapter's input."""
+    target_modules: str | list[str] = "all-linear"
+    """Module names (or suffixes) that get adapters; "all-linear" = every linear layer but the LM head."""
+
+
 class SFTConfig(_Strict):
     """Supervised warm start on an environment's gold solutions."""
 
@@ -140,6 +156,9 @@ class SFTConfig(_Strict):
     """Sequences per forward pass (gradient accumulation when smaller than batch_size)."""
     optim: OptimConfig = Field(default_factory=lambda: OptimConfig(lr=1e-3))
     """Optimizer."""
+    lora: LoraSettings | None = None
+    """Train LoRA adapters instead of every weight; `final/` is the merged model (what the
+    next stage starts from), `final_adapter/` the adapter."""
     log_every: int = Field(10, ge=1)
     """Log metrics every this many steps."""
     checkpoint_every: int = Field(0, ge=0)
@@ -257,22 +276,6 @@ class PairConfig(_Strict):
     """Count identical responses to a prompt once."""
     desirable_threshold: float = 1.0
     """KTO: a response is desirable when its reward is at least this."""
-
-
-class LoraSettings(_Strict):
-    """LoRA adapters through `peft` (Hu et al. 2021, arXiv:2106.09685, eq. 3).
-
-    Only A [r, in] and B [out, r] of each targeted weight train: h = W x + (alpha / r) · B A x.
-    """
-
-    r: int = Field(16, ge=1)
-    """Rank r of the update."""
-    alpha: int = Field(32, gt=0)
-    """Scale α (the update is multiplied by α / r)."""
-    dropout: float = Field(0.0, ge=0.0, lt=1.0)
-    """Dropout on the adapter's input."""
-    target_modules: str | list[str] = "all-linear"
-    """Module names (or suffixes) that get adapters; "all-linear" = every linear layer but the LM head."""
 
 
 class PreferenceConfig(_Strict):

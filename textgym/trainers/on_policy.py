@@ -241,7 +241,7 @@ class OnPolicyTrainer:
         if cfg.reference_device not in (None, "cpu"):
             raise ConfigError(
                 f"{self.name}.reference_device={cfg.reference_device!r}: on several ranks the reference is "
-                "sharded with the policy, on each rank's device; only \"cpu\" (offload its shards) applies"
+                'sharded with the policy, on each rank\'s device; only "cpu" (offload its shards) applies'
             )
 
     def _shard(self, model: torch.nn.Module, offload: bool = False) -> Any:

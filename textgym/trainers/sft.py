@@ -33,6 +33,7 @@ from textgym.trainers.common import (
     run_loop,
     save_checkpoint,
     save_final,
+    save_lora_final,
     sequence_logprobs,
 )
 from textgym.trainers.losses import sft_loss
@@ -76,6 +77,10 @@ class SFTTrainer:
         self.local_batch = cfg.batch_size // W
         self.stage_dir.mkdir(parents=True, exist_ok=True)
         self.device = next(model.parameters()).device
+        if cfg.lora is not None:
+            from textgym.trainers.lora import apply_lora
+
+            model = apply_lora(model, cfg.lora, seed=seed)
         if parallel.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         bf16 = distributed.resolve_mixed_precision(parallel.mixed_precision, self.device)
@@ -189,4 +194,6 @@ class SFTTrainer:
             lines=10,
             describe=lambda m: f"loss {m['loss/sft']:.4f}  {m['time/step_s']:.2f}s/step",
         )
+        if cfg.lora is not None:
+            return save_lora_final(self.stage_dir, self.model, self.tokenizer)
         return save_final(self.stage_dir, self.model, self.tokenizer)
