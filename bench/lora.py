@@ -15,13 +15,15 @@ backward, AdamW step. It reports the peak resident memory (ru_maxrss) minus the 
 memory after `import torch, transformers` (the interpreter's share), the bytes of weights,
 gradients and optimizer state it holds, and the median update time.
 
-Peak RSS measures live tensors only if freed memory goes back to the system. glibc's malloc
+Peak RSS measures live tensors only if (1) the weights sit in anonymous memory: safetensors
+maps the weight file, and its pages count in RSS only once touched, so the child copies
+every parameter after loading; and (2) freed memory goes back to the system: glibc's malloc
 keeps freed heap blocks below its mmap threshold (which grows up to 32 MiB as blocks are
-freed) for reuse, so the peak also counts memory that is free but retained, and depends on
+freed) for reuse, so its peak also counts memory that is free but retained and depends on
 how allocation sizes interleave. On the `small` preset LoRA's peak RSS was 1.27x full
 fine-tuning's with glibc's settings, although the tensors autograd saved for backward were
-fewer bytes (544 vs 597 MB, counted with `saved_tensors_hooks`); with the setting below it
-is 0.61x. By default (`--malloc mmap`) the children run with
+fewer bytes (544 vs 597 MB, counted with `saved_tensors_hooks`). By default
+(`--malloc mmap`) the children therefore run with
 `MALLOC_MMAP_THRESHOLD_=65536 MALLOC_TRIM_THRESHOLD_=0`: every block of 64 KiB or more is
 its own mapping, returned on free, and the peak follows the live bytes; `--malloc default`
 measures with glibc's own settings (what a plain run gets).
@@ -69,6 +71,9 @@ def child(args: argparse.Namespace) -> None:
     torch.set_num_threads(args.threads)
     base_mb = _rss_mb()
     policy, _ = load_model(args.model)
+    with torch.no_grad():  # weights in anonymous memory, not pages of the mmap'd file (see above)
+        for param in policy.parameters():
+            param.data = param.data.clone()
     if args.mode == "full":
         reference = copy.deepcopy(policy).eval().requires_grad_(False)
     else:
