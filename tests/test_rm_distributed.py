@@ -236,6 +236,8 @@ def test_a_resumed_run_ends_where_the_uninterrupted_one_does(untied_model_dir, t
     )
     resumed = train_reward_model(pairs, untied_model_dir, tmp_path / "resumed", cfg, resume=True)
     a, b = weights(tmp_path / "done"), weights(tmp_path / "resumed")
+    worst = max(float((a[k] - b[k]).abs().max() / a[k].abs().max()) for k in a)
+    print(f"rm resumed at step 5 of 14 on 1 process: max relative difference {worst:.1e}")
     for k in a:
         torch.testing.assert_close(b[k], a[k], rtol=1e-6, atol=0, msg=k)
     for k in ("heldout_accuracy_before", "heldout_accuracy", "train_loss", "steps"):

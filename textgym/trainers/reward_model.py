@@ -185,6 +185,11 @@ class RewardNet(torch.nn.Module):
         lm_head: the regulariser's output projection [V, H], or None without the regulariser.
             The input embedding itself (tied) is used as is; another tensor becomes the
             parameter `lm_head.weight`.
+
+    Attributes:
+        hf: `rm` itself, for its config and `save_pretrained` (not a submodule: `model` and
+            `score` are registered here, so no parameter is counted twice).
+        regularised: whether `forward` can compute the NLL (an LM head was given).
     """
 
     model: Any
