@@ -624,7 +624,11 @@ def rm_train_cmd(
     model: Annotated[Path, typer.Option(help="Causal LM folder to initialise the reward model from.")],
     out: Annotated[Path, typer.Option(help="Output folder of the reward model.")],
     epochs: Annotated[int, typer.Option(min=1)] = 2,
-    batch_size: Annotated[int, typer.Option(min=1, help="Pairs per step.")] = 32,
+    batch_size: Annotated[int, typer.Option(min=1, help="Pairs per step (over all ranks).")] = 32,
+    micro_batch_size: Annotated[
+        int | None,
+        typer.Option(min=1, help="Pairs per forward pass on each rank (gradient accumulation)."),
+    ] = None,
     lr: Annotated[float, typer.Option(min=0.0)] = 1e-4,
     schedule: Annotated[str, typer.Option(help="LR schedule: constant, cosine, linear.")] = "constant",
     eval_fraction: Annotated[float, typer.Option(min=0.0, max=0.9, help="Share of prompts held out.")] = 0.1,
@@ -632,26 +636,66 @@ def rm_train_cmd(
         float, typer.Option(min=0.0, help="Weight of the LM loss on chosen responses (GRM regulariser).")
     ] = 0.0,
     seed: Annotated[int, typer.Option()] = 0,
+    device: Annotated[str, typer.Option(help="auto (cuda when available), cpu or cuda.")] = "auto",
+    mixed_precision: Annotated[
+        str, typer.Option(help="Under torchrun: auto (bf16 on CUDA), bf16 or fp32 compute.")
+    ] = "auto",
+    gradient_checkpointing: Annotated[
+        bool, typer.Option(help="Recompute each block's activations in backward (less memory).")
+    ] = False,
+    checkpoint_every: Annotated[
+        int, typer.Option(min=0, help="Save a checkpoint to OUT/checkpoints every this many steps (0: none).")
+    ] = 0,
+    keep_checkpoints: Annotated[int, typer.Option(min=1, help="How many checkpoints to keep.")] = 2,
+    resume: Annotated[
+        bool,
+        typer.Option(
+            help="Continue from the newest checkpoint in OUT (else OUT's old checkpoints are removed)."
+        ),
+    ] = False,
 ) -> None:
-    """Train a Bradley-Terry reward model; print its held-out pairwise accuracy."""
-    from textgym.config import OptimConfig, RewardModelConfig
+    """Train a Bradley-Terry reward model; print its held-out pairwise accuracy.
+
+    Under `torchrun --nproc-per-node N -m textgym rm train ...` it trains sharded on N ranks.
+    """
+    from textgym import distributed
+    from textgym.config import OptimConfig, ParallelConfig, RewardModelConfig
     from textgym.offline import read_pairs
     from textgym.trainers.reward_model import train_reward_model
 
+    if mixed_precision not in ("auto", "bf16", "fp32"):
+        _fail(f"--mixed-precision must be auto, bf16 or fp32, got {mixed_precision!r}")
     path = pairs / "pairs.parquet" if pairs.is_dir() else pairs
     try:
+        distributed.init(device)
         table = read_pairs(path)
         cfg = RewardModelConfig(
             epochs=epochs,
             batch_size=batch_size,
+            micro_batch_size=micro_batch_size,
             eval_fraction=eval_fraction,
             optim=OptimConfig(lr=lr, schedule=schedule),  # type: ignore[arg-type]
             lm_coef=lm_coef,
             seed=seed,
+            checkpoint_every=checkpoint_every,
+            keep_checkpoints=keep_checkpoints,
         )
-        res = train_reward_model(table, model, out, cfg, echo=console.print)
+        parallel = ParallelConfig(
+            mixed_precision=mixed_precision,  # type: ignore[arg-type]
+            gradient_checkpointing=gradient_checkpointing,
+        )
+        res = train_reward_model(
+            table, model, out, cfg, echo=console.print, device=device, parallel=parallel, resume=resume
+        )
     except (FileNotFoundError, ValueError, OSError) as e:
-        _fail(str(e))
+        main = distributed.is_main()
+        distributed.shutdown(wait=False)
+        if main:
+            _fail(str(e))
+        raise typer.Exit(2) from None
+    main = distributed.is_main()
+    distributed.shutdown()
+    if not main:
         return
     console.print(
         f"reward model in {out}: held-out pairwise accuracy {res['heldout_accuracy']:.3f} "
@@ -780,18 +824,20 @@ def main() -> None:
 
 
 def _refuse_ranks_outside_train(args: list[str]) -> None:
-    """Under torchrun with several processes only `textgym train` knows how to split the work.
+    """Under torchrun with several processes only `textgym train` and `textgym rm train` split the work.
 
     Every other command would run once per rank and write the same outputs; it exits with
     code 2 and a message instead.
     """
     import os
 
-    command = next((a for a in args if not a.startswith("-")), None)
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and command not in (None, "train"):
+    words = [a for a in args if not a.startswith("-")][:2]
+    command = " ".join(words[:1] if words[:1] != ["rm"] else words)
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and command not in ("", "train", "rm train"):
         if os.environ.get("RANK", "0") == "0":
             typer.echo(
-                f"error: `textgym {command}` runs on one process; only `textgym train` runs under torchrun",
+                f"error: `textgym {command}` runs on one process; only `textgym train` and "
+                "`textgym rm train` run under torchrun",
                 err=True,
             )
         raise SystemExit(2)

@@ -339,7 +339,10 @@ class RewardModelConfig(_Strict):
     epochs: int = Field(2, ge=1)
     """Passes over the training pairs."""
     batch_size: int = Field(32, ge=1)
-    """Pairs per optimizer step."""
+    """Pairs per optimizer step (over all ranks under torchrun)."""
+    micro_batch_size: int | None = Field(None, ge=1)
+    """Pairs per forward pass on each rank (gradient accumulation); null = the rank's whole
+    share of the batch."""
     eval_fraction: float = Field(0.1, ge=0.0, lt=1.0)
     """Share of prompts held out for pairwise accuracy (all pairs of a prompt go to one side)."""
     optim: OptimConfig = Field(default_factory=lambda: OptimConfig(lr=1e-4))
@@ -348,7 +351,12 @@ class RewardModelConfig(_Strict):
     """α of the language-modelling regulariser: the loss adds α · NLL of the chosen responses
     under the backbone's LM head (GRM, Yang et al. 2024, arXiv:2406.10216); 0 turns it off."""
     seed: int = 0
-    """Seed of the split and the shuffling."""
+    """Seed of the split, the score head's initialisation and the shuffling (epoch e's order is a
+    permutation seeded by `seed + e`, so a resumed run draws the same batches)."""
+    checkpoint_every: int = Field(0, ge=0)
+    """Save a resumable checkpoint to `<out>/checkpoints/step_<N>/` every this many steps (0 = none)."""
+    keep_checkpoints: int = Field(2, ge=1)
+    """How many of the latest checkpoints to keep."""
 
 
 class _PolicyGradientConfig(_Strict):

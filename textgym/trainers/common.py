@@ -165,6 +165,32 @@ def sequence_logprobs(
     return logprobs, entropy
 
 
+def rank_micro_batches(rows: list[int], micro_batch_size: int) -> list[tuple[list[int], bool]]:
+    """This rank's contiguous slice of a global batch `rows`, cut into micro-batches.
+
+    The slice is rank r's `rows[r·s : (r+1)·s]` with `s = ceil(len(rows) / ranks)`, so the
+    slices concatenated in rank order are `rows` (what `distributed.all_gather_list` rebuilds).
+    A rank that needs fewer micro-batches than the fullest one (a ragged batch; possibly none
+    at all) gets filler micro-batches `([rows[0]], True)` to run with weight 0, so that every
+    rank makes the same forward and backward calls, as a sharded model requires. One process:
+    all of `rows`, never a filler.
+
+    Args:
+        rows: the global batch (example indices), the same list on every rank; not empty.
+        micro_batch_size: examples per forward pass.
+
+    Returns:
+        `(indices, is_filler)` pairs, the same number on every rank.
+    """
+    w = distributed.world()
+    per = -(-len(rows) // w.size)
+    mine = rows[w.rank * per : (w.rank + 1) * per]
+    out = [(mine[i : i + micro_batch_size], False) for i in range(0, len(mine), micro_batch_size)]
+    fullest = -(-per // micro_batch_size)
+    out += [([rows[0]], True)] * (fullest - len(out))
+    return out
+
+
 class TaskSampler:
     """Deterministic stream of task indices with a resumable cursor.
 
@@ -331,7 +357,7 @@ def save_model_folder(folder: Path, model: torch.nn.Module, tokenizer: Any = Non
 def save_checkpoint(
     stage_dir: Path,
     step: int,
-    model: PreTrainedModel,
+    model: torch.nn.Module,
     tokenizer: PreTrainedTokenizerBase,
     optimizer: torch.optim.Optimizer,
     scheduler: LambdaLR,
@@ -341,6 +367,9 @@ def save_checkpoint(
 ) -> Path:
     """Write `checkpoints/step_<step>/` atomically (temp folder, fsync, rename) and prune old ones.
 
+    `model` is a Hugging Face model, or a module with a `save_pretrained(folder, state_dict=None)`
+    that writes `*.safetensors` files keyed as its own state dict (the reward model's
+    `RewardNet`), so that `load_checkpoint` can read them back.
     `state` is JSON-serialisable trainer state (the data cursor, counters); `extra(folder)`
     may write more files into the checkpoint before it is renamed into place (PPO's critic).
     Distributed: every rank calls this (and `extra`, which must itself be collective); rank 0
@@ -433,7 +462,7 @@ def load_weights(folder: Path, model: torch.nn.Module) -> None:
 
 
 def load_checkpoint(
-    ckpt: Path, model: PreTrainedModel, optimizer: torch.optim.Optimizer, scheduler: LambdaLR
+    ckpt: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: LambdaLR
 ) -> dict[str, Any]:
     """Restore model weights, optimizer, scheduler and RNG states from `ckpt`; return its state.json.
 

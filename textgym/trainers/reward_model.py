@@ -7,6 +7,21 @@ token of `prompt + response`. The loss on a pair is `−log σ(r(x, y_w) − r(x
 A held-out share of the prompts measures pairwise accuracy (the share of held-out pairs
 with r(y_w) > r(y_l)).
 
+Loop (`RewardModelTrainer`): 1 draw the step's pairs (epoch e's order is a permutation seeded
+by `seed + e`) · 2 one forward pass over chosen and rejected per micro-batch · 3 the
+Bradley–Terry loss (+ α·NLL of the chosen responses, GRM's regulariser), accumulated over
+micro-batches · 4 clip, step · 5 log (`<out>/metrics.jsonl`), checkpoint, and after each epoch
+the held-out accuracy.
+
+Under torchrun (`textgym rm train` launched by `torchrun --nproc-per-node N -m textgym`) the
+trained module (`RewardNet`) is sharded with FSDP2 and each step's pairs are split into
+contiguous per-rank slices (`rank_micro_batches`: a rank with fewer micro-batches runs weight-0
+fillers, so all make the same forward calls). Each rank's loss is its sum over pairs divided by
+the step's pair count (the NLL: by the step's response-token count), times the number of
+ranks that FSDP averages over, so the gradient is the one-process gradient of the whole step.
+The held-out pairs are scored the same way, one slice per rank, and the verdicts gathered.
+Rank 0 alone writes the output folder, which is the same as a one-process run's.
+
 `RewardModelVerifier` scores completions with a trained model; `RewardModelWrapper` puts it
 into any single- or multi-turn env, so PPO trains against the learned reward while the
 env's own verifier terms (`reward/correct`, ...) stay in `info` as the true measure.
@@ -17,6 +32,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -25,12 +41,23 @@ from typing import Any, SupportsFloat
 import gymnasium as gym
 import pyarrow as pa
 import torch
-from transformers import AutoModelForSequenceClassification, AutoTokenizer
+from transformers import AutoModelForSequenceClassification, AutoTokenizer, PreTrainedModel
 
-from textgym.config import RewardModelConfig
-from textgym.trainers.common import build_optimizer
+from textgym import distributed
+from textgym.config import ParallelConfig, RewardModelConfig
+from textgym.trainers.common import (
+    build_optimizer,
+    latest_checkpoint,
+    load_checkpoint,
+    metrics_logger,
+    rank_micro_batches,
+    save_checkpoint,
+)
 from textgym.types import Message, Task
 from textgym.verifiers.base import Score
+
+EVAL_PAIRS = 32
+"""Held-out pairs per forward pass when no `micro_batch_size` is set."""
 
 
 def _pad(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -62,7 +89,7 @@ def score_sequences(model: Any, rows: list[list[int]], pad_id: int, batch_size: 
     """Reward of each token sequence [n] (the head's output at its last real token).
 
     The last real token is found from the attention mask, so a pad id that also occurs
-    inside a sequence does not confuse it.
+    inside a sequence does not confuse it. For an unsharded model (the verifier).
     """
     out = []
     for i in range(0, len(rows), batch_size):
@@ -91,6 +118,30 @@ def _output_embeddings(model_dir: str | Path, model: Any) -> torch.nn.Parameter:
     )
 
 
+def _lm_positions(row: list[int], start: int, loss_mask: list[int]) -> list[tuple[int, int]]:
+    """(position, target token) of each counted response token: token t is predicted at t − 1."""
+    return [(start + j - 1, row[start + j]) for j, keep in enumerate(loss_mask) if keep and start + j >= 1]
+
+
+def nll_targets(ids: list[list[int]], starts: list[int], loss_masks: list[list[int]], T: int) -> torch.Tensor:
+    """Next-token targets [n, T] of the response tokens: the token id at the position that predicts it.
+
+    Args:
+        ids: the token rows (prompt + response), n lists of at most T tokens.
+        starts: index of each row's first response token.
+        loss_masks: per response token, 1 where it counts (the policy's tokens).
+        T: the padded width.
+
+    Returns:
+        A long tensor, −100 (cross-entropy's ignore index) where nothing is predicted.
+    """
+    target = torch.full((len(ids), T), -100, dtype=torch.long)
+    for i, (row, s, lm) in enumerate(zip(ids, starts, loss_masks, strict=True)):
+        for pos, tok in _lm_positions(row, s, lm):
+            target[i, pos] = tok
+    return target
+
+
 def response_nll(
     hidden: torch.Tensor,
     mask: torch.Tensor,
@@ -114,13 +165,95 @@ def response_nll(
     form on the chosen responses).
     """
     n, T, _ = hidden.shape
-    target = torch.full((n, T), -100, dtype=torch.long, device=hidden.device)
-    for i, (row, s, lm) in enumerate(zip(ids, starts, loss_masks, strict=True)):
-        for j, keep in enumerate(lm):
-            if keep and s + j >= 1:
-                target[i, s + j - 1] = row[s + j]
+    target = nll_targets(ids, starts, loss_masks, T).to(hidden.device)
     logits = hidden @ head.T  # [n, T, V]
     return torch.nn.functional.cross_entropy(logits.reshape(n * T, -1), target.reshape(-1), ignore_index=-100)
+
+
+class RewardNet(torch.nn.Module):
+    """What the reward-model trainer trains and shards: backbone, score head, and the regulariser's LM head.
+
+    It holds the modules of a sequence-classification model under the same names (`model`,
+    `score`), so its state dict is the reward model's, plus `lm_head.weight` when the
+    regulariser uses an untied LM head. Its `forward` computes both the rewards and the NLL,
+    so that under FSDP2 the root unit (embeddings, final norm, score and LM heads) is
+    unsharded while the tied embedding or the LM head multiplies the hidden states; outside
+    a forward those parameters are sharded `DTensor`s.
+
+    Args:
+        rm: the `AutoModelForSequenceClassification` (one label) whose modules are trained.
+        lm_head: the regulariser's output projection [V, H], or None without the regulariser.
+            The input embedding itself (tied) is used as is; another tensor becomes the
+            parameter `lm_head.weight`.
+
+    Attributes:
+        hf: `rm` itself, for its config and `save_pretrained` (not a submodule: `model` and
+            `score` are registered here, so no parameter is counted twice).
+        regularised: whether `forward` can compute the NLL (an LM head was given).
+    """
+
+    model: Any
+    score: torch.nn.Module
+    hf: PreTrainedModel
+
+    def __init__(self, rm: PreTrainedModel, lm_head: torch.Tensor | None = None):
+        super().__init__()
+        self.model = rm.model
+        self.score = rm.score  # type: ignore[assignment]
+        object.__setattr__(self, "hf", rm)  # not a submodule: its modules are registered above
+        self._no_split_modules = list(getattr(rm, "_no_split_modules", None) or [])  # for `shard`
+        self.regularised = lm_head is not None
+        self.lm_head: torch.nn.Linear | None = None
+        if lm_head is not None and lm_head is not rm.model.embed_tokens.weight:
+            V, H = lm_head.shape
+            self.lm_head = torch.nn.Linear(H, V, bias=False, device=lm_head.device)
+            self.lm_head.weight = torch.nn.Parameter(lm_head.detach().clone())
+
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, targets: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Rewards of right-padded rows and the summed NLL of the first rows' target tokens.
+
+        Args:
+            input_ids: [n, T] right-padded token ids.
+            attention_mask: [n, T], 1 on real tokens.
+            targets: [k, T] next-token targets of the first k rows (`nll_targets`, −100 where
+                nothing counts), or None to skip the NLL.
+
+        Returns:
+            rewards [n] (fp32; the score head at each row's last real token), and the NLL
+            summed over the target tokens in nats (fp32 scalar), or None.
+        """
+        hidden = self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        last = attention_mask.sum(-1) - 1
+        rewards = self.score(hidden[torch.arange(len(hidden), device=hidden.device), last])[:, 0].float()
+        if targets is None or not self.regularised:
+            return rewards, None
+        head = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        logits = (hidden[: len(targets)] @ head.T).float()  # [k, T, V]
+        nll = torch.nn.functional.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100, reduction="sum"
+        )
+        return rewards, nll
+
+    def save_pretrained(self, folder: str | Path, state_dict: dict[str, torch.Tensor] | None = None) -> None:
+        """Write the reward model as a Hugging Face folder, and an untied LM head beside it.
+
+        The folder is what `AutoModelForSequenceClassification.from_pretrained` loads; the LM
+        head, when there is one, goes to `lm_head.safetensors` (a checkpoint needs it to
+        resume; `from_pretrained` ignores the file). `state_dict` is this module's full state
+        (`distributed.model_state` when sharded); default: `self.state_dict()`.
+        """
+        from safetensors.torch import save_file
+
+        state = dict(self.state_dict() if state_dict is None else state_dict)
+        head = state.pop("lm_head.weight", None)
+        self.hf.save_pretrained(folder, state_dict=state)
+        if head is not None:
+            save_file(
+                {"lm_head.weight": head.detach().cpu().contiguous()},
+                str(Path(folder) / "lm_head.safetensors"),
+            )
 
 
 def split_by_prompt(pairs: pa.Table, eval_fraction: float, seed: int) -> tuple[list[int], list[int]]:
@@ -134,108 +267,276 @@ def split_by_prompt(pairs: pa.Table, eval_fraction: float, seed: int) -> tuple[l
     return train, test
 
 
+class RewardModelTrainer:
+    """Trains a Bradley–Terry reward model on pairs: one process, or sharded over torchrun's ranks.
+
+    Args:
+        pairs: `textgym.offline.PAIR_SCHEMA` rows (the same table on every rank).
+        model_dir: the causal LM folder the reward model starts from.
+        out: the output folder: the reward model (a Hugging Face folder), `textgym.json`,
+            `memory.json`, `metrics.jsonl`, `tb/`, and `checkpoints/` with `checkpoint_every`.
+            Without `resume`, the `checkpoints/`, `metrics.jsonl` and `tb/` of an earlier run
+            there are removed first.
+        cfg: epochs, batch sizes, optimizer, regulariser, seed, checkpoints.
+        device: "auto", "cpu" or "cuda[:N]" (under NCCL every rank uses its own GPU).
+        parallel: bf16 compute under torchrun (`mixed_precision`) and gradient checkpointing.
+        resume: continue from the newest checkpoint in `out/checkpoints` (none: start afresh).
+
+    Raises:
+        ValueError: if there are no training pairs, or `lm_coef > 0` with an untied model
+            folder that has no `lm_head.weight`.
+    """
+
+    def __init__(
+        self,
+        pairs: pa.Table,
+        model_dir: str | Path,
+        out: str | Path,
+        cfg: RewardModelConfig | None = None,
+        *,
+        device: str = "auto",
+        parallel: ParallelConfig | None = None,
+        resume: bool = False,
+    ):
+        self.t0 = time.perf_counter()
+        self.cfg = cfg = cfg or RewardModelConfig()
+        self.out, self.world = Path(out), distributed.world()
+        self.device = distributed.device(device)
+        parallel = parallel or ParallelConfig()
+        torch.manual_seed(cfg.seed)  # the new score head: the same initialisation on every rank
+        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        rm = AutoModelForSequenceClassification.from_pretrained(model_dir, num_labels=1, dtype=torch.float32)
+        tok = self.tokenizer
+        self.pad_id = int(tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id)  # type: ignore[arg-type]
+        rm.config.pad_token_id = self.pad_id
+        cols = {
+            c: pairs.column(c).to_pylist()
+            for c in ("prompt_ids", "chosen_ids", "rejected_ids", "chosen_mask")
+        }
+        self.chosen = [p + c for p, c in zip(cols["prompt_ids"], cols["chosen_ids"], strict=True)]
+        self.rejected = [p + r for p, r in zip(cols["prompt_ids"], cols["rejected_ids"], strict=True)]
+        self.starts = [len(p) for p in cols["prompt_ids"]]
+        self.chosen_mask = cols["chosen_mask"]
+        self.lm_tokens = [
+            len(_lm_positions(*x)) for x in zip(self.chosen, self.starts, self.chosen_mask, strict=True)
+        ]
+        self.train_idx, self.test_idx = split_by_prompt(pairs, cfg.eval_fraction, cfg.seed)
+        if not self.train_idx:
+            raise ValueError("no training pairs")
+        if parallel.gradient_checkpointing:
+            rm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        rm.to(self.device)  # type: ignore[arg-type]
+        head = _output_embeddings(model_dir, rm).to(self.device) if cfg.lm_coef > 0 else None
+        bf16 = distributed.resolve_mixed_precision(parallel.mixed_precision, self.device)
+        self.net: RewardNet = distributed.shard(RewardNet(rm, head), bf16=bf16)  # type: ignore[assignment]
+        self.steps_per_epoch = math.ceil(len(self.train_idx) / cfg.batch_size)
+        self.total_steps = cfg.epochs * self.steps_per_epoch
+        self.micro_batch_size = cfg.micro_batch_size or cfg.batch_size
+        self.optimizer, self.scheduler = build_optimizer(self.net, cfg.optim, self.total_steps)
+        self.memory = distributed.memory_report({"reward_model": (self.net, self.optimizer)})
+        self.step, self.before, self.train_loss = 0, float("nan"), float("nan")
+        self.resumed = False
+        ckpt = latest_checkpoint(self.out) if resume else None
+        distributed.on_main(lambda: self._prepare_out(clear=ckpt is None))
+        if ckpt is not None:
+            state = load_checkpoint(ckpt, self.net, self.optimizer, self.scheduler)
+            self.step, self.resumed = int(state["step"]), True
+            self.before, self.train_loss = float(state["heldout_accuracy_before"]), float(state["train_loss"])
+        self.logger = metrics_logger(self.out, resume_step=self.step if ckpt is not None else None)
+
+    def _prepare_out(self, clear: bool) -> None:
+        """Create `out`; on a fresh start remove an earlier run's checkpoints and metrics there."""
+        self.out.mkdir(parents=True, exist_ok=True)
+        if clear:
+            for name in ("checkpoints", "tb"):
+                shutil.rmtree(self.out / name, ignore_errors=True)
+            (self.out / "metrics.jsonl").unlink(missing_ok=True)
+
+    def _order(self, epoch: int) -> list[int]:
+        """Epoch `epoch`'s order of the training pairs: a permutation seeded by `seed + epoch`."""
+        g = torch.Generator().manual_seed(self.cfg.seed + epoch)
+        return [self.train_idx[i] for i in torch.randperm(len(self.train_idx), generator=g).tolist()]
+
+    def _forward(
+        self, idx: list[int], with_nll: bool
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Rewards [k] of the chosen and [k] of the rejected responses of pairs `idx`, and the NLL sum."""
+        ids, mask = _pad([self.chosen[i] for i in idx] + [self.rejected[i] for i in idx], self.pad_id)
+        targets = None
+        if with_nll and self.net.regularised:
+            rows = [self.chosen[i] for i in idx]
+            targets = nll_targets(
+                rows, [self.starts[i] for i in idx], [self.chosen_mask[i] for i in idx], ids.shape[1]
+            )
+            targets = targets.to(self.device)
+        rewards, nll = self.net(ids.to(self.device), mask.to(self.device), targets)
+        return rewards[: len(idx)], rewards[len(idx) :], nll
+
+    @torch.no_grad()
+    def heldout_accuracy(self) -> float:
+        """Share of held-out pairs with r(chosen) > r(rejected) (NaN when none are held out).
+
+        Collective under torchrun: each rank scores its slice of the held-out pairs (same
+        number of forward calls everywhere) and the verdicts are gathered in order.
+        """
+        if not self.test_idx:
+            return float("nan")
+        self.net.eval()
+        wins: list[bool] = []
+        for idx, filler in rank_micro_batches(self.test_idx, self.cfg.micro_batch_size or EVAL_PAIRS):
+            rc, rr, _ = self._forward(idx, with_nll=False)
+            if not filler:
+                wins += (rc > rr).tolist()
+        everyone = distributed.all_gather_list(wins)
+        return sum(everyone) / len(everyone)
+
+    def train_step(self) -> dict[str, float]:
+        """One optimizer step on the next `batch_size` pairs; returns its metrics (the same on every rank).
+
+        Metrics: `loss/rm` (the minimised loss), `loss/bt`, `loss/lm` (token-mean NLL, with the
+        regulariser), `rewards/accuracy` and `rewards/margin` (training pairs, before the
+        step), pre-clip `grad_norm`, `lr`, `time/step_s`.
+        """
+        t0, cfg = time.perf_counter(), self.cfg
+        epoch, pos = divmod(self.step, self.steps_per_epoch)
+        idx = self._order(epoch)[pos * cfg.batch_size : (pos + 1) * cfg.batch_size]
+        tokens = max(1, sum(self.lm_tokens[i] for i in idx))  # the step's NLL denominator
+        W = self.world.size  # FSDP averages the ranks' gradients: each rank's loss is scaled by W
+        self.net.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        sums = dict.fromkeys(["loss/bt", "rewards/accuracy", "rewards/margin"], 0.0)
+        if self.net.regularised:
+            sums["loss/lm"] = 0.0
+        micros = rank_micro_batches(idx, self.micro_batch_size)
+        for j, (sub, filler) in enumerate(micros):
+            distributed.set_requires_gradient_sync(self.net, j == len(micros) - 1)
+            rc, rr, nll = self._forward(sub, with_nll=True)
+            bt = -torch.nn.functional.logsigmoid(rc - rr).sum() / len(idx)
+            lm = nll / tokens if nll is not None else None
+            loss = bt if lm is None else bt + cfg.lm_coef * lm
+            (loss * (0.0 if filler else W)).backward()
+            if filler:
+                continue
+            margin = (rc - rr).detach()
+            sums["loss/bt"] += float(bt.detach())
+            sums["rewards/accuracy"] += float((margin > 0).sum()) / len(idx)
+            sums["rewards/margin"] += float(margin.sum()) / len(idx)
+            if lm is not None:
+                sums["loss/lm"] += float(lm.detach())
+        metrics = distributed.reduce_metrics(sums, ops=dict.fromkeys(sums, "sum"))  # parts of global means
+        metrics["loss/rm"] = metrics["loss/bt"] + cfg.lm_coef * metrics.get("loss/lm", 0.0)
+        if cfg.optim.max_grad_norm is not None:
+            metrics["grad_norm"] = distributed.grad_norm(
+                torch.nn.utils.clip_grad_norm_(self.net.parameters(), cfg.optim.max_grad_norm)
+            )
+        self.optimizer.step()
+        self.scheduler.step()
+        self.step += 1
+        self.train_loss = metrics["loss/rm"]
+        metrics["lr"] = float(self.scheduler.get_last_lr()[0])
+        metrics["time/step_s"] = distributed.reduce_metrics({"time/step_s": time.perf_counter() - t0})[
+            "time/step_s"
+        ]
+        return metrics
+
+    def save(self) -> Path:
+        """Checkpoint the current step to `out/checkpoints/step_<N>/` (collective; rank 0 writes).
+
+        The model folder there is the reward model's (plus `lm_head.safetensors` for an untied
+        regulariser head); optimizer, scheduler, RNG states and `state.json` as every trainer's.
+        """
+        state = {"cursor": self.step, "heldout_accuracy_before": self.before, "train_loss": self.train_loss}
+        return save_checkpoint(
+            self.out,
+            self.step,
+            self.net,
+            self.tokenizer,
+            self.optimizer,
+            self.scheduler,
+            state,
+            keep=self.cfg.keep_checkpoints,
+        )
+
+    def train(self, echo: Callable[[str], None] | None = None) -> dict[str, Any]:
+        """Train for `epochs`, save the reward model to `out`; return the figures (`train_reward_model`)."""
+        cfg, main = self.cfg, distributed.is_main()
+        echo = echo if main else None
+        if echo is not None:
+            report = distributed.format_memory_report(self.memory)
+            echo(f"rm memory on each of {self.world.size} rank(s): {report}")
+        if main:
+            (self.out / "memory.json").write_text(json.dumps(self.memory, indent=2), encoding="utf-8")
+        if not self.resumed:
+            self.before = self.heldout_accuracy()
+        after: float | None = None
+        try:
+            while self.step < self.total_steps:
+                metrics = self.train_step()
+                if self.step % self.steps_per_epoch == 0:  # an epoch ends
+                    after = metrics["eval/heldout_accuracy"] = self.heldout_accuracy()
+                    if echo is not None:
+                        echo(
+                            f"rm epoch {self.step // self.steps_per_epoch}/{cfg.epochs}  "
+                            f"loss {metrics['loss/rm']:.4f}  held-out accuracy {after:.3f}"
+                        )
+                self.logger.log(self.step, metrics)
+                if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0:
+                    self.save()
+        finally:
+            self.logger.close()
+        result = {
+            "role": "reward_model",
+            "train_pairs": len(self.train_idx),
+            "heldout_pairs": len(self.test_idx),
+            "heldout_accuracy_before": self.before,
+            "heldout_accuracy": self.heldout_accuracy() if after is None else after,
+            "train_loss": self.train_loss,
+            "steps": self.step,
+            "wall_time_s": time.perf_counter() - self.t0,
+        }
+        if self.world.size > 1:
+            result["ranks"] = self.world.size
+        self._save_final(result)
+        return result
+
+    def _save_final(self, result: dict[str, Any]) -> None:
+        """Write the reward model (full state dict, no LM head), tokenizer and `textgym.json` (collective)."""
+        state = distributed.model_state(self.net)  # gathered to rank 0 when sharded
+        if distributed.is_main():
+            state = {k: v for k, v in state.items() if k != "lm_head.weight"}
+            self.net.hf.save_pretrained(self.out, state_dict=state)
+            self.tokenizer.save_pretrained(self.out)
+            (self.out / "textgym.json").write_text(json.dumps(result, indent=2), encoding="utf-8")
+        distributed.barrier()
+
+
 def train_reward_model(
     pairs: pa.Table,
     model_dir: str | Path,
     out: str | Path,
     cfg: RewardModelConfig | None = None,
     echo: Callable[[str], None] | None = None,
+    *,
+    device: str = "auto",
+    parallel: ParallelConfig | None = None,
+    resume: bool = False,
 ) -> dict[str, Any]:
     """Train a reward model on `pairs` (`textgym.offline.PAIR_SCHEMA`) from `model_dir`; save it to `out`.
 
+    Under torchrun (after `distributed.init`) every rank calls this with the same arguments;
+    the model is sharded and rank 0 alone writes and echoes. See `RewardModelTrainer` for
+    the arguments.
+
     Returns:
         Figures: train/held-out pair counts, held-out pairwise accuracy before and after
-        training, final train loss, wall seconds. Also written to `out/textgym.json`.
+        training, final train loss, steps, wall seconds (and `ranks` when more than one).
+        Also written to `out/textgym.json`. The same on every rank.
 
     Raises:
-        ValueError: if there are no training pairs.
+        ValueError: if there are no training pairs (or no LM head for `lm_coef > 0`).
     """
-    cfg = cfg or RewardModelConfig()
-    t0 = time.perf_counter()
-    torch.manual_seed(cfg.seed)
-    tok = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForSequenceClassification.from_pretrained(model_dir, num_labels=1, dtype=torch.float32)
-    pad_id = int(tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id)
-    model.config.pad_token_id = pad_id
-    cols = {
-        c: pairs.column(c).to_pylist() for c in ("prompt_ids", "chosen_ids", "rejected_ids", "chosen_mask")
-    }
-    chosen = [p + c for p, c in zip(cols["prompt_ids"], cols["chosen_ids"], strict=True)]
-    starts = [len(p) for p in cols["prompt_ids"]]
-    rejected = [p + r for p, r in zip(cols["prompt_ids"], cols["rejected_ids"], strict=True)]
-    train_idx, test_idx = split_by_prompt(pairs, cfg.eval_fraction, cfg.seed)
-    if not train_idx:
-        raise ValueError("no training pairs")
-
-    @torch.no_grad()
-    def accuracy(idx: list[int]) -> float:
-        if not idx:
-            return float("nan")
-        model.eval()
-        rc = score_sequences(model, [chosen[i] for i in idx], pad_id)
-        rr = score_sequences(model, [rejected[i] for i in idx], pad_id)
-        return float((rc > rr).float().mean())
-
-    before = accuracy(test_idx)
-    steps = cfg.epochs * math.ceil(len(train_idx) / cfg.batch_size)
-    head = _output_embeddings(model_dir, model) if cfg.lm_coef > 0 else None
-    trained = torch.nn.Module()
-    trained.model = model
-    if head is not None and head is not model.model.embed_tokens.weight:
-        trained.lm_head = torch.nn.ParameterList([head])  # untied LM head: trained, not saved
-    optimizer, scheduler = build_optimizer(trained, cfg.optim, steps)
-    rng = random.Random(cfg.seed)
-    loss_value = float("nan")
-    step = 0
-    for epoch in range(cfg.epochs):
-        order = train_idx[:]
-        rng.shuffle(order)
-        for b in range(0, len(order), cfg.batch_size):
-            idx = order[b : b + cfg.batch_size]
-            model.train()
-            hidden, mask = _hidden(model, [chosen[i] for i in idx] + [rejected[i] for i in idx], pad_id)
-            r = _last_token_reward(model, hidden, mask)
-            rc, rr = r[: len(idx)], r[len(idx) :]
-            loss = -torch.nn.functional.logsigmoid(rc - rr).mean()
-            if head is not None:
-                nll = response_nll(
-                    hidden[: len(idx)],
-                    mask[: len(idx)],
-                    head,
-                    [chosen[i] for i in idx],
-                    [starts[i] for i in idx],
-                    [cols["chosen_mask"][i] for i in idx],
-                )
-                loss = loss + cfg.lm_coef * nll
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            if cfg.optim.max_grad_norm is not None:
-                torch.nn.utils.clip_grad_norm_(trained.parameters(), cfg.optim.max_grad_norm)
-            optimizer.step()
-            scheduler.step()
-            step += 1
-            loss_value = float(loss.detach())
-        if echo is not None:
-            echo(
-                f"rm epoch {epoch + 1}/{cfg.epochs}  loss {loss_value:.4f}  "
-                f"held-out accuracy {accuracy(test_idx):.3f}"
-            )
-    after = accuracy(test_idx)
-    result = {
-        "role": "reward_model",
-        "train_pairs": len(train_idx),
-        "heldout_pairs": len(test_idx),
-        "heldout_accuracy_before": before,
-        "heldout_accuracy": after,
-        "train_loss": loss_value,
-        "steps": step,
-        "wall_time_s": time.perf_counter() - t0,
-    }
-    out = Path(out)
-    model.save_pretrained(out)
-    tok.save_pretrained(out)
-    (out / "textgym.json").write_text(json.dumps(result, indent=2), encoding="utf-8")
-    return result
+    trainer = RewardModelTrainer(pairs, model_dir, out, cfg, device=device, parallel=parallel, resume=resume)
+    return trainer.train(echo)
 
 
 class RewardModelVerifier:
