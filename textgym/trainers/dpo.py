@@ -37,6 +37,7 @@ from textgym.trainers.common import (
     latest_checkpoint,
     load_checkpoint,
     metrics_logger,
+    rank_micro_batches,
     run_loop,
     save_checkpoint,
     save_final,
@@ -190,21 +191,8 @@ class PreferenceTrainer:
         return (per_token * mask).sum(-1), mask.sum(-1)
 
     def _micro_batches(self, rows: list[int]) -> list[tuple[list[int], bool]]:
-        """This rank's slice of `rows` cut into micro-batches: `(indices, is_filler)` pairs.
-
-        The slice is the rank's contiguous `ceil(len(rows) / ranks)`; a rank that needs fewer
-        micro-batches than the fullest one gets filler micro-batches (one real example, weight 0),
-        so every rank runs the same number of forward passes. One process: all of `rows`.
-        """
-        W, r = self.world.size, self.world.rank
-        per = -(-len(rows) // W)
-        mine = rows[r * per : (r + 1) * per]
-        out = [
-            (mine[i : i + self.micro_batch_size], False) for i in range(0, len(mine), self.micro_batch_size)
-        ]
-        fullest = -(-per // self.micro_batch_size)
-        out += [([rows[0]], True)] * (fullest - len(out))
-        return out
+        """This rank's slice of `rows` in micro-batches, with fillers (`common.rank_micro_batches`)."""
+        return rank_micro_batches(rows, self.micro_batch_size)
 
     @torch.no_grad()
     def _reference_logps(self) -> dict[str, torch.Tensor]:
