@@ -58,25 +58,28 @@ def write_config(path: Path, model_dir: Path, out_dir: Path, **stages: dict) -> 
     return path
 
 
-def train(config: Path, name: str, ranks: int, *extra: str) -> subprocess.CompletedProcess:
-    """`textgym train` in a subprocess: one process, or `ranks` processes under torchrun."""
+def textgym(args: list[str], ranks: int, timeout: float = 600, **env: str) -> subprocess.CompletedProcess:
+    """`textgym ARGS` in a subprocess: one process, or `ranks` processes under torchrun.
+
+    One thread per process; `env` adds environment variables. Raises AssertionError with the
+    output's tail when it exits non-zero.
+    """
     launcher = [sys.executable, "-m", "textgym"]
     if ranks > 1:
         launcher = [
             sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}",
             "-m", "textgym",
         ]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    res = subprocess.run(
-        [*launcher, "train", str(config), f"name={name}", *extra],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=600,
-    )
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", **env}
+    res = subprocess.run([*launcher, *args], capture_output=True, text=True, env=full_env, timeout=timeout)
     if res.returncode != 0:
         raise AssertionError(f"exit {res.returncode}\n{res.stdout[-3000:]}\n{res.stderr[-5000:]}")
     return res
+
+
+def train(config: Path, name: str, ranks: int, *extra: str) -> subprocess.CompletedProcess:
+    """`textgym train CONFIG name=NAME EXTRA...` on 1 process or `ranks` under torchrun."""
+    return textgym(["train", str(config), f"name={name}", *extra], ranks)
 
 
 def params(folder: Path) -> dict[str, torch.Tensor]:
@@ -333,7 +336,7 @@ def test_lora_grpo_on_two_ranks_matches_one_process(warm_model_dir, tmp_path):
     b_two = torch.cat([v.flatten() for k, v in sorted(adapter[1].items()) if "lora_B" in k])
     rel_b = float((b_one - b_two).norm() / b_one.norm())
     print(f"LoRA GRPO 1 vs 2 ranks: merged ‖Δθ‖/‖θ−θ0‖ = {rel:.2e} (‖θ−θ0‖ = {moved:.3f}), B: {rel_b:.2e}")
-    assert moved > 0.05 and rel < PARAM_RTOL and rel_b < PARAM_RTOL
+    assert moved > 1.0 and rel < PARAM_RTOL and rel_b < PARAM_RTOL  # moved 4.3
     keys = ("loss/policy", "grad_norm", "kl/ref", "rollout/reward_mean")
     assert_same_metrics(records(one), records(two), keys)
     assert records(one)[-1]["kl/ref"] > 0  # the adapters-off reference differs from the policy

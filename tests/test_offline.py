@@ -319,12 +319,23 @@ def test_eval_logs_trajectories(warm_model_dir, tmp_path):
     )
 
 
+def chosen_nll(rm, head, rows, starts, masks) -> float:
+    """Token-mean NLL of the response tokens under the reward model's regulariser (`RewardNet`)."""
+    from textgym.trainers.reward_model import RewardNet, _pad, nll_targets
+
+    ids, attention = _pad(rows, 0)
+    targets = nll_targets(rows, starts, masks, ids.shape[1])
+    _, total = RewardNet(rm, head)(ids, attention, targets)
+    return float(total / (targets != -100).sum())
+
+
 @pytest.mark.parametrize("tied", [True, False])
 def test_reward_model_lm_regulariser_equals_the_causal_lm_loss(tiny_model_dir, tmp_path, tied):
-    """`response_nll` on the RM backbone is the causal LM's own loss on the response tokens."""
+    """The regulariser's NLL (the trained `RewardNet`'s forward) is the causal LM's own loss on the
+    response tokens."""
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
-    from textgym.trainers.reward_model import _hidden, _output_embeddings, response_nll
+    from textgym.trainers.reward_model import _output_embeddings
 
     folder = tiny_model_dir
     if not tied:
@@ -341,8 +352,7 @@ def test_reward_model_lm_regulariser_equals_the_causal_lm_loss(tiny_model_dir, t
     starts = [3, 2]
     masks = [[1, 1, 1], [1, 0, 1, 1, 1]]  # the second row's 2nd response token is not the policy's
     with torch.no_grad():
-        hidden, mask = _hidden(rm, rows, pad_id=0)
-        ours = float(response_nll(hidden, mask, head, rows, starts, masks))
+        ours = chosen_nll(rm, head, rows, starts, masks)
         labels = torch.full((2, 7), -100)
         labels[0, 3:6] = torch.tensor([30, 31, 2])
         labels[1, 2:7] = torch.tensor([30, -100, 33, 34, 2])
@@ -356,7 +366,7 @@ def test_reward_model_lm_regulariser_teaches_the_backbone_the_chosen_responses(t
     from transformers import AutoModelForSequenceClassification
 
     from textgym.config import OptimConfig, RewardModelConfig
-    from textgym.trainers.reward_model import _hidden, _output_embeddings, response_nll, train_reward_model
+    from textgym.trainers.reward_model import _output_embeddings, train_reward_model
 
     pairs = _synthetic_pairs()
     rows = [
@@ -368,11 +378,10 @@ def test_reward_model_lm_regulariser_teaches_the_backbone_the_chosen_responses(t
     starts = [3] * len(rows)
     masks = [[1, 1, 1]] * len(rows)
 
-    def chosen_nll(folder):
+    def folder_nll(folder):
         rm = AutoModelForSequenceClassification.from_pretrained(folder, num_labels=1).eval()
         with torch.no_grad():
-            hidden, mask = _hidden(rm, rows, 0)
-            return float(response_nll(hidden, mask, _output_embeddings(folder, rm), rows, starts, masks))
+            return chosen_nll(rm, _output_embeddings(folder, rm), rows, starts, masks)
 
     nll = {}
     for coef in (0.0, 1.0):
@@ -381,7 +390,7 @@ def test_reward_model_lm_regulariser_teaches_the_backbone_the_chosen_responses(t
         )
         res = train_reward_model(pairs, tiny_model_dir, tmp_path / f"rm{coef}", cfg)
         assert res["heldout_accuracy"] >= 0.95
-        nll[coef] = chosen_nll(tmp_path / f"rm{coef}")
+        nll[coef] = folder_nll(tmp_path / f"rm{coef}")
     # BT training alone leaves the LM head where the random init put it (~log V = 7 nats per
     # token here); the regulariser learns `40, EOS` exactly and the first token (one of 5) partly:
     # measured 7.05 vs 1.44 nats.

@@ -14,11 +14,8 @@ whose size AdamW would otherwise hide) to 5e-3 relative.
 from __future__ import annotations
 
 import json
-import os
 import random
 import shutil
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -26,7 +23,8 @@ import pyarrow as pa
 import pytest
 import torch
 from safetensors.torch import load_file
-from test_distributed import METRIC_RTOL, PARAM_RTOL, relative_distance
+from test_distributed import METRIC_RTOL, PARAM_RTOL, records, relative_distance, textgym
+from test_distributed import params as weights
 
 from textgym import distributed
 from textgym.config import OptimConfig, RewardModelConfig
@@ -84,33 +82,11 @@ ARGS = ("--epochs", "2", "--batch-size", "5", "--micro-batch-size", "2", "--lr",
 
 def rm_train(pairs: Path, model: Path, out: Path, ranks: int, *extra: str) -> float:
     """`textgym rm train` in a subprocess on 1 process or `ranks` under torchrun; returns wall seconds."""
-    launcher = [sys.executable, "-m", "textgym"]
-    if ranks > 1:
-        launcher = [
-            sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}",
-            "-m", "textgym",
-        ]  # fmt: skip
-    # A rank that skips a collective (a missing filler) fails within 2 minutes instead of hanging.
-    env = {
-        **os.environ,
-        "OMP_NUM_THREADS": "1",
-        "TOKENIZERS_PARALLELISM": "false",
-        "TEXTGYM_DIST_TIMEOUT_MIN": "2",
-    }
     args = ["rm", "train", "--pairs", str(pairs), "--model", str(model), "--out", str(out), *ARGS, *extra]
     t = time.perf_counter()
-    res = subprocess.run([*launcher, *args], capture_output=True, text=True, env=env, timeout=300)
-    if res.returncode != 0:
-        raise AssertionError(f"exit {res.returncode}\n{res.stdout[-3000:]}\n{res.stderr[-5000:]}")
+    # A rank that skips a collective (a missing filler) fails within 2 minutes instead of hanging.
+    textgym(args, ranks, timeout=300, TEXTGYM_DIST_TIMEOUT_MIN="2")
     return time.perf_counter() - t
-
-
-def records(out: Path) -> list[dict]:
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-
-
-def weights(folder: Path) -> dict[str, torch.Tensor]:
-    return load_file(str(folder / "model.safetensors"))
 
 
 @pytest.fixture(scope="module")

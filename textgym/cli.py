@@ -47,6 +47,23 @@ def _fail(message: str, code: int = 2) -> None:
     raise typer.Exit(code)
 
 
+def _leave_world(error: BaseException | None = None) -> bool:
+    """Leave the torchrun process group (a no-op outside torchrun); return whether this is rank 0.
+
+    With `error`, the group is left without the final barrier (the other ranks may be failing
+    too), rank 0 prints the error, and every rank exits with status 2 (`typer.Exit`).
+    """
+    from textgym import distributed
+
+    main = distributed.is_main()
+    distributed.shutdown(wait=error is None)
+    if error is not None:
+        if main:
+            _fail(str(error))
+        raise typer.Exit(2)
+    return main
+
+
 def _parse_kwargs(items: list[str] | None) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for item in items or []:
@@ -163,7 +180,6 @@ def train_cmd(
 
     Under `torchrun --nproc-per-node N -m textgym train CONFIG` the stages train on N ranks.
     """
-    from textgym import distributed
     from textgym.config import ConfigError, load_config
     from textgym.pipeline import run
 
@@ -171,14 +187,8 @@ def train_cmd(
         cfg = load_config(config, overrides or [])
         summary = run(cfg, resume=resume, overwrite=overwrite, echo=console.print)
     except ConfigError as e:
-        main = distributed.is_main()
-        distributed.shutdown(wait=False)
-        if main:
-            _fail(str(e))
-        raise typer.Exit(2) from None
-    main = distributed.is_main()
-    distributed.shutdown()
-    if not main:
+        _leave_world(error=e)
+    if not _leave_world():
         return
     if "accuracy_before" in summary:
         kwargs = " ".join(f"{k}={v!r}" for k, v in summary["eval_env_kwargs"].items())
@@ -688,14 +698,8 @@ def rm_train_cmd(
             table, model, out, cfg, echo=console.print, device=device, parallel=parallel, resume=resume
         )
     except (FileNotFoundError, ValueError, OSError) as e:
-        main = distributed.is_main()
-        distributed.shutdown(wait=False)
-        if main:
-            _fail(str(e))
-        raise typer.Exit(2) from None
-    main = distributed.is_main()
-    distributed.shutdown()
-    if not main:
+        _leave_world(error=e)
+    if not _leave_world():
         return
     console.print(
         f"reward model in {out}: held-out pairwise accuracy {res['heldout_accuracy']:.3f} "

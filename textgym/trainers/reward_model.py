@@ -142,34 +142,6 @@ def nll_targets(ids: list[list[int]], starts: list[int], loss_masks: list[list[i
     return target
 
 
-def response_nll(
-    hidden: torch.Tensor,
-    mask: torch.Tensor,
-    head: torch.Tensor,
-    ids: list[list[int]],
-    starts: list[int],
-    loss_masks: list[list[int]],
-) -> torch.Tensor:
-    """Mean negative log-likelihood (nats per token) of the response tokens under the LM head.
-
-    Args:
-        hidden: last hidden states [n, T, H] of `prompt + response` rows.
-        mask: attention mask [n, T].
-        head: output embedding [V, H] (logits = hidden @ head^T).
-        ids: the token rows (prompt + response), n lists.
-        starts: index of each row's first response token.
-        loss_masks: per response token, 1 where it counts (the policy's tokens).
-
-    The token at position t is predicted from the hidden state at t − 1. This is the
-    text-generation regulariser of GRM (Yang et al. 2024, arXiv:2406.10216, eq. 6, the SFT
-    form on the chosen responses).
-    """
-    n, T, _ = hidden.shape
-    target = nll_targets(ids, starts, loss_masks, T).to(hidden.device)
-    logits = hidden @ head.T  # [n, T, V]
-    return torch.nn.functional.cross_entropy(logits.reshape(n * T, -1), target.reshape(-1), ignore_index=-100)
-
-
 class RewardNet(torch.nn.Module):
     """What the reward-model trainer trains and shards: backbone, score head, and the regulariser's LM head.
 
@@ -207,12 +179,16 @@ class RewardNet(torch.nn.Module):
         if lm_head is not None and lm_head is not rm.model.embed_tokens.weight:
             V, H = lm_head.shape
             self.lm_head = torch.nn.Linear(H, V, bias=False, device=lm_head.device)
-            self.lm_head.weight = torch.nn.Parameter(lm_head.detach().clone())
+            self.lm_head.weight = torch.nn.Parameter(lm_head.detach())
 
     def forward(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, targets: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Rewards of right-padded rows and the summed NLL of the first rows' target tokens.
+
+        The NLL is the text-generation regulariser of GRM (Yang et al. 2024, arXiv:2406.10216,
+        eq. 6, the SFT form on the chosen responses): logits = hidden @ head^T, token t
+        predicted from the hidden state at t − 1.
 
         Args:
             input_ids: [n, T] right-padded token ids.
@@ -225,8 +201,7 @@ class RewardNet(torch.nn.Module):
             summed over the target tokens in nats (fp32 scalar), or None.
         """
         hidden = self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-        last = attention_mask.sum(-1) - 1
-        rewards = self.score(hidden[torch.arange(len(hidden), device=hidden.device), last])[:, 0].float()
+        rewards = _last_token_reward(self, hidden, attention_mask).float()
         if targets is None or not self.regularised:
             return rewards, None
         head = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
