@@ -66,7 +66,12 @@ WARM_ENV = {"id": "textgym/Arithmetic-v0", "kwargs": {"operators": "+", "digits"
 @pytest.fixture(scope="session")
 def warm_model_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny model after a short SFT on 1-digit addition: right format, partly right sums,
-    so GRPO groups have rewards that differ (a random model scores 0 everywhere)."""
+    so GRPO groups have rewards that differ (a random model scores 0 everywhere).
+
+    It trains to a measured state, not for a fixed number of steps: SFT stops once greedy
+    accuracy on 64 probe tasks reaches 0.25 (checked every 10 steps, at most 400 steps; the
+    stage fails if it does not), so the fixture is the same kind of model whatever the CPU's
+    kernels round differently."""
     from textgym.config import SFTConfig
     from textgym.models import load_model
     from textgym.trainers.common import seed_everything
@@ -77,10 +82,14 @@ def warm_model_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactor
     cfg = SFTConfig.model_validate(
         {
             "env": WARM_ENV,
-            "steps": 80,
+            "steps": 400,
             "batch_size": 32,
             "optim": {"lr": 3e-3, "warmup_steps": 10},
-            "log_every": 80,
+            "log_every": 400,
+            "target": {"accuracy": 0.25, "every": 10, "n": 64, "max_new_tokens": 8, "required": True},
         }
     )
-    return SFTTrainer(cfg, model, tok, tmp_path_factory.mktemp("warm")).train()
+    trainer = SFTTrainer(cfg, model, tok, tmp_path_factory.mktemp("warm"))
+    final = trainer.train()
+    assert trainer.target_reached and trainer.probe_accuracy is not None and trainer.probe_accuracy >= 0.25
+    return final

@@ -202,3 +202,63 @@ def test_every_gold_answer_passes_and_a_wrong_one_fails(name):
 def test_gsm8k_train_gold_solutions_pass():
     v = MathVerifier()
     assert [t.task_id for t in gsm8k_tasks("train") if v(t.solution, t).reward != 1.0] == []
+
+
+@pytest.mark.parametrize(
+    ("completion", "gold", "reward"),
+    [
+        ("\\boxed{128}", "128", 1.0),
+        ("so \\boxed{118}", "128", 2 / 3),  # the carry into the tens place missed
+        ("\\boxed{28}", "128", 2 / 3),  # a missing hundreds digit costs its share
+        ("\\boxed{1128}", "128", 3 / 4),  # an extra digit too
+        ("\\boxed{821}", "128", 1 / 3),  # places are aligned at the units digit
+        ("\\boxed{007}", "7", 1.0),  # leading zeros are not places
+        ("\\boxed{-7}", "7", 0.0),  # a wrong sign scores nothing
+        ("\\boxed{-12}", "-13", 0.5),
+        ("\\boxed{1,024}", "1024", 1.0),
+        ("\\boxed{12.5}", "12", 0.0),  # not an integer
+        ("\\boxed{}", "12", 0.0),
+        ("12", "12", 0.0),  # no final-answer marker
+        ("", "12", 0.0),
+    ],
+)
+def test_digit_match_gives_the_share_of_right_digit_places(completion, gold, reward):
+    from textgym.verifiers import DigitMatchVerifier
+
+    s = DigitMatchVerifier()(completion, Task("t", "q", gold))
+    assert s.reward == pytest.approx(reward, abs=1e-12)
+    if reward == 1.0:  # full credit exactly where the exact-match term gives 1
+        assert MathVerifier()(completion, Task("t", "q", gold)).reward == 1.0
+    if reward == 0.0 and completion != "\\boxed{-7}":
+        assert "error" in s.details
+
+
+def test_digit_match_is_exact_only_for_the_right_answer_and_needs_an_integer_gold():
+    import random
+
+    from textgym.verifiers import DigitMatchVerifier
+
+    v, rng = DigitMatchVerifier(), random.Random(0)
+    for _ in range(500):
+        gold, pred = rng.randrange(0, 2000), rng.randrange(0, 2000)
+        r = v(f"\\boxed{{{pred}}}", Task("t", "q", str(gold))).reward
+        assert 0.0 <= r <= 1.0 and (r == 1.0) == (pred == gold)
+    with pytest.raises(ValueError, match="integer gold answer"):
+        v("\\boxed{1}", Task("t", "q", "\\frac{1}{2}"))
+
+
+def test_arithmetic_logs_digit_match_and_weights_it_only_when_asked():
+    import gymnasium as gym
+
+    import textgym  # noqa: F401
+
+    for weight in (0.0, 0.5):
+        env = gym.make("textgym/Arithmetic-v0", operators="+", instruction="", digit_match_weight=weight)
+        env.reset(options={"task_index": 0})
+        gold = env.unwrapped.task.answer
+        wrong = str(int(gold) + 10 if int(gold) % 100 < 90 else int(gold) - 10)  # tens place wrong
+        places = len(gold)
+        _, r, _, _, info = env.step(f"\\boxed{{{wrong}}}")
+        assert info["reward/correct"] == 0.0
+        assert info["reward/digit_match"] == pytest.approx((places - 1) / places)
+        assert r == pytest.approx(weight * (places - 1) / places)

@@ -4,7 +4,8 @@
     runs/<name>/model_init/      the preset model, when the run builds one
     runs/<name>/sft/, grpo/, ppo/  stage directories (see textgym.trainers.common)
     runs/<name>/eval_before.json, eval_after.json
-    runs/<name>/summary.json     accuracy_before, accuracy_after, n_eval, wall_time_s, peak_rss_mb, ...
+    runs/<name>/summary.json     accuracy_before, accuracy_after, n_eval, wall_time_s, peak_rss_mb,
+                                 sft_target (steps, probe accuracy, reached) when SFT has a target, ...
 
 The evaluation brackets the last training stage: with an RL stage, "before" is the model
 that enters it (after SFT when there is one). With `resume=True` finished stages
@@ -210,6 +211,9 @@ def run(
         )  # fmt: skip
         if secs is not None:
             stage_times["sft"] = secs
+        target = run_dir / "sft" / "target.json"
+        if sft_cfg.target is not None and target.is_file():
+            summary_extra["sft_target"] = json.loads(target.read_text(encoding="utf-8"))
 
     # 2. The RL stage (GRPO family or PPO), evaluated before and after.
     rl_cfg = cfg.rl

@@ -12,6 +12,8 @@ import numpy as np
 
 from textgym.envs.base import SingleTurnEnv, math_rubric
 from textgym.types import Task
+from textgym.verifiers.base import RubricTerm
+from textgym.verifiers.math import DigitMatchVerifier
 
 _PRECEDENCE = {"+": 1, "-": 1, "*": 2, "/": 2}
 STREAM_LENGTH = sys.maxsize
@@ -175,10 +177,13 @@ class ArithmeticEnv(SingleTurnEnv):
     `system_prompt` is set); after `step`, the empty list.
 
     ## Rewards
-    `correct_weight · correct + format_weight · format` where `correct` is 1.0 when the
-    final answer (`\\boxed{}`, `<answer>`, ... see `textgym.verifiers.math`) equals the
-    gold integer by math-verify, and `format` is 1.0 when a final-answer marker is
-    present. Defaults: 1.0 and 0.0 (format is logged only).
+    `correct_weight · correct + format_weight · format + digit_match_weight · digit_match`
+    where `correct` is 1.0 when the final answer (`\\boxed{}`, `<answer>`, ... see
+    `textgym.verifiers.math`) equals the gold integer by math-verify, `format` is 1.0 when a
+    final-answer marker is present, and `digit_match` is the share of the answer's digit
+    places that are right (`textgym.verifiers.math.DigitMatchVerifier`: partial credit, 1.0
+    only for the exact answer). Defaults: 1.0, 0.0 and 0.0 (format and digit_match are
+    logged only). Accuracy is always the `correct` term.
 
     ## Episode End
     Terminates after one step.
@@ -198,10 +203,13 @@ class ArithmeticEnv(SingleTurnEnv):
         instruction: str = "Put the final answer in \\boxed{}.",
         correct_weight: float = 1.0,
         format_weight: float = 0.0,
+        digit_match_weight: float = 0.0,
         **kwargs: Any,
     ):
         tasks = _cached_tasks(split, operators, digits, n_terms, n_test, generator_seed)
-        super().__init__(tasks, math_rubric(correct_weight, format_weight), instruction=instruction, **kwargs)
+        rubric = math_rubric(correct_weight, format_weight)
+        rubric.terms.append(RubricTerm("digit_match", DigitMatchVerifier(), digit_match_weight))
+        super().__init__(tasks, rubric, instruction=instruction, **kwargs)
 
     def oracle_tool_call(self) -> tuple[str, dict[str, str]] | None:
         """The call a scripted expert makes first when it has tools: the calculator on the expression."""

@@ -573,6 +573,7 @@ def run_loop(
     echo: Callable[[str], None] | None = None,
     after_step: Callable[[dict[str, float]], None] | None = None,
     lines: int = 20,
+    stop: Callable[[], bool] | None = None,
 ) -> None:
     """Call `trainer.train_step()` until `steps`, logging, checkpointing and reporting progress.
 
@@ -580,8 +581,10 @@ def run_loop(
     every `checkpoint_every` steps (0: only at the end) and always at the end. About
     `lines` progress lines (`describe(metrics)`) go above a live progress bar on a
     terminal, or through `echo` otherwise. `after_step(metrics)` may add metrics (e.g. a
-    periodic evaluation) before they are logged. Distributed, every rank runs the loop (the
-    steps and checkpoints are collective) and rank 0 alone logs and reports.
+    periodic evaluation) before they are logged. `stop()`, asked after each step (after
+    `after_step`), ends the loop early: that step is logged, reported and checkpointed as the
+    last. Distributed, every rank runs the loop (the steps and checkpoints are collective) and
+    rank 0 alone logs and reports; `stop()` must give the same answer on every rank.
     """
     if not distributed.is_main():
         echo = None
@@ -593,13 +596,16 @@ def run_loop(
             metrics = trainer.train_step()
             if after_step is not None:
                 after_step(metrics)
-            if trainer.step % log_every == 0 or trainer.step == steps:
+            last = trainer.step == steps or (stop is not None and stop())
+            if trainer.step % log_every == 0 or last:
                 trainer.logger.log(trainer.step, metrics)
             if checkpoint_every and trainer.step % checkpoint_every == 0:
                 trainer.save()
             bar.update(1)
-            if write is not None and (trainer.step % every == 0 or trainer.step == steps):
+            if write is not None and (trainer.step % every == 0 or last):
                 write(f"{name} step {trainer.step}/{steps}  {describe(metrics)}")
+            if last:
+                break
         if not checkpoint_every or trainer.step % checkpoint_every:
             trainer.save()
     finally:

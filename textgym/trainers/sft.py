@@ -4,7 +4,14 @@ Each example is the env's first observation rendered by the chat template (exact
 prompt the policy sees in rollouts) followed by the task's `solution` and the
 end-of-turn token; the loss is the token-mean NLL of the solution tokens only.
 Loop: 1 draw tasks · 2 build the batch · 3 forward/backward over micro-batches ·
-4 clip, step · 5 log and checkpoint.
+4 clip, step · 5 log and checkpoint · 6 with `cfg.target`, every `target.every` steps measure
+greedy accuracy on a probe set and stop once it reaches `target.accuracy`.
+
+Why a measured target: a short SFT run that stops in the middle of a phase where the model
+is learning quickly (e.g. the tiny model learning to carry in 2-digit addition) hands the next
+stage a start decided by float rounding — the same 250 steps gave 0.49 greedy accuracy with
+AVX2 kernels and 0.09 with AVX-512 ones. Stopping on a measured accuracy makes the start a
+property of the model, not of the machine.
 
 Under torchrun every rank draws the same `batch_size` tasks and trains on its contiguous
 `batch_size / ranks` of them with the model sharded (FSDP2); the token-mean's denominator is
@@ -13,17 +20,22 @@ this rank's share of the global token count, so the averaged gradient is the who
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import gymnasium as gym
+import numpy as np
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from textgym import distributed
+from textgym.agents.llm_agent import LLMAgent, SamplingParams
+from textgym.agents.rollout import rollout
 from textgym.agents.trajectory import RolloutBatch, Trajectory
 from textgym.config import ConfigError, ParallelConfig, SFTConfig
+from textgym.evaluation import episode_correct
 from textgym.trainers.common import (
     TaskSampler,
     build_optimizer,
@@ -50,6 +62,11 @@ class SFTTrainer:
         seed: seed of task sampling.
         resume: continue from the newest checkpoint in `stage_dir`.
         parallel: sharding, mixed precision and gradient checkpointing.
+
+    Attributes:
+        probe_accuracy: the last probe's greedy accuracy (None before the first probe or
+            without `cfg.target`).
+        target_reached: whether the probe reached `cfg.target.accuracy`.
 
     Raises:
         ValueError: if the environment's tasks carry no gold `solution`.
@@ -90,6 +107,9 @@ class SFTTrainer:
         if tasks[0].solution is None:
             raise ValueError(f"{cfg.env.id} tasks have no gold solutions to fine-tune on")
         self.sampler = TaskSampler(len(tasks), seed)
+        self.probe_indices = probe_indices(len(tasks), cfg.target.n, seed) if cfg.target else []
+        self.probe_accuracy: float | None = None
+        self.target_reached = False
         self.micro_batch_size = cfg.micro_batch_size or self.local_batch
         self.optimizer, self.scheduler = build_optimizer(model, cfg.optim, cfg.steps)
         self.memory = distributed.memory_report({"policy": (model, self.optimizer)})
@@ -165,6 +185,37 @@ class SFTTrainer:
         )
         return distributed.reduce_metrics(metrics)
 
+    def probe(self) -> float:
+        """Greedy accuracy on the probe tasks (`cfg.target`); rank 0 measures, every rank gets it.
+
+        Generation draws no random numbers (greedy), so probing does not change the training run.
+        """
+        target = self.cfg.target
+        assert target is not None
+
+        def measure() -> float:
+            agent = LLMAgent(self.model, self.tokenizer, batch_size=min(len(self.probe_indices), 256))
+            envs = [self.cfg.env.make() for _ in self.probe_indices]
+            try:
+                params = SamplingParams(temperature=0.0, max_new_tokens=target.max_new_tokens)
+                trajs = rollout(agent, envs, self.probe_indices, params, env_id=self.cfg.env.id)
+            finally:
+                for e in envs:
+                    e.close()
+            return sum(episode_correct(t.reward_terms, t.reward) for t in trajs) / len(trajs)
+
+        with torch.no_grad(), distributed.full_params(self.model):
+            return float(distributed.on_main(measure))
+
+    def _after_step(self, metrics: dict[str, float]) -> None:
+        """6. Probe every `target.every` steps; record whether the target is reached."""
+        target = self.cfg.target
+        if target is None or self.step % target.every:
+            return
+        self.probe_accuracy = self.probe()
+        self.target_reached = self.probe_accuracy >= target.accuracy
+        metrics["probe/accuracy"] = self.probe_accuracy
+
     def save(self) -> Path:
         """Checkpoint the current step."""
         return save_checkpoint(
@@ -184,6 +235,11 @@ class SFTTrainer:
         if echo is not None and distributed.is_main():
             report = distributed.format_memory_report(self.memory)
             echo(f"sft memory on each of {self.world.size} rank(s): {report}")
+
+        def describe(m: dict[str, float]) -> str:
+            probe = f"  probe accuracy {m['probe/accuracy']:.3f}" if "probe/accuracy" in m else ""
+            return f"loss {m['loss/sft']:.4f}{probe}  {m['time/step_s']:.2f}s/step"
+
         run_loop(
             self,
             name="sft",
@@ -192,8 +248,48 @@ class SFTTrainer:
             checkpoint_every=cfg.checkpoint_every,
             echo=echo,
             lines=10,
-            describe=lambda m: f"loss {m['loss/sft']:.4f}  {m['time/step_s']:.2f}s/step",
+            describe=describe,
+            after_step=self._after_step,
+            stop=lambda: self.target_reached,
         )
+        if cfg.target is not None:
+            outcome = {
+                "steps": self.step,
+                "target_accuracy": cfg.target.accuracy,
+                "probe_accuracy": self.probe_accuracy,
+                "probe_n": len(self.probe_indices),
+                "target_reached": self.target_reached,
+            }
+            if distributed.is_main():
+                (self.stage_dir / "target.json").write_text(json.dumps(outcome, indent=2), encoding="utf-8")
+            if echo is not None and distributed.is_main():
+                verdict = "reached" if self.target_reached else "NOT reached"
+                echo(
+                    f"sft: target accuracy {cfg.target.accuracy} {verdict} after {self.step} steps "
+                    f"(probe accuracy {self.probe_accuracy}, n={len(self.probe_indices)})"
+                )
+            if cfg.target.required and not self.target_reached:
+                raise SFTTargetNotReachedError(
+                    f"sft.target: probe accuracy {self.probe_accuracy} < {cfg.target.accuracy} after the "
+                    f"whole budget of {cfg.steps} steps (the last checkpoint is in {self.stage_dir})"
+                )
         if cfg.lora is not None:
             return save_lora_final(self.stage_dir, self.model, self.tokenizer)
         return save_final(self.stage_dir, self.model, self.tokenizer)
+
+
+class SFTTargetNotReachedError(RuntimeError):
+    """`sft.target.required` is set and the step budget ended below the target accuracy."""
+
+
+def probe_indices(n_tasks: int, n: int, seed: int) -> list[int]:
+    """Task indices of the SFT probe set (`SFTTargetConfig`).
+
+    An unbounded stream (`n_tasks >= 2**62`, walked 0, 1, 2, … by `TaskSampler`) gives the
+    tasks at 2**40 … 2**40+n−1, which training never reaches; a finite set gives a random
+    subset of `min(n, n_tasks)` tasks seeded by `seed`, sorted.
+    """
+    if n_tasks >= 2**62:
+        return list(range(2**40, 2**40 + n))
+    rng = np.random.default_rng([seed, 0x5F7])
+    return sorted(int(i) for i in rng.choice(n_tasks, size=min(n, n_tasks), replace=False))

@@ -3,10 +3,11 @@
 from textgym.verifiers.base import Rubric, RubricTerm, Score, Verifier
 from textgym.verifiers.code import CodeVerifier, extract_code
 from textgym.verifiers.format import FormatVerifier
-from textgym.verifiers.math import MathVerifier, extract_answer, math_equal
+from textgym.verifiers.math import DigitMatchVerifier, MathVerifier, extract_answer, math_equal
 
 __all__ = [
     "CodeVerifier",
+    "DigitMatchVerifier",
     "FormatVerifier",
     "MathVerifier",
     "Rubric",

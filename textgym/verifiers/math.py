@@ -355,3 +355,56 @@ class MathVerifier:
         elif res["pred_parsed"] is None:
             details["error"] = "final answer could not be parsed"
         return Score(1.0 if res["equal"] else 0.0, details)
+
+
+_INTEGER_RE = re.compile(r"^[+-]?\d+$")
+
+
+class DigitMatchVerifier:
+    """Partial credit for an integer answer: the share of its digit places that are right.
+
+    Outcome supervision scores only the final answer (1 or 0); process supervision scores
+    the steps that lead to it (Lightman et al. 2023, "Let's Verify Step by Step",
+    arXiv:2305.20050; Uesato et al. 2022, arXiv:2211.14275). For an integer answer the digit
+    places are the smallest such steps that can be checked without a trace: with the final
+    answer `p` (extracted by `extract_answer`, so `\\boxed{}` etc.) and the gold integer `g`,
+    both read as digit strings and aligned at the units place,
+
+        reward = #{k : p_k = g_k} / max(len(p), len(g))
+
+    (k = 0 is the units digit; a place one of them lacks counts as wrong, so a missing or
+    extra digit costs a share, and a sign that differs from the gold's scores 0). The
+    exact answer, and only it, scores 1.0. No answer, or one that is not an integer, scores
+    0.0 with the reason in `details["error"]`. Use it next to the exact-match term
+    (`MathVerifier`), which stays the measure of accuracy: a dense shaping term lets group
+    methods tell apart the samples of a group that are all wrong, so a policy that is
+    rarely right still gets a gradient.
+
+    Raises:
+        ValueError: if the task's gold answer is not an integer (a configuration error, not
+            model output).
+    """
+
+    def __call__(self, completion: str, task: Task) -> Score:
+        """Score `completion` against the integer `task.answer`."""
+        gold = (task.answer or "").strip()
+        if not _INTEGER_RE.match(gold):
+            raise ValueError(
+                f"task {task.task_id}: DigitMatchVerifier needs an integer gold answer, got {gold!r}"
+            )
+        if not isinstance(completion, str):
+            return Score(0.0, {"error": f"completion is {type(completion).__name__}, not str"})
+        ext = extract_answer(completion)
+        if ext is None:
+            return Score(0.0, {"extracted": None, "error": "no final answer found"})
+        text = ext.text.replace(",", "").replace(" ", "")
+        if not _INTEGER_RE.match(text) or len(text) > MAX_ANSWER_CHARS:
+            return Score(0.0, {"extracted": ext.text[:80], "error": "final answer is not an integer"})
+        neg_p, neg_g = text.startswith("-"), gold.startswith("-")
+        p, g = text.lstrip("+-"), gold.lstrip("+-")
+        if neg_p != neg_g and int(p) != 0:
+            return Score(0.0, {"extracted": ext.text, "error": "wrong sign"})
+        p, g = p.lstrip("0") or "0", g.lstrip("0") or "0"
+        places = max(len(p), len(g))
+        right = sum(1 for a, b in zip(reversed(p), reversed(g), strict=False) if a == b)
+        return Score(right / places, {"extracted": ext.text, "right": right, "places": places})
