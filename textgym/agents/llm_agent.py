@@ -463,7 +463,10 @@ class LLMAgent:
         """An agent generating through an OpenAI-compatible endpoint (`OpenAIBackend`).
 
         The tokenizer (a local folder with the served model's tokenizer and chat template)
-        renders prompts to token ids and decodes the returned ids; kwargs go to `OpenAIBackend`.
+        renders prompts to token ids and decodes the returned ids; the end-of-turn ids are
+        the tokenizer's EOS (first: the one appended to a response that stops without one)
+        plus those of the folder's `generation_config.json`, if any. kwargs go to
+        `OpenAIBackend`.
 
         Raises:
             OSError: when the tokenizer folder cannot be loaded.
@@ -473,7 +476,8 @@ class LLMAgent:
         from textgym.agents.openai_backend import OpenAIBackend
 
         tok = AutoTokenizer.from_pretrained(tokenizer_path)
-        eos = [int(tok.eos_token_id)]  # type: ignore[arg-type]
+        gen = GenerationConfig.from_pretrained(tokenizer_path) if _has_gen_config(tokenizer_path) else None
+        eos = sorted(eos_token_ids(tok, gen), key=lambda i: i != tok.eos_token_id)
         return cls(None, tok, backend=OpenAIBackend(base_url, model, eos, **kwargs))
 
     def encode_prompt(self, messages: list[Message], tools: list[dict[str, Any]] | None = None) -> list[int]:
