@@ -192,7 +192,9 @@ def check_exact_sampling(generate: Any, model: Any, tokenizer: Any, eos_ids: lis
 
     1. greedy equals `argmax_decode`; 2. SAMPLES samples of one prompt at T = 1 are diverse and reach
     beyond any top-k default; 3. their recorded log-probs equal the trainer's recomputation
-    (`sequence_logprobs` at T = 1) to 1e-4, and so do samples at T = 0.7.
+    (`sequence_logprobs` at T = 1) to 1e-4, and so do samples at T = 0.7; 4. with top-k / top-p
+    on, every sampled token lies in the truncated set and its recorded log-prob is that of the
+    truncated distribution renormalised (`truncated_logprobs`), to 1e-4.
     """
     from textgym.agents import RolloutBatch, SamplingParams
     from textgym.trainers.common import sequence_logprobs
@@ -227,3 +229,47 @@ def check_exact_sampling(generate: Any, model: Any, tokenizer: Any, eos_ids: lis
             rank = (logits > logits.gather(-1, sampled[..., None])).sum(-1)
             top = int((rank * batch.loss_mask).max())
             assert top >= MIN_TOP_RANK, f"sampled tokens never beyond rank {top}: a top-k is applied"
+
+    for T, top_k, top_p in [(1.0, 5, 1.0), (0.5, 0, 0.8), (0.7, 40, 0.9)]:
+        params = SamplingParams(temperature=T, top_k=top_k, top_p=top_p, max_new_tokens=8)
+        gens = generate([prompt] * 8, params)
+        batch = RolloutBatch.from_trajectories(trajectories_of(prompt, gens), int(tokenizer.pad_token_id))
+        with torch.no_grad():
+            out = model(
+                input_ids=batch.input_ids,
+                attention_mask=batch.attention_mask,
+                position_ids=batch.position_ids,
+            )
+        expected, ambiguous = truncated_logprobs(out.logits[:, batch.prompt_width - 1 : -1], T, top_k, top_p)
+        sampled = batch.input_ids[:, batch.prompt_width :]
+        expected = expected.gather(-1, sampled[..., None])[..., 0]
+        checked = batch.loss_mask.bool() & ~ambiguous
+        assert checked.sum() >= 0.75 * batch.loss_mask.sum()
+        assert torch.isfinite(expected[checked]).all(), f"{params}: a token outside the truncated set"
+        diff = float((expected - batch.old_logprobs)[checked].abs().max())
+        assert diff < 1e-4, f"{params}: recorded log-probs are not the truncated distribution's ({diff})"
+
+
+def truncated_logprobs(
+    logits: torch.Tensor, temperature: float, top_k: int, top_p: float, margin: float = 2e-5
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-probabilities of top-k then top-p sampling, written out: [..., V] logits -> ([..., V], [...]).
+
+    Keeps the k largest of logits / T, then the smallest most-likely set whose probability (after
+    the top-k renormalisation) reaches top_p, and renormalises over what is kept (-inf elsewhere).
+    The second tensor marks positions where a float rounding could change the kept set (the k-th and
+    (k+1)-th scores, or top_p and a cumulative mass, closer than `margin`).
+    """
+    s = logits.float() / temperature
+    ambiguous = torch.zeros(s.shape[:-1], dtype=torch.bool)
+    if top_k > 0:
+        top = s.topk(top_k + 1, dim=-1).values
+        ambiguous |= (top[..., -2] - top[..., -1]) < margin
+        s = s.masked_fill(s < top[..., -2:-1], float("-inf"))
+    if top_p < 1:
+        probs, order = s.softmax(-1).sort(dim=-1, descending=True)
+        before = probs.cumsum(-1) - probs  # mass of the more likely tokens
+        ambiguous |= ((before - top_p).abs() < margin).any(-1)
+        keep = torch.zeros_like(s, dtype=torch.bool).scatter(-1, order, before < top_p)
+        s = s.masked_fill(~keep, float("-inf"))
+    return s.log_softmax(-1), ambiguous

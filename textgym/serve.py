@@ -94,6 +94,7 @@ def build_app(
     served_name: str | None = None,
     device: str = "cpu",
     backend_name: str = "transformers",
+    vllm_kwargs: dict[str, Any] | None = None,
 ) -> FastAPI:
     """The server app for the model in `model_dir` (loaded once, on `device`).
 
@@ -102,6 +103,8 @@ def build_app(
         served_name: the model name clients ask for (default: the folder's name).
         device: where the transformers backend runs ("cpu", "cuda", ...).
         backend_name: "transformers" or "vllm" (`VLLMBackend`, which picks its own device).
+        vllm_kwargs: passed to `VLLMBackend` (e.g. `{"dtype": "float32"}`; its default "auto"
+            lets vLLM choose, which on CPU can be bfloat16 for a float32 checkpoint).
 
     Raises:
         FileNotFoundError / ValueError: from `load_model` when the folder is not a usable model,
@@ -122,7 +125,7 @@ def build_app(
         tokenizer = load_tokenizer(model_dir)
         gen = Path(model_dir) / "generation_config.json"
         eos = eos_token_ids(tokenizer, GenerationConfig.from_pretrained(model_dir) if gen.is_file() else None)
-        backend = VLLMBackend(model_dir, eos)
+        backend = VLLMBackend(model_dir, eos, **(vllm_kwargs or {}))
     else:
         raise ValueError(f"unknown backend {backend_name!r}; available: 'transformers', 'vllm'")
     name = served_name or Path(model_dir).name
