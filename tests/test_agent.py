@@ -468,3 +468,20 @@ def test_a_turn_ends_with_exactly_the_end_of_turn_token_sampled(
     rendered = tok.apply_chat_template(t.messages, tokenize=False)
     seen = tok.decode(ids).replace(sampled, "<|im_end|>")
     assert seen + "\n" == rendered
+
+
+def test_neutral_generation_swaps_the_config_for_the_call_only(hostile_model_dir):
+    from textgym.agents.llm_agent import neutral_generation
+    from textgym.models import load_model
+
+    model, _ = load_model(hostile_model_dir)
+    saved = model.generation_config
+    with pytest.raises(RuntimeError, match="boom"), neutral_generation(model):
+        inside = model.generation_config
+        raise RuntimeError("boom")
+    assert model.generation_config is saved and saved.top_k == 1  # put back, even after an error
+    # inside: the special-token ids and nothing else
+    set_fields = {k: v for k, v in inside.to_diff_dict().items() if k != "transformers_version"}
+    assert set_fields == {"eos_token_id": saved.eos_token_id, "pad_token_id": saved.pad_token_id}
+    with pytest.raises(TypeError, match="no generation_config"), neutral_generation(torch.nn.Linear(2, 2)):
+        pass

@@ -41,6 +41,10 @@ from textgym.types import Message
 class SamplingParams:
     """How to sample a response.
 
+    These are all the sampling there is, on every backend: nothing comes from a model
+    folder's `generation_config.json` (no top-k, top-p, min-p, repetition penalty, ... of its
+    own), and the recorded log-probs are those of the distribution sampled from.
+
     Attributes:
         temperature: softmax temperature; 0 means greedy decoding.
         top_p: nucleus sampling mass in (0, 1]; 1 disables it.
@@ -158,6 +162,8 @@ class SampledLogprobs(LogitsProcessor):
                 every step of this generation).
         """
         n = new_tokens.shape[1]
+        if n == 0:
+            return torch.zeros(new_tokens.shape, dtype=torch.float32)
         if len(self.steps) < n - 1:
             raise RuntimeError(f"recorded {len(self.steps)} steps for {n} generated tokens")
         steps = self.steps[:n]
@@ -202,14 +208,31 @@ def neutral_generation_config(source: GenerationConfig | None) -> GenerationConf
 
 
 def _generation_owners(model: Any) -> list[Any]:
-    """The objects whose `generation_config` `model.generate` reads (a peft wrapper reads its base's)."""
-    owners = [model]
-    get_base = getattr(model, "get_base_model", None)
-    if callable(get_base):
-        base = get_base()
-        if base is not model:
-            owners.append(base)
-    return [m for m in owners if "generation_config" in vars(m)]
+    """The objects whose `generation_config` `model.generate` reads.
+
+    The model itself, the base model of a peft wrapper (`get_base_model()`, whose config
+    peft's `generate` copies), the module inside `torch.compile` (`_orig_mod`): those among
+    them that hold a `generation_config` attribute of their own.
+
+    Raises:
+        TypeError: when none does (its generation config could not be neutralised).
+    """
+    owners: list[Any] = []
+    todo = [model]
+    while todo:
+        m = todo.pop()
+        if any(m is o for o in owners):
+            continue
+        owners.append(m)
+        get_base = getattr(m, "get_base_model", None)
+        if callable(get_base):
+            todo.append(get_base())
+        if isinstance(getattr(m, "_orig_mod", None), torch.nn.Module):
+            todo.append(m._orig_mod)
+    found = [m for m in owners if "generation_config" in vars(m)]
+    if not found:
+        raise TypeError(f"{type(model).__name__} holds no generation_config to neutralise for generate()")
+    return found
 
 
 @contextmanager
@@ -218,6 +241,9 @@ def neutral_generation(model: Any) -> Iterator[None]:
 
     The model's own config object is put back afterwards, untouched (what a user saves with
     the model is what they loaded or set).
+
+    Raises:
+        TypeError: see `_generation_owners`.
     """
     owners = _generation_owners(model)
     saved = [m.generation_config for m in owners]
@@ -293,8 +319,14 @@ class TransformersBackend:
                 (`SeededGumbelNoise`), independent of batching and of the global RNG. None
                 samples from the global torch RNG. Ignored when decoding greedily.
 
+        Returns:
+            One `Generation` per prompt, in order; its log-probs are those of the distribution
+            each token was drawn from (`SampledLogprobs`).
+
         Raises:
             ValueError: if `seeds` is not one per prompt.
+            TypeError: if the model's generation config cannot be swapped out (see
+                `neutral_generation`).
         """
         if seeds is not None and len(seeds) != len(prompts):
             raise ValueError(f"got {len(seeds)} seeds for {len(prompts)} prompts")
