@@ -93,3 +93,192 @@ def warm_model_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactor
     final = trainer.train()
     assert trainer.target_reached and trainer.probe_accuracy is not None and trainer.probe_accuracy >= 0.25
     return final
+
+
+HOSTILE_GENERATION_CONFIG: dict[str, Any] = {
+    # sampling fields a model folder can set: each one, if it leaked, changes what is sampled
+    "do_sample": True,
+    "temperature": 0.05,
+    "top_k": 1,
+    "top_p": 0.1,
+    "min_p": 0.9,
+    "typical_p": 0.1,
+    "epsilon_cutoff": 0.5,
+    "eta_cutoff": 0.5,
+    "repetition_penalty": 1000.0,
+    "presence_penalty": 2.0,  # vLLM reads these two; transformers keeps them as custom entries
+    "frequency_penalty": 2.0,
+    "no_repeat_ngram_size": 1,
+    "bad_words_ids": [[5], [6]],
+    "suppress_tokens": list(range(10, 500)),
+    "begin_suppress_tokens": [7, 8],
+    "min_length": 3,
+    "min_new_tokens": 4,
+    "forced_bos_token_id": 9,
+    "forced_eos_token_id": 2,
+    "sequence_bias": [[[11], -50.0]],
+    "exponential_decay_length_penalty": [1, 2.0],
+    "renormalize_logits": True,
+    "max_new_tokens": 2,
+    "max_length": 5,
+}
+"""A `generation_config.json` whose every sampling field, applied, would change the samples."""
+
+HOSTILE_DECODING_CONFIG: dict[str, Any] = {
+    **HOSTILE_GENERATION_CONFIG,
+    # fields that switch transformers to another decoding method or add a model pass
+    "num_beams": 4,
+    "low_memory": True,
+    "prompt_lookup_num_tokens": 3,
+    "guidance_scale": 3.0,
+    "watermarking_config": {"greenlist_ratio": 0.5, "bias": 50.0},
+    "top_h": 0.1,
+}
+
+
+def hostile_copy(src: Path, dst: Path, fields: dict[str, Any] | None = None) -> Path:
+    """Copy the model folder `src` to `dst` with `fields` (default HOSTILE_GENERATION_CONFIG) merged
+    into its generation_config.json (its EOS / pad ids kept)."""
+    import json
+    import shutil
+
+    shutil.copytree(src, dst)
+    path = dst / "generation_config.json"
+    config = json.loads(path.read_text())
+    config.update(HOSTILE_GENERATION_CONFIG if fields is None else fields)
+    path.write_text(json.dumps(config, indent=1))
+    return dst
+
+
+@pytest.fixture(scope="session")
+def hostile_model_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model with a hostile generation_config.json (HOSTILE_GENERATION_CONFIG)."""
+    return hostile_copy(tiny_model_dir, tmp_path_factory.mktemp("hostile") / "tiny")
+
+
+def argmax_decode(model: Any, prompt: list[int], max_new_tokens: int, eos_ids: list[int]) -> list[int]:
+    """Greedy decoding written out by hand: one plain forward pass of the whole sequence per token."""
+    ids, out = list(prompt), []
+    with torch.no_grad():
+        for _ in range(max_new_tokens):
+            t = int(model(input_ids=torch.tensor([ids])).logits[0, -1].argmax())
+            out.append(t)
+            ids.append(t)
+            if t in eos_ids:
+                break
+    return out
+
+
+def trajectories_of(prompt: list[int], gens: list[Any]) -> list[Any]:
+    """Single-turn trajectories holding `prompt` + each generation (ids, mask, sampling log-probs)."""
+    from textgym.agents.trajectory import Trajectory
+
+    out = []
+    for g in gens:
+        n = len(g.token_ids)
+        out.append(
+            Trajectory(
+                token_ids=torch.tensor(prompt + list(g.token_ids)),
+                loss_mask=torch.tensor([0.0] * len(prompt) + [1.0] * n),
+                logprobs=torch.cat([torch.zeros(len(prompt)), g.logprobs.float()]),
+                token_rewards=torch.zeros(len(prompt) + n),
+                prompt_length=len(prompt),
+                messages=[],
+                reward=0.0,
+            )
+        )
+    return out
+
+
+SAMPLES, MIN_DISTINCT, MIN_TOP_RANK = 32, 20, 64
+"""T = 1 samples of one prompt from the random tiny model: an untouched folder gives 32 distinct of
+32 with sampled tokens up to rank ~1020 of 1024 (a leaked top_k = 1 gives 1 distinct, all rank 0;
+transformers' own default top_k = 50 caps the rank at 49)."""
+
+
+def check_exact_sampling(generate: Any, model: Any, tokenizer: Any, eos_ids: list[int]) -> None:
+    """Assert that `generate(prompts, params)` samples exactly textgym's SamplingParams from `model`.
+
+    1. greedy equals `argmax_decode`; 2. SAMPLES samples of one prompt at T = 1 are diverse and reach
+    beyond any top-k default; 3. their recorded log-probs equal the trainer's recomputation
+    (`sequence_logprobs` at T = 1) to 1e-4, and so do samples at T = 0.7; 4. with top-k / top-p
+    on, every sampled token lies in the truncated set and its recorded log-prob is that of the
+    truncated distribution renormalised (`truncated_logprobs`), to 1e-4.
+    """
+    from textgym.agents import RolloutBatch, SamplingParams
+    from textgym.trainers.common import sequence_logprobs
+
+    prompt = list(
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": "Compute 3+4."}],
+            add_generation_prompt=True,
+            tokenize=True,
+            return_dict=False,
+        )
+    )
+    (g,) = generate([prompt], SamplingParams(temperature=0.0, max_new_tokens=12))
+    assert g.token_ids == argmax_decode(model, prompt, 12, eos_ids)
+    for T in (1.0, 0.7):
+        gens = generate([prompt] * SAMPLES, SamplingParams(temperature=T, max_new_tokens=8))
+        batch = RolloutBatch.from_trajectories(trajectories_of(prompt, gens), int(tokenizer.pad_token_id))
+        with torch.no_grad():
+            recomputed, _ = sequence_logprobs(model, batch, T)
+            out = model(
+                input_ids=batch.input_ids,
+                attention_mask=batch.attention_mask,
+                position_ids=batch.position_ids,
+            )
+        logits = out.logits[:, batch.prompt_width - 1 : -1]
+        diff = float(((recomputed - batch.old_logprobs) * batch.loss_mask).abs().max())
+        assert diff < 1e-4, f"T={T}: recorded log-probs differ from the trainer's by {diff}"
+        if T == 1.0:
+            distinct = len({tuple(x.token_ids) for x in gens})
+            assert distinct >= MIN_DISTINCT, f"only {distinct} distinct samples of {SAMPLES} at T = 1"
+            sampled = batch.input_ids[:, batch.prompt_width :]
+            rank = (logits > logits.gather(-1, sampled[..., None])).sum(-1)
+            top = int((rank * batch.loss_mask).max())
+            assert top >= MIN_TOP_RANK, f"sampled tokens never beyond rank {top}: a top-k is applied"
+
+    for T, top_k, top_p in [(1.0, 5, 1.0), (0.5, 0, 0.8), (0.7, 40, 0.9)]:
+        params = SamplingParams(temperature=T, top_k=top_k, top_p=top_p, max_new_tokens=8)
+        gens = generate([prompt] * 8, params)
+        batch = RolloutBatch.from_trajectories(trajectories_of(prompt, gens), int(tokenizer.pad_token_id))
+        with torch.no_grad():
+            out = model(
+                input_ids=batch.input_ids,
+                attention_mask=batch.attention_mask,
+                position_ids=batch.position_ids,
+            )
+        expected, ambiguous = truncated_logprobs(out.logits[:, batch.prompt_width - 1 : -1], T, top_k, top_p)
+        sampled = batch.input_ids[:, batch.prompt_width :]
+        expected = expected.gather(-1, sampled[..., None])[..., 0]
+        checked = batch.loss_mask.bool() & ~ambiguous
+        assert checked.sum() >= 0.75 * batch.loss_mask.sum()
+        assert torch.isfinite(expected[checked]).all(), f"{params}: a token outside the truncated set"
+        diff = float((expected - batch.old_logprobs)[checked].abs().max())
+        assert diff < 1e-4, f"{params}: recorded log-probs are not the truncated distribution's ({diff})"
+
+
+def truncated_logprobs(
+    logits: torch.Tensor, temperature: float, top_k: int, top_p: float, margin: float = 2e-5
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-probabilities of top-k then top-p sampling, written out: [..., V] logits -> ([..., V], [...]).
+
+    Keeps the k largest of logits / T, then the smallest most-likely set whose probability (after
+    the top-k renormalisation) reaches top_p, and renormalises over what is kept (-inf elsewhere).
+    The second tensor marks positions where a float rounding could change the kept set (the k-th and
+    (k+1)-th scores, or top_p and a cumulative mass, closer than `margin`).
+    """
+    s = logits.float() / temperature
+    ambiguous = torch.zeros(s.shape[:-1], dtype=torch.bool)
+    if top_k > 0:
+        top = s.topk(top_k + 1, dim=-1).values
+        ambiguous |= (top[..., -2] - top[..., -1]) < margin
+        s = s.masked_fill(s < top[..., -2:-1], float("-inf"))
+    if top_p < 1:
+        probs, order = s.softmax(-1).sort(dim=-1, descending=True)
+        before = probs.cumsum(-1) - probs  # mass of the more likely tokens
+        ambiguous |= ((before - top_p).abs() < margin).any(-1)
+        keep = torch.zeros_like(s, dtype=torch.bool).scatter(-1, order, before < top_p)
+        s = s.masked_fill(~keep, float("-inf"))
+    return s.log_softmax(-1), ambiguous

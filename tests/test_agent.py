@@ -3,7 +3,12 @@ from __future__ import annotations
 import gymnasium as gym
 import pytest
 import torch
-from conftest import EchoTurnsEnv
+from conftest import (
+    HOSTILE_DECODING_CONFIG,
+    EchoTurnsEnv,
+    check_exact_sampling,
+    hostile_copy,
+)
 
 import textgym  # noqa: F401
 from textgym.agents import LLMAgent, RolloutBatch, SamplingParams, rollout
@@ -306,3 +311,177 @@ def test_check_template_cli(tiny_model_dir, tmp_path):
     r = CliRunner().invoke(app, ["check-template", str(bad)], catch_exceptions=False)
     assert r.exit_code == 1 and "append-only: NO" in r.output and "rendering rewrites turn 1" in r.output
     assert "growing token sequence" in r.output
+
+
+def _gumbel_decode(model, prompt, temperature, seed, max_new_tokens, eos_ids):
+    """Seeded sampling written out by hand: plain forward passes, logits / T + Gumbel noise from one
+    generator seeded with `seed`, argmax (what `SeededGumbelNoise` promises)."""
+    g = torch.Generator().manual_seed(seed)
+    ids, out = list(prompt), []
+    with torch.no_grad():
+        for _ in range(max_new_tokens):
+            scores = model(input_ids=torch.tensor([ids])).logits[0, -1].float() / temperature
+            u = torch.rand(scores.shape[-1], generator=g)
+            u = u.clamp_(min=torch.finfo(u.dtype).tiny, max=1.0 - torch.finfo(u.dtype).eps)
+            t = int((scores - torch.log(-torch.log(u))).argmax())
+            out.append(t)
+            ids.append(t)
+            if t in eos_ids:
+                break
+    return out
+
+
+@pytest.mark.parametrize("folder", ["untouched", "hostile"])
+@pytest.mark.parametrize("seeded", [False, True], ids=["unseeded", "seeded"])
+def test_transformers_backend_samples_exactly_the_params_not_the_folder(
+    folder, seeded, tiny_model_dir, hostile_model_dir
+):
+    torch.manual_seed(0)
+    agent = LLMAgent.from_pretrained(tiny_model_dir if folder == "untouched" else hostile_model_dir)
+    if seeded:
+
+        def generate(prompts, params):
+            return agent.generate(prompts, params, seeds=[1000 + i for i in range(len(prompts))])
+
+    else:
+        generate = agent.generate
+    check_exact_sampling(generate, agent.model, agent.tokenizer, agent.backend.eos_ids)
+    if seeded:  # each seeded sample is the hand-written Gumbel-max decode of its seed
+        prompt = agent.encode_prompt([{"role": "user", "content": "Compute 1+2."}])
+        for T in (1.0, 0.7):
+            gens = generate([prompt] * 4, SamplingParams(temperature=T, max_new_tokens=8))
+            for i, gen in enumerate(gens):
+                assert gen.token_ids == _gumbel_decode(
+                    agent.model, prompt, T, 1000 + i, 8, agent.backend.eos_ids
+                )
+
+
+def test_decoding_method_fields_of_the_folder_do_not_apply(tiny_model_dir, tmp_path):
+    # num_beams, prompt lookup, guidance, watermarking, low_memory on top of every sampling field
+    folder = hostile_copy(tiny_model_dir, tmp_path / "hostile", HOSTILE_DECODING_CONFIG)
+    torch.manual_seed(0)
+    agent = LLMAgent.from_pretrained(folder)
+    saved = agent.model.generation_config
+    before = saved.to_dict()
+    check_exact_sampling(agent.generate, agent.model, agent.tokenizer, agent.backend.eos_ids)
+    # the model keeps its own generation config, unchanged (a user saving the model saves it)
+    assert agent.model.generation_config is saved and saved.to_dict() == before
+    assert saved.num_beams == 4 and saved.top_k == 1
+
+
+def test_lora_policy_samples_exactly_the_params(hostile_model_dir):
+    from textgym.config import LoraSettings
+    from textgym.models import load_model
+    from textgym.trainers.lora import apply_lora
+
+    torch.manual_seed(0)
+    model, tok = load_model(hostile_model_dir)
+    policy = apply_lora(model, LoraSettings(r=4, alpha=8))
+    for p in policy.parameters():  # non-zero adapters, so the policy is not the base model
+        if p.requires_grad:
+            torch.nn.init.normal_(p, std=0.05)
+    agent = LLMAgent(policy, tok)
+    check_exact_sampling(agent.generate, policy, tok, agent.backend.eos_ids)
+
+
+def test_generation_keeps_one_step_of_logits(tiny_model_dir, monkeypatch):
+    from textgym.agents import llm_agent
+
+    agent = LLMAgent.from_pretrained(tiny_model_dir)
+    V = agent.model.config.vocab_size
+    calls, held = [], []
+    real_generate = agent.model.generate
+
+    def generate(*args, **kwargs):
+        config = kwargs["generation_config"]
+        calls.append((bool(config.output_logits), bool(config.output_scores), config.return_dict_in_generate))
+        out = real_generate(*args, **kwargs)
+        assert isinstance(out, torch.Tensor)  # the sequences only, no per-step logits or scores
+        return out
+
+    real_call = llm_agent.SampledLogprobs.__call__
+
+    def call(self, input_ids, scores):
+        out = real_call(self, input_ids, scores)
+        tensors = [t for v in vars(self).values() for t in (v if isinstance(v, list) else [v])]
+        tensors = [t for t in tensors if isinstance(t, torch.Tensor)]
+        # one [B, V] step at most; every finished step is kept as [B]
+        held.append(
+            (sum(t.numel() >= V for t in tensors), {tuple(t.shape) for t in tensors if t.numel() < V})
+        )
+        return out
+
+    monkeypatch.setattr(agent.model, "generate", generate)
+    monkeypatch.setattr(llm_agent.SampledLogprobs, "__call__", call)
+    prompt = agent.encode_prompt([{"role": "user", "content": "Compute 3+4."}])
+    for params in (SamplingParams(max_new_tokens=10), SamplingParams(temperature=0, max_new_tokens=10)):
+        gens = agent.generate([prompt] * 3, params)
+        assert all(len(g.logprobs) == len(g.token_ids) for g in gens)
+    assert calls == [(False, False, False)] * 2
+    assert len(held) >= 10 and all(big == 1 and small <= {(3,)} for big, small in held)
+
+
+@pytest.mark.parametrize("sampled", ["<|im_end|>", "<|endoftext|>"])
+def test_a_turn_ends_with_exactly_the_end_of_turn_token_sampled(
+    sampled, tiny_model_dir, tmp_path, monkeypatch
+):
+    import json
+    import shutil
+
+    from textgym.agents.llm_agent import Generation
+
+    # As Qwen2.5 base models ship: the tokenizer's EOS is <|endoftext|>, the chat template closes
+    # turns with <|im_end|>, and generation_config.json stops at both.
+    folder = tmp_path / "two_eos"
+    shutil.copytree(tiny_model_dir, folder)
+    tok_config = json.loads((folder / "tokenizer_config.json").read_text())
+    tok_config["eos_token"] = "<|endoftext|>"
+    (folder / "tokenizer_config.json").write_text(json.dumps(tok_config))
+    agent = LLMAgent.from_pretrained(folder)
+    tok = agent.tokenizer
+    im_end, endoftext = tok.convert_tokens_to_ids(["<|im_end|>", "<|endoftext|>"])
+    assert tok.eos_token_id == endoftext
+    gen_config = json.loads((folder / "generation_config.json").read_text())
+    gen_config["eos_token_id"] = [im_end, endoftext]
+    (folder / "generation_config.json").write_text(json.dumps(gen_config))
+    agent = LLMAgent.from_pretrained(folder)
+    assert agent.backend.eos_ids == sorted([im_end, endoftext])
+    # the policy ends every turn with `sampled` (a scripted policy: the random tiny model would not)
+    end = tok.convert_tokens_to_ids(sampled)
+    reply = [*tok("I think so", add_special_tokens=False)["input_ids"], end]
+    monkeypatch.setattr(
+        agent,
+        "generate",
+        lambda prompts, params: [Generation(list(reply), torch.zeros(len(reply)), "stop") for _ in prompts],
+    )
+    (t,) = rollout(agent, [EchoTurnsEnv()], [0], SamplingParams(max_new_tokens=6))
+    assert [m["role"] for m in t.messages] == ["user", "assistant", "tool", "assistant", "tool", "assistant"]
+    assert all(m["content"] == "I think so" for m in t.messages if m["role"] == "assistant")
+    ids = t.token_ids.tolist()
+    # each assistant turn ends with exactly one end-of-turn token, the one sampled ...
+    policy_ends = [i for i in range(len(ids)) if t.loss_mask[i] == 1 and ids[i] in (im_end, endoftext)]
+    assert len(policy_ends) == 3 and all(ids[i] == end for i in policy_ends)
+    for i in policy_ends[:-1]:
+        assert ids[i + 1] not in (im_end, endoftext)
+    # ... and the sequence is the template's rendering, with the sampled token where the template
+    # closes the assistant turn
+    rendered = tok.apply_chat_template(t.messages, tokenize=False)
+    seen = tok.decode(ids).replace(sampled, "<|im_end|>")
+    assert seen + "\n" == rendered
+
+
+def test_neutral_generation_swaps_the_config_for_the_call_only(hostile_model_dir):
+    from textgym.agents.llm_agent import neutral_generation
+    from textgym.models import load_model
+
+    model, _ = load_model(hostile_model_dir)
+    saved = model.generation_config
+    with pytest.raises(RuntimeError, match="boom"), neutral_generation(model):
+        inside = model.generation_config
+        raise RuntimeError("boom")
+    assert model.generation_config is saved and saved.top_k == 1  # put back, even after an error
+    # inside: the special-token ids and nothing else
+    set_fields = {k: v for k, v in inside.to_diff_dict().items() if k != "transformers_version"}
+    assert set_fields == {"eos_token_id": saved.eos_token_id, "pad_token_id": saved.pad_token_id}
+    with pytest.raises(TypeError, match="no generation_config"), neutral_generation(torch.nn.Linear(2, 2)):
+        pass

@@ -9,6 +9,7 @@ import time
 import gymnasium as gym
 import pytest
 import uvicorn
+from conftest import argmax_decode, check_exact_sampling
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
@@ -254,3 +255,118 @@ def test_an_endpoint_that_dies_mid_eval_keeps_the_finished_episodes(warm_model_d
     assert resumed.per_task == local.per_task and 0 < resumed.accuracy < 1
     assert resumed.mean_response_tokens == local.mean_response_tokens
     assert len(episodes.read_text().splitlines()) == 32
+
+
+NEUTRAL_BODY = {
+    "top_k": 0,
+    "min_p": 0.0,
+    "repetition_penalty": 1.0,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+}
+"""The sampling fields vLLM's server fills from a model's generation_config.json when a request leaves
+them unset (`ModelConfig.get_diff_sampling_param`), at the values that turn each off."""
+
+
+def _capturing_app(bodies: list[dict]) -> FastAPI:
+    """A fake completions endpoint that records each request's JSON body."""
+    from fastapi import Body
+
+    app = FastAPI()
+
+    @app.post("/v1/completions")
+    def completions(body: dict = Body(...)) -> JSONResponse:  # noqa: B008
+        bodies.append(body)
+        choice = {"logprobs": {"tokens": ["token_id:5"], "token_logprobs": [-0.5]}, "finish_reason": "length"}
+        return JSONResponse({"choices": [choice]})
+
+    return app
+
+
+def test_openai_backend_spells_out_every_sampling_field():
+    bodies: list[dict] = []
+    url, server, thread = _serve(_capturing_app(bodies))
+    try:
+        backend = OpenAIBackend(url, "m", eos_ids=[0])
+        backend.generate([[1, 2]], SamplingParams(max_new_tokens=3))
+        backend.generate([[1, 2]], SamplingParams(temperature=0.7, top_p=0.9, top_k=5, max_new_tokens=4))
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+    assert bodies[0] == {
+        "model": "m",
+        "prompt": [1, 2],
+        "max_tokens": 3,
+        "temperature": 1.0,
+        "top_p": 1.0,
+        **NEUTRAL_BODY,
+        "logprobs": 1,
+        "return_tokens_as_token_ids": True,
+    }
+    assert {k: bodies[1][k] for k in ("temperature", "top_p", "top_k", "max_tokens")} == {
+        "temperature": 0.7,
+        "top_p": 0.9,
+        "top_k": 5,
+        "max_tokens": 4,
+    }
+    assert {k: bodies[1][k] for k in NEUTRAL_BODY if k != "top_k"} == {
+        k: v for k, v in NEUTRAL_BODY.items() if k != "top_k"
+    }
+
+
+def test_server_takes_the_neutral_sampling_fields_and_refuses_others(served, tiny_model_dir):
+    import httpx
+
+    base = {"prompt": [5, 6, 7], "max_tokens": 6, "temperature": 0, "logprobs": 1}
+    plain = httpx.post(served + "/v1/completions", json=base).json()
+    spelled = httpx.post(served + "/v1/completions", json={**base, **NEUTRAL_BODY, "min_tokens": 0}).json()
+    assert spelled["choices"][0]["text"] == plain["choices"][0]["text"]
+    minus_one = httpx.post(served + "/v1/completions", json={**base, "top_k": -1})  # vLLM's old "off"
+    assert minus_one.json()["choices"][0]["text"] == plain["choices"][0]["text"]
+    for field, value in [
+        ("repetition_penalty", 1.1),
+        ("min_p", 0.05),
+        ("presence_penalty", 0.5),
+        ("frequency_penalty", -0.5),
+        ("min_tokens", 3),
+    ]:
+        r = httpx.post(served + "/v1/completions", json={**base, field: value})
+        assert r.status_code == 400 and field in r.text and "temperature, top_p and top_k only" in r.text
+        chat = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3, field: value}
+        assert httpx.post(served + "/v1/chat/completions", json=chat).status_code == 400
+    # top-1 sampling at T = 1 is greedy decoding
+    chat = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3, **NEUTRAL_BODY, "top_k": 1}
+    r = httpx.post(served + "/v1/chat/completions", json=chat)
+    greedy = httpx.post(served + "/v1/chat/completions", json={**chat, "top_k": 0, "temperature": 0})
+    assert r.status_code == 200 and r.json()["choices"][0] == greedy.json()["choices"][0]
+
+
+def test_serve_and_openai_backend_sample_exactly_the_params_not_the_folder(hostile_model_dir):
+    import httpx
+
+    from textgym.models import load_model
+
+    model, tok = load_model(hostile_model_dir)
+    url, server, thread = _serve(build_app(hostile_model_dir, "hostile"))
+    try:
+        agent = LLMAgent.from_endpoint(url, "hostile", hostile_model_dir, concurrency=4)
+        check_exact_sampling(agent.generate, model, tok, agent.backend.eos_ids)
+        # a request that leaves every sampling field unset gets textgym's defaults (T = 1, no top-k /
+        # top-p, no penalty), not the folder's: greedy when asked, diverse otherwise
+        prompt = tok.apply_chat_template(
+            [{"role": "user", "content": "Hi"}], add_generation_prompt=True, tokenize=True, return_dict=False
+        )
+        body = {"prompt": list(prompt), "max_tokens": 8}
+        r = httpx.post(
+            url + "/v1/completions",
+            json={**body, "temperature": 0, "logprobs": 1, "return_tokens_as_token_ids": True},
+        ).json()
+        ids = [int(t.removeprefix("token_id:")) for t in r["choices"][0]["logprobs"]["tokens"]]
+        assert ids == argmax_decode(model, list(prompt), 8, agent.backend.eos_ids)
+        texts = {
+            httpx.post(url + "/v1/completions", json=body).json()["choices"][0]["text"] for _ in range(8)
+        }
+        assert len(texts) >= 6
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)

@@ -11,8 +11,8 @@ import os
 import gymnasium as gym
 import pytest
 import torch
-from conftest import WARM_ENV
-from test_serve import _serve
+from conftest import WARM_ENV, check_exact_sampling
+from test_serve import NEUTRAL_BODY, _capturing_app, _serve
 
 import textgym  # noqa: F401
 from textgym.agents import LLMAgent, SamplingParams, rollout
@@ -208,3 +208,77 @@ def test_lora_grpo_with_vllm_rollouts_serves_the_merged_weights(warm_model_dir, 
         assert max(diffs) > 1e-4
     finally:
         trainer.close()
+
+
+@pytest.fixture(scope="module")
+def hostile_vllm_agent(hostile_model_dir):
+    agent = LLMAgent.from_pretrained(hostile_model_dir, backend="vllm", vllm_kwargs={"dtype": "float32"})
+    yield agent
+    agent.backend.close()
+
+
+def test_vllm_backend_samples_exactly_the_params_not_the_folder(hostile_vllm_agent, hostile_model_dir):
+    model, tok = load_model(hostile_model_dir)
+    check_exact_sampling(hostile_vllm_agent.generate, model, tok, hostile_vllm_agent.backend.eos_ids)
+    # the engine's own defaults (what it would apply to a request without SamplingParams) are vLLM's
+    assert hostile_vllm_agent.backend.llm.llm_engine.model_config.get_diff_sampling_param() == {}
+
+
+def test_serve_with_vllm_samples_exactly_the_params_not_the_folder(hostile_model_dir):
+    from textgym.serve import build_app
+
+    model, tok = load_model(hostile_model_dir)
+    url, server, thread = _serve(
+        build_app(hostile_model_dir, "hostile", backend_name="vllm", vllm_kwargs={"dtype": "float32"})
+    )
+    try:
+        agent = LLMAgent.from_endpoint(url, "hostile", hostile_model_dir, concurrency=4)
+        check_exact_sampling(agent.generate, model, tok, agent.backend.eos_ids)
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+def test_a_vllm_server_applies_none_of_the_folder_defaults_to_openai_backend_requests(hostile_model_dir):
+    """vLLM's OpenAI server fills each sampling field a request leaves unset from the model's
+    generation_config.json; every field the `openai` backend sends is set, so none is filled."""
+    from vllm.config import ModelConfig
+    from vllm.entrypoints.openai.completion.protocol import CompletionRequest
+
+    from textgym.agents.openai_backend import OpenAIBackend
+
+    defaults = ModelConfig(model=str(hostile_model_dir)).get_diff_sampling_param()  # as `vllm serve` has it
+    assert defaults["top_k"] == 1 and defaults["repetition_penalty"] == 1000.0 and defaults["min_p"] == 0.9
+    bodies: list[dict] = []
+    url, server, thread = _serve(_capturing_app(bodies))
+    asked = [
+        SamplingParams(max_new_tokens=4),
+        SamplingParams(temperature=0.0, max_new_tokens=4),
+        SamplingParams(temperature=0.7, top_p=0.9, top_k=5, max_new_tokens=4),
+    ]
+    try:
+        for params in asked:
+            OpenAIBackend(url, "hostile", eos_ids=[2]).generate([[1, 2]], params)
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+    for body, params in zip(bodies, asked, strict=True):
+        sp = CompletionRequest(**body).to_sampling_params(body["max_tokens"], defaults)
+        got = (sp.temperature, sp.top_p, sp.top_k, sp.min_p, sp.max_tokens)
+        want = (params.temperature, params.top_p, params.top_k, 0.0, params.max_new_tokens)
+        if params.temperature == 0:  # vLLM resets truncation for greedy requests
+            want = (0.0, 1.0, 0, 0.0, params.max_new_tokens)
+        assert got == want
+        assert (sp.repetition_penalty, sp.presence_penalty, sp.frequency_penalty) == (
+            NEUTRAL_BODY["repetition_penalty"],
+            NEUTRAL_BODY["presence_penalty"],
+            NEUTRAL_BODY["frequency_penalty"],
+        )
+
+
+def test_the_vllm_backend_takes_no_generation_config(hostile_model_dir):
+    from textgym.agents.vllm_backend import VLLMBackend
+
+    for key, value in [("generation_config", "auto"), ("override_generation_config", {"top_k": 1})]:
+        with pytest.raises(ValueError, match="never a generation config"):
+            VLLMBackend(hostile_model_dir, [2], **{key: value})

@@ -6,6 +6,13 @@ with its log-probability, as vLLM's server does), `POST /v1/chat/completions` (m
 rendered by the model's chat template). Generation is textgym's transformers backend or,
 with `--backend vllm`, an in-process vLLM engine; one request at a time. The `openai` agent
 backend talks to this server or to any other OpenAI-compatible one.
+
+Sampling is exactly what a request asks: `temperature`, `top_p` and `top_k`, each defaulting
+to textgym's `SamplingParams` default (1.0, 1.0, 0 = off) when unset — never to the model
+folder's `generation_config.json`. The other sampling fields vLLM's server takes
+(`min_p`, `repetition_penalty`, `presence_penalty`, `frequency_penalty`, `min_tokens`) are
+accepted at their neutral values (what textgym's `openai` backend sends) and refused with
+HTTP 400 otherwise.
 """
 
 from __future__ import annotations
@@ -22,30 +29,63 @@ from pydantic import BaseModel, ConfigDict, Field
 from textgym.agents.llm_agent import SamplingParams, TransformersBackend
 from textgym.models import load_model, load_tokenizer
 
+_DEFAULT = SamplingParams()
 
-class CompletionRequest(BaseModel):
-    """The fields of OpenAI's completions request that textgym serves (others are ignored)."""
+NEUTRAL_SAMPLING_FIELDS: dict[str, float] = {
+    "min_p": 0.0,
+    "repetition_penalty": 1.0,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+    "min_tokens": 0,
+}
+"""Sampling fields of vLLM's server that textgym does not implement, with the value that turns each off."""
+
+
+class _Sampling(BaseModel):
+    """The sampling fields shared by both requests (unset: textgym's defaults)."""
 
     model_config = ConfigDict(extra="ignore")
+    temperature: float = Field(_DEFAULT.temperature, ge=0.0)
+    top_p: float = Field(_DEFAULT.top_p, gt=0.0, le=1.0)
+    top_k: int = Field(_DEFAULT.top_k, ge=-1, description="0 or -1: off (vLLM's convention)")
+    min_p: float = NEUTRAL_SAMPLING_FIELDS["min_p"]
+    repetition_penalty: float = NEUTRAL_SAMPLING_FIELDS["repetition_penalty"]
+    presence_penalty: float = NEUTRAL_SAMPLING_FIELDS["presence_penalty"]
+    frequency_penalty: float = NEUTRAL_SAMPLING_FIELDS["frequency_penalty"]
+    min_tokens: int = int(NEUTRAL_SAMPLING_FIELDS["min_tokens"])
+
+    def sampling_params(self, max_tokens: int) -> SamplingParams:
+        """The `SamplingParams` this request asks for.
+
+        Raises:
+            HTTPException: 400 when a field textgym does not implement is not at its neutral value.
+        """
+        bad = {k: getattr(self, k) for k, v in NEUTRAL_SAMPLING_FIELDS.items() if getattr(self, k) != v}
+        if bad:
+            raise HTTPException(
+                400,
+                f"textgym serve samples with temperature, top_p and top_k only; {bad} must be "
+                f"left unset or sent as { ({k: NEUTRAL_SAMPLING_FIELDS[k] for k in bad}) }",
+            )
+        return SamplingParams(self.temperature, self.top_p, max(self.top_k, 0), max_tokens)
+
+
+class CompletionRequest(_Sampling):
+    """The fields of OpenAI's completions request that textgym serves (others are ignored)."""
+
     model: str = ""
     prompt: str | list[int] | list[list[int]] | list[str]
     max_tokens: int = Field(16, ge=1, le=32768)
-    temperature: float = Field(1.0, ge=0.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    top_k: int = Field(0, ge=0)
     logprobs: int | None = Field(None, ge=0, le=1)
     return_tokens_as_token_ids: bool = False
 
 
-class ChatRequest(BaseModel):
+class ChatRequest(_Sampling):
     """The fields of OpenAI's chat completions request that textgym serves."""
 
-    model_config = ConfigDict(extra="ignore")
     model: str = ""
     messages: list[dict[str, Any]] = Field(min_length=1)
     max_tokens: int = Field(256, ge=1, le=32768)
-    temperature: float = Field(1.0, ge=0.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
     logprobs: bool = False
 
 
@@ -54,6 +94,7 @@ def build_app(
     served_name: str | None = None,
     device: str = "cpu",
     backend_name: str = "transformers",
+    vllm_kwargs: dict[str, Any] | None = None,
 ) -> FastAPI:
     """The server app for the model in `model_dir` (loaded once, on `device`).
 
@@ -62,6 +103,8 @@ def build_app(
         served_name: the model name clients ask for (default: the folder's name).
         device: where the transformers backend runs ("cpu", "cuda", ...).
         backend_name: "transformers" or "vllm" (`VLLMBackend`, which picks its own device).
+        vllm_kwargs: passed to `VLLMBackend` (e.g. `{"dtype": "float32"}`; its default "auto"
+            lets vLLM choose, which on CPU can be bfloat16 for a float32 checkpoint).
 
     Raises:
         FileNotFoundError / ValueError: from `load_model` when the folder is not a usable model,
@@ -82,7 +125,7 @@ def build_app(
         tokenizer = load_tokenizer(model_dir)
         gen = Path(model_dir) / "generation_config.json"
         eos = eos_token_ids(tokenizer, GenerationConfig.from_pretrained(model_dir) if gen.is_file() else None)
-        backend = VLLMBackend(model_dir, eos)
+        backend = VLLMBackend(model_dir, eos, **(vllm_kwargs or {}))
     else:
         raise ValueError(f"unknown backend {backend_name!r}; available: 'transformers', 'vllm'")
     name = served_name or Path(model_dir).name
@@ -115,7 +158,7 @@ def build_app(
         vocab = len(tokenizer)
         if any(not 0 <= t < vocab for p in prompts for t in p):
             raise HTTPException(400, f"prompt token ids must be in [0, {vocab})")
-        params = SamplingParams(req.temperature, req.top_p, req.top_k, req.max_tokens)
+        params = req.sampling_params(req.max_tokens)
         gens = sample(prompts, params)
         choices = []
         for i, g in enumerate(gens):
@@ -154,7 +197,7 @@ def build_app(
             )
         except Exception as e:
             raise HTTPException(400, f"cannot render the messages: {e}") from None
-        params = SamplingParams(req.temperature, req.top_p, 0, req.max_tokens)
+        params = req.sampling_params(req.max_tokens)
         (g,) = sample([list(ids)], params)  # type: ignore[arg-type]
         ids_out = g.token_ids[:-1] if g.finish_reason == "stop" else g.token_ids
         choice: dict[str, Any] = {

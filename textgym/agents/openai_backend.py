@@ -5,6 +5,13 @@ Prompts go out as token ids (`prompt: [ids]`) and the sampled tokens come back a
 support), so nothing is re-tokenized. Requests run concurrently (asyncio, at most
 `concurrency` at once), each with a timeout; 429, 5xx, timeouts and dropped connections
 are retried with exponential backoff, and a 4xx is an immediate, clear error.
+
+Every request spells out every sampling field: textgym's temperature, top_p and top_k, and
+the neutral value of min_p and the repetition, presence and frequency penalties
+(`SAMPLING_FIELDS_SENT`). vLLM's server fills each field a request leaves unset from the
+model folder's `generation_config.json` (e.g. Qwen2.5-Instruct's top_k 20, top_p 0.8,
+repetition_penalty 1.05), which would sample something other than what textgym asks and
+records log-probs the trainer cannot reproduce.
 """
 
 from __future__ import annotations
@@ -16,6 +23,31 @@ import httpx
 import torch
 
 from textgym.agents.llm_agent import Generation, SamplingParams
+
+SAMPLING_FIELDS_SENT = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "repetition_penalty",
+    "presence_penalty",
+    "frequency_penalty",
+)
+"""The sampling fields in every request: all those vLLM's server takes from a generation config."""
+
+
+def sampling_body(params: SamplingParams) -> dict[str, Any]:
+    """The request fields that make an OpenAI-compatible server sample exactly `params`."""
+    return {
+        "max_tokens": params.max_new_tokens,
+        "temperature": params.temperature,
+        "top_p": params.top_p,
+        "top_k": params.top_k,  # 0: off (vLLM and textgym serve)
+        "min_p": 0.0,
+        "repetition_penalty": 1.0,
+        "presence_penalty": 0.0,
+        "frequency_penalty": 0.0,
+    }
 
 
 class EndpointError(RuntimeError):
@@ -82,14 +114,10 @@ class OpenAIBackend:
         body: dict[str, Any] = {
             "model": self.model,
             "prompt": prompt,
-            "max_tokens": params.max_new_tokens,
-            "temperature": params.temperature,
-            "top_p": params.top_p,
+            **sampling_body(params),
             "logprobs": 1,
             "return_tokens_as_token_ids": True,
         }
-        if params.top_k:
-            body["top_k"] = params.top_k
         last = ""
         async with sem:
             for attempt in range(self.max_retries + 1):

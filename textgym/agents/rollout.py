@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from collections import defaultdict
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,15 +33,25 @@ def observation_tokens(
     tokenizer: PreTrainedTokenizerBase,
     observation: list[Message],
     ended_with_eos: bool,
-    eos_id: int,
+    eos_ids: int | Iterable[int],
     tools: list[dict[str, Any]] | None = None,
 ) -> list[int]:
     """Token ids that follow an assistant turn when the environment answers with `observation`.
 
     Renders a probe conversation with and without the new messages and keeps the
-    difference: the template's closing of the assistant turn (minus the end-of-turn
-    token when the policy already sampled it), the observation, and the next
+    difference: the template's closing of the assistant turn (minus its end-of-turn
+    token when the policy already sampled one), the observation, and the next
     generation prompt.
+
+    Args:
+        tokenizer: the policy's tokenizer, with its chat template.
+        observation: the messages the environment answered with.
+        ended_with_eos: whether the policy's turn ended with an end-of-turn token it sampled.
+        eos_ids: every end-of-turn id the backend stops at (its `eos_ids`). When the policy
+            ended its turn with any of them, the template's closing token (when it is one of
+            them) is dropped, so the turn ends with exactly one end-of-turn token — the one
+            sampled, e.g. Qwen's `<|endoftext|>` where the template writes `<|im_end|>`.
+        tools: the env's tool schemas, passed to the template as in the first prompt.
 
     The earlier turns are never re-rendered: the trajectory is the one growing token sequence
     the policy actually saw, even under templates that rewrite history when a conversation
@@ -65,7 +76,8 @@ def observation_tokens(
         )
     closing = before[before.rindex(_PROBE) + len(_PROBE) :]
     ids = tokenizer(closing + after[len(before) :], add_special_tokens=False)["input_ids"]
-    if ended_with_eos and ids and ids[0] == eos_id:
+    eos = {eos_ids} if isinstance(eos_ids, int) else set(eos_ids)
+    if ended_with_eos and ids and ids[0] in eos:
         ids = ids[1:]
     return list(ids)
 
@@ -133,7 +145,7 @@ def rollout(
             f"need {n} environments for {len(task_indices)} tasks x {group_size} samples, got {len(envs)}"
         )
     tok = agent.tokenizer
-    eos_id = int(tok.eos_token_id)  # type: ignore[arg-type]
+    eos_ids = list(agent.backend.eos_ids)
     episodes: list[_Episode] = []
     for g, ti in enumerate(task_indices):
         prompt_ids: list[int] | None = None
@@ -182,7 +194,7 @@ def rollout(
                 ep.done = True
                 ep.truncated = ep.truncated or (not terminated and ep.turns >= max_turns)
                 continue
-            env_ids = observation_tokens(tok, list(obs), gen.finish_reason == "stop", eos_id, ep.tools)
+            env_ids = observation_tokens(tok, list(obs), gen.finish_reason == "stop", eos_ids, ep.tools)
             ep.messages += list(obs)
             ep.token_ids += env_ids
             ep.loss_mask += [0.0] * len(env_ids)

@@ -1,10 +1,20 @@
 """The `vllm` generation backend: an in-process `vllm.LLM` engine that reports exact tokens.
 
 Prompts go in as token ids (`TokensPrompt`) and each response comes back as the sampled ids
-with their log-probabilities. The engine runs with `logprobs_mode="processed_logprobs"`, so
-a log-probability is `log_softmax(logits / T)` of the sampled id — the same quantity the
-transformers backend records and the trainer recomputes (with top-p/top-k at their
-defaults; with truncation on, vLLM renormalises over the kept tokens).
+with their log-probabilities. Sampling is exactly textgym's `SamplingParams`: the engine
+starts with `generation_config="vllm"` (vLLM's neutral defaults; a model folder's
+`generation_config.json` is read for its EOS ids only), and every request spells out the
+neutral value of each sampling field textgym does not use (no repetition, presence or
+frequency penalty, min_p 0, no min_tokens, no logit bias, no bad words).
+
+The engine runs with `logprobs_mode="processed_logprobs"`: vLLM's sampler
+(`vllm.v1.sample.sampler.Sampler`) takes the log-softmax of the logits after penalties
+(neutral here), temperature, min_p (off) and top-k / top-p, i.e. of the distribution the
+token is drawn from. A log-probability is therefore `log_softmax(logits / T)` of the sampled
+id — the same quantity the transformers backend records and the trainer recomputes — and,
+with top-k / top-p on, that of the truncated distribution renormalised over the kept
+tokens. Greedy requests (T = 0) record `log_softmax(logits)` (T = 1), as the transformers
+backend does.
 
 The engine core runs in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0` unless the caller
 set it), which is what lets a trainer push its updated weights straight into the engine's
@@ -53,10 +63,12 @@ class VLLMBackend:
         load_format: "auto" reads the weights from `model`; "dummy" starts with random
             weights that the caller replaces with `load_weights` (a trainer does this: only
             the config and tokenizer need to be on disk).
-        engine_kwargs: passed on to `vllm.LLM`.
+        engine_kwargs: passed on to `vllm.LLM` (not `generation_config` or
+            `override_generation_config`: sampling defaults never come from a model folder).
 
     Raises:
         ImportError: when vLLM is not installed (`pip install textgym[vllm]`).
+        ValueError: if `engine_kwargs` sets `generation_config` or `override_generation_config`.
     """
 
     def __init__(
@@ -73,6 +85,12 @@ class VLLMBackend:
         load_format: str = "auto",
         **engine_kwargs: Any,
     ):
+        for key in ("generation_config", "override_generation_config"):
+            if key in engine_kwargs:
+                raise ValueError(
+                    f"VLLMBackend does not take {key!r}: sampling is exactly textgym's SamplingParams, "
+                    "never a generation config's defaults"
+                )
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{kv_cache_gib:g}")
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
@@ -95,6 +113,7 @@ class VLLMBackend:
             seed=seed,
             load_format=load_format,
             logprobs_mode="processed_logprobs",
+            generation_config="vllm",  # vLLM's neutral sampling defaults, not the folder's
             gpu_memory_utilization=gpu_memory_utilization,
         )
         if max_model_len is not None:
@@ -149,7 +168,9 @@ class VLLMBackend:
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
         """One response per token-id prompt, in order.
 
-        A response's budget is `min(max_new_tokens, max_model_len − prompt length)`.
+        A response's budget is `min(max_new_tokens, max_model_len − prompt length)`. Each
+        request sets every vLLM sampling field: textgym's temperature, top-p and top-k (0 =
+        off), and the neutral value of the others.
 
         Raises:
             ValueError: if a prompt leaves no room for a response in `max_model_len`.
@@ -167,7 +188,16 @@ class VLLMBackend:
             return VSamplingParams(
                 temperature=params.temperature,
                 top_p=params.top_p,
-                top_k=params.top_k if params.top_k > 0 else -1,
+                top_k=params.top_k,  # 0: off
+                min_p=0.0,
+                repetition_penalty=1.0,
+                presence_penalty=0.0,
+                frequency_penalty=0.0,
+                min_tokens=0,
+                logit_bias=None,
+                allowed_token_ids=None,
+                bad_words=None,
+                ignore_eos=False,
                 max_tokens=min(params.max_new_tokens, self.max_model_len - n_prompt),
                 stop_token_ids=self.eos_ids,
                 logprobs=0,
