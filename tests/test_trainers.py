@@ -193,3 +193,26 @@ def test_sft_accumulation_is_invariant(tiny_model_dir, tmp_path):
         SFTTrainer(cfg, model, tok, tmp_path / str(micro)).train_step()
         grads.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]))
     torch.testing.assert_close(grads[1], grads[0], rtol=1e-5, atol=1e-7)
+
+
+def test_rollout_k3_metric_is_never_negative(tiny_model_dir, tmp_path):
+    """`kl/rollout_k3` on log-ratios below half an ulp of 1, where exp(x) − 1 − x rounds to −x < 0."""
+    seed_everything(0)
+    model, tok = load_model(tiny_model_dir)
+    cfg = grpo_cfg(steps=1, prompts_per_step=1, group_size=2, kl_coef=0.1)
+    trainer = GRPOTrainer(cfg, model, tok, tmp_path)
+    sample = trainer.sample
+
+    def confident_sample(metrics):
+        trajs = sample(metrics)
+        for t in trajs:  # log π_old = −1e-3 on every policy token (float32 resolves 1e-8 steps there)
+            t.logprobs = torch.where(t.loss_mask > 0, torch.tensor(-1e-3), t.logprobs)
+        return trajs
+
+    tiny = 3e-8  # log π_ref − log π_old
+    trainer.sample = confident_sample  # type: ignore[method-assign]
+    trainer._reference_logprobs = lambda batch: batch.old_logprobs + tiny * batch.loss_mask  # type: ignore[method-assign]
+    metrics = trainer.train_step()
+    x = torch.tensor(tiny)
+    assert float(x.exp() - 1 - x) < 0  # the naive formula's value on every token
+    assert 0.0 <= metrics["kl/rollout_k3"] <= 1e-14

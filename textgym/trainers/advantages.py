@@ -144,8 +144,10 @@ def token_level_rewards(
         rewards = rewards - kl_coef * kl
         n = mask.sum().clamp(min=1.0)
         seq = kl.sum(-1)
+        # k3 ≥ 0 in exact arithmetic may round a few ulps below 0: its metric is clamped.
+        kl_metric = kl.clamp(min=0.0) if estimator == "k3" else kl
         stats = {
-            "kl/ref": float(kl.sum() / n),
+            "kl/ref": float(kl_metric.sum() / n),
             "kl/ref_seq": float(seq.mean()),
             "reward/kl_penalty": float(-kl_coef * seq.mean()),
         }

@@ -54,7 +54,7 @@ from textgym.trainers.common import (
     save_lora_final,
     sequence_logprobs,
 )
-from textgym.trainers.losses import aggregate, clipped_policy_loss, rollout_correction
+from textgym.trainers.losses import aggregate, clipped_policy_loss, kl_estimate, rollout_correction
 
 EvalFn = Callable[[PreTrainedModel, PreTrainedTokenizerBase], dict[str, float]]
 
@@ -385,8 +385,8 @@ class OnPolicyTrainer:
         self._ref_logprobs = self._reference_logprobs(batch)
         if self._ref_logprobs is not None:
             # One KL measure whatever the estimator and placement: k3 of π_old vs π_ref per token.
-            lr = (self._ref_logprobs - batch.old_logprobs).clamp(-20.0, 20.0)
-            k3 = (lr.exp() - 1.0 - lr) * batch.loss_mask
+            # (expm1-based, clamped at 0: k3 ≥ 0 in exact arithmetic, a few ulps below in floats)
+            k3 = kl_estimate(batch.old_logprobs, self._ref_logprobs, "k3").clamp(min=0.0) * batch.loss_mask
             metrics["kl/rollout_k3"] = float(k3.sum() / batch.loss_mask.sum().clamp(min=1.0))
         advantages = self.compute_advantages(batch, trajs, metrics)
         metrics.update(self.update(batch, advantages, ref_logprobs=self._ref_logprobs))
