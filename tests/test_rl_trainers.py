@@ -74,19 +74,38 @@ def test_ppo_two_steps(warm_model_dir, tmp_path):
     assert (tmp_path / "critic" / "config.json").is_file() and (tmp_path / "final" / "config.json").is_file()
 
 
-def test_ppo_resume_gives_the_same_next_step(warm_model_dir, tmp_path):
+def test_ppo_kl_in_the_loss_uses_the_adaptive_controllers_beta(warm_model_dir, tmp_path):
+    """`kl_placement: loss` with `kl_target`: the loss's KL term is weighted by the logged `kl/coef`."""
+    seed_everything(0)
+    model, tok = load_model(warm_model_dir)
+    cfg = ppo_cfg(kl_placement="loss", kl_estimator="k3", kl_coef=0.5, kl_target=1.0, kl_horizon=8)
+    PPOTrainer(cfg, model, tok, tmp_path).train()
+    rows = records(tmp_path)
+    assert rows[0]["kl/coef"] == 0.5
+    assert rows[1]["kl/coef"] == pytest.approx(0.5 * 0.8, rel=1e-9)  # KL 0 < target: β·(1 − 0.2·8/8)
+    assert rows[1]["kl/ref"] > 1e-4  # the policy has left the reference after the first update
+    # One micro-batch, token_mean: loss/total = loss/policy + β·(token mean of k3) = … + β·kl/ref
+    kl_term = rows[1]["loss/total"] - rows[1]["loss/policy"]
+    assert kl_term == pytest.approx(rows[1]["kl/coef"] * rows[1]["kl/ref"], rel=1e-5)
+
+
+@pytest.mark.parametrize("placement", ["reward", "loss"])
+def test_ppo_resume_gives_the_same_next_step(warm_model_dir, tmp_path, placement):
+    cfg_beta = 0.05  # PPOConfig.kl_coef default
+
     def fresh(steps, stage_dir, resume=False):
         seed_everything(0)
         model, tok = load_model(warm_model_dir)
-        return PPOTrainer(
-            ppo_cfg(steps=steps, checkpoint_every=1, kl_target=0.5), model, tok, stage_dir, resume=resume
-        )
+        cfg = ppo_cfg(steps=steps, checkpoint_every=1, kl_target=0.5, kl_horizon=8, kl_placement=placement)
+        assert cfg.kl_coef == cfg_beta
+        return PPOTrainer(cfg, model, tok, stage_dir, resume=resume)
 
     straight = fresh(2, tmp_path / "a")
     straight.train()
     fresh(1, tmp_path / "b").train()
     resumed = fresh(2, tmp_path / "b", resume=True)
     assert resumed.step == 1
+    assert resumed.kl_ctl.value == records(tmp_path / "a")[1]["kl/coef"] != cfg_beta  # β restored
     resumed.train()
     a, b = records(tmp_path / "a")[1], records(tmp_path / "b")[1]
     for k in a:

@@ -290,6 +290,10 @@ class OnPolicyTrainer:
         """The critic's loss on a micro-batch (None: no critic)."""
         return None
 
+    def _loss_kl_coef(self) -> float:
+        """β of the KL term in the loss (`kl_placement: loss`): `cfg.kl_coef`; PPO's controller's β."""
+        return self.cfg.kl_coef
+
     def _critic_step(self) -> dict[str, float]:
         """Step the critic's optimizer after a minibatch; return its stats."""
         return {}
@@ -443,7 +447,7 @@ class OnPolicyTrainer:
             ref_logprobs = None
         elif ref_logprobs is None:
             ref_logprobs = self._reference_logprobs(batch)
-        kl_coef = cfg.kl_coef if cfg.kl_placement == "loss" else 0.0
+        kl_coef = self._loss_kl_coef() if cfg.kl_placement == "loss" else 0.0
         advantages = advantages.to(self.device)
         step_policy = self._update_policy() if step_policy is None else step_policy
         sums: dict[str, float] = defaultdict(float)

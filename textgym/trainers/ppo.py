@@ -13,7 +13,9 @@ values V(s_t) of the state before each response token; GAE(γ, λ) over policy t
 from the critic's value of its final state, a `terminated` one from 0); returns = Â + V;
 advantages whitened; then μ epochs over minibatches of the clipped surrogate for the policy
 and the (clipped) value loss for the critic, each with its own optimizer. β is fixed or
-adapted towards `kl_target` (`kl_control.AdaptiveKLController`).
+adapted towards `kl_target` (`kl_control.AdaptiveKLController`); wherever the KL goes (reward
+or loss) it is weighted by the controller's current β, which moves after each iteration's
+update from the KL of that iteration's rollouts.
 
 Distributed (torchrun), the critic is sharded like the policy; GAE runs per sequence on each
 rank's rows, while whitening, explained variance and the KL controller's measurement use
@@ -135,6 +137,7 @@ class PPOTrainer(OnPolicyTrainer):
             if cfg.kl_target is not None
             else FixedKLController(cfg.kl_coef)
         )
+        self._kl_measured: tuple[float, int] | None = None  # (KL per sequence, sequences) for kl_ctl
 
     def _extra_state(self) -> dict[str, Any]:
         return {"kl_coef": self.kl_ctl.value}
@@ -201,13 +204,19 @@ class PPOTrainer(OnPolicyTrainer):
         metrics["kl/coef"] = beta
         if cfg.whiten_advantages:
             adv = whiten(adv, mask, reduce=reduce)
+        # The controller moves β after this iteration's update (`update`), so the β in the reward
+        # or the loss of this iteration is the one logged as `kl/coef`.
         n_seqs = len(batch) * self.world.size
         if "kl/ref_seq" in kl_stats:
-            self.kl_ctl.update(distributed.mean(kl_stats["kl/ref_seq"]), n_seqs)
+            self._kl_measured = (distributed.mean(kl_stats["kl/ref_seq"]), n_seqs)
         elif self._ref_logprobs is not None:  # KL in the loss: still track it for the controller
             kl = (batch.old_logprobs - self._ref_logprobs) * mask
-            self.kl_ctl.update(distributed.mean(float(kl.sum(-1).mean())), n_seqs)
+            self._kl_measured = (distributed.mean(float(kl.sum(-1).mean())), n_seqs)
         return adv
+
+    def _loss_kl_coef(self) -> float:
+        """The controller's current β (fixed, or adapted towards `kl_target`)."""
+        return self.kl_ctl.value
 
     def update(
         self,
@@ -221,13 +230,18 @@ class PPOTrainer(OnPolicyTrainer):
         """The shared update (policy and critic, `cfg.epochs`), then critic-only passes up to `critic.epochs`.
 
         See `OnPolicyTrainer.update` for the arguments. The value stats returned are those
-        of the last pass.
+        of the last pass. With `kl_placement: loss` the KL term is weighted by the controller's
+        β (`kl_ctl.value`, logged as `kl/coef`); the controller then takes the KL measured by
+        `compute_advantages` and moves β for the next iteration (Ziegler et al. 2019, §2.2).
         """
         stats = super().update(batch, advantages, ref_logprobs, epochs=epochs, step_policy=step_policy)
         extra = self.cfg.critic.epochs - (self.cfg.epochs if epochs is None else epochs)
         if extra > 0:
             critic_stats = super().update(batch, advantages, ref_logprobs, epochs=extra, step_policy=False)
             stats.update({k: v for k, v in critic_stats.items() if k.startswith(("loss/value", "value/"))})
+        if self._kl_measured is not None:
+            self.kl_ctl.update(*self._kl_measured)
+            self._kl_measured = None
         return stats
 
     def _critic_loss(
