@@ -222,7 +222,10 @@ class RolloutEngineConfig(_Strict):
     and gets the policy's weights after every optimizer step (in memory, no checkpoint)."""
     tis: bool | None = None
     """Truncated importance sampling (Yao et al. 2025): weight each token's policy gradient by
-    min(π_old/π_rollout, tis_cap). null = on exactly when the engine is not the trainer."""
+    min(π_old/π_rollout, tis_cap), with π_old recomputed by the trainer's forward and the
+    `mismatch/*` metrics logged. null = on exactly when the engine is not the trainer (vLLM).
+    true on the transformers backend recomputes π_old too (one no-grad forward per step), for
+    when the KV-cached sampling and the padded training forward differ (bf16, FSDP)."""
     tis_cap: float = Field(2.0, gt=0.0)
     """C, the truncation of the importance weight."""
     vllm: VLLMEngineConfig = Field(default_factory=VLLMEngineConfig)

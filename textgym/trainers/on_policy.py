@@ -12,7 +12,10 @@ pass); `kl/old_approx` at the first minibatch measures any sampler/trainer misma
 the vLLM engine (`cfg.rollout.backend = "vllm"`), the trainer recomputes log π_old itself,
 logs the rollout/trainer mismatch (`mismatch/*`), weights the policy gradient by truncated
 importance weights (TIS, on by default there), and pushes the updated weights into the
-engine after each iteration's optimizer steps.
+engine after each iteration's optimizer steps. `rollout.tis: true` does the same on the
+transformers backend (one extra no-grad forward): the KV-cached decoding that sampled and
+the padded training forward compute slightly different probabilities under bf16 or FSDP,
+and TIS corrects for it exactly as it does for vLLM; by default it is off there.
 
 Under torchrun (`textgym.distributed`) every rank draws the same global task list, rolls
 out its contiguous slice of whole prompts (a group never straddles ranks) with the full
@@ -374,8 +377,10 @@ class OnPolicyTrainer:
         token_means = ("kl/rollout_k3", "kl/ref", "value/mean_rollout", "returns/mean")
         token_weights = {k: tokens for k in token_means}
         self._is_weights = None
-        if self.engine is not None:
+        if self.engine is not None or cfg.rollout.use_tis:
             # The engine's log-probs are π_rollout; the ratio's denominator is the trainer's π_old.
+            # With the transformers backend and `rollout.tis: true`, π_rollout is the KV-cached
+            # decoding's and π_old the padded training forward's (they differ under bf16/FSDP).
             rollout_logprobs = batch.old_logprobs
             batch.old_logprobs = self._trainer_logprobs(batch)
             weights, stats = rollout_correction(
@@ -578,10 +583,13 @@ class OnPolicyTrainer:
     def _trainer_logprobs(self, batch: RolloutBatch) -> torch.Tensor:
         """[B, L] log π_old of the batch's tokens under the current policy, in eval mode."""
         policy, T = self.policy, self.cfg.sampling.temperature
+        split = distributed.is_sharded(policy)  # every rank makes the same forward calls
         was_training = policy.training
         policy.eval()
         try:
-            return self.per_micro_batch(batch, lambda sub: sequence_logprobs(policy, sub, T)[0])
+            return self.per_micro_batch(
+                batch, lambda sub: sequence_logprobs(policy, sub, T, split_prompt=split)[0]
+            )
         finally:
             policy.train(was_training)
 
