@@ -176,6 +176,51 @@ def test_ppo_multi_turn_masks_env_tokens_and_bootstraps_truncation(tiny_model_di
     assert math.isfinite(metrics["loss/value"])
 
 
+def test_ppo_trains_the_kind_of_state_a_truncated_episode_bootstraps_from(tiny_model_dir, tmp_path):
+    """EchoTurns cut by TimeLimit after 2 of its 3 turns: the bootstrap reads V after turn 2.
+
+    The critic now trains the state after each mid-episode turn (target: the return of the next
+    turn's first token, here 1 + V_boot = 1), so over critic updates V there goes to its target,
+    and V after turn 2, read by the bootstrap, to the true value of what the cut took away (the
+    third turn's reward, 1). Before, the value loss covered only the states before policy tokens
+    and V there drifted to ≈ 2 (the first turn's tokens' return), which the bootstrap then read.
+    """
+    seed_everything(0)
+    model, tok = load_model(tiny_model_dir)
+    cfg = ppo_cfg(
+        env={"id": ECHO_ENV_ID},
+        prompts_per_step=2,
+        group_size=2,
+        kl_coef=0.0,
+        lam=1.0,
+        whiten_advantages=False,
+        critic_warmup_steps=10**6,  # the critic alone
+        critic={"optim": {"lr": 3e-3}, "value_clip": None},
+    )
+    trainer = PPOTrainer(cfg, model, tok, tmp_path)
+    trajs = trainer.collect(cfg.prompts_per_step)
+    assert all(t.truncated for t in trajs)
+    batch = RolloutBatch.from_trajectories(trajs, tok.pad_token_id)
+    adv = trainer.compute_advantages(batch, trajs, {})
+    mask, L = batch.loss_mask, batch.loss_mask.shape[1]
+    ends = torch.zeros_like(mask)  # the state just after turn 1's last policy token, in each row
+    for i in range(len(batch)):
+        c = int(mask[i].nonzero().flatten()[-1])  # turn 2's last token; turn 1 ends before the env's tokens
+        c = max(t for t in range(1, c) if mask[i, t - 1] == 1 and mask[i, t] == 0)
+        ends[i, c] = 1.0
+        assert float(trainer._returns[i, int(mask[i, c:].nonzero()[0]) + c]) == 1.0  # turn 2's first token
+    n = batch.attention_mask[:, batch.prompt_width :].sum(-1)
+    for _ in range(100):
+        trainer.update(batch, adv)
+    with torch.no_grad():
+        values = sequence_values(trainer.critic, batch)
+    torch.testing.assert_close(values[:, :L][ends > 0], torch.ones(len(batch)), rtol=0, atol=0.02)
+    bootstrap = values.gather(1, n[:, None])[:, 0]  # what GAE reads for these truncated episodes
+    torch.testing.assert_close(bootstrap, torch.ones(len(batch)), rtol=0, atol=0.1)
+    assert torch.equal(trainer._critic_mask, mask + ends)  # the value loss's positions
+    assert torch.equal(trainer._value_targets * ends, ends)  # target 1 = the next turn's return
+
+
 @pytest.mark.parametrize(
     "over",
     [

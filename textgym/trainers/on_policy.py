@@ -288,9 +288,13 @@ class OnPolicyTrainer:
         raise NotImplementedError
 
     def _critic_loss(
-        self, sub: RolloutBatch, rows: torch.Tensor, num_seqs: int, num_tokens: float
+        self, sub: RolloutBatch, rows: torch.Tensor, minibatch: torch.Tensor, num_tokens: float
     ) -> tuple[torch.Tensor, dict[str, float]] | None:
-        """The critic's loss on a micro-batch (None: no critic)."""
+        """The critic's loss on the micro-batch `rows` of `minibatch` (None: no critic).
+
+        `num_tokens` is this rank's share of the minibatch's policy tokens (the policy loss's
+        denominator); a critic that trains other positions too computes its own.
+        """
         return None
 
     def _loss_kl_coef(self) -> float:
@@ -471,7 +475,7 @@ class OnPolicyTrainer:
                     micro_d = micro.to(self.device)
                     Lm = sub.loss_mask.shape[1]
                     w = float(sub.loss_mask.sum())
-                    critic = self._critic_loss(sub, micro_d, len(mb), num_tokens)
+                    critic = self._critic_loss(sub, micro_d, mb, num_tokens)
                     if critic is not None:
                         critic[0].backward()
                         for k, v in critic[1].items():

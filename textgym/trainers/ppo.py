@@ -12,7 +12,21 @@ values V(s_t) of the state before each response token; GAE(γ, λ) over policy t
 (environment tokens of multi-turn episodes are skipped, a `truncated` episode bootstraps
 from the critic's value of its final state, a `terminated` one from 0); returns = Â + V;
 advantages whitened; then μ epochs over minibatches of the clipped surrogate for the policy
-and the (clipped) value loss for the critic, each with its own optimizer. β is fixed or
+and the (clipped) value loss for the critic, each with its own optimizer.
+
+Truncation. verl and OpenRLHF treat the end of every response as terminal (the value after
+the last response token is 0, nothing is bootstrapped), which is right for a response cut
+by its length budget but not for gymnasium's `truncated`: an episode cut by `TimeLimit`
+(or `max_turns`) would have continued, and its last state's value is the expected return
+still to come. That value cannot be a regression target of the truncated episode itself
+(nothing of it was observed; its only consistent λ-return is V itself). It is learnt from
+the same kind of state mid-episode instead: the state after a turn's last policy token,
+whose target is the return of the next turn's first token (the environment's reply carries
+no reward or discount; `advantages.turn_end_value_targets`). Those states join the policy
+tokens' in the value loss, so the bootstrap reads a kind of position the critic is trained
+on (Pardo et al. 2018, "Time Limits in Reinforcement Learning", arXiv:1712.00378:
+partial-episode bootstrapping). A batch of single-turn episodes has no such state, and its
+value loss is unchanged. β is fixed or
 adapted towards `kl_target` (`kl_control.AdaptiveKLController`); wherever the KL goes (reward
 or loss) it is weighted by the controller's current β, which moves after each iteration's
 update from the KL of that iteration's rollouts.
@@ -34,7 +48,14 @@ from transformers import AutoModelForTokenClassification, PreTrainedModel
 from textgym import distributed
 from textgym.agents.trajectory import RolloutBatch, Trajectory
 from textgym.config import PPOConfig
-from textgym.trainers.advantages import explained_variance, gae, masked_mean, token_level_rewards, whiten
+from textgym.trainers.advantages import (
+    explained_variance,
+    gae,
+    masked_mean,
+    token_level_rewards,
+    turn_end_value_targets,
+    whiten,
+)
 from textgym.trainers.common import (
     build_optimizer,
     load_optimizer,
@@ -95,7 +116,9 @@ def sequence_values(critic: PreTrainedModel, batch: RolloutBatch) -> torch.Tenso
 
     Column t < L is V(s_t), the value of the prefix before response token t (read from the
     head at position P − 1 + t); column n_i (the row's response length) is the value of the
-    whole sequence, used to bootstrap a truncated episode.
+    whole sequence, the state after its last turn, used to bootstrap a truncated episode.
+    The value loss trains that kind of state at the mid-episode turn ends
+    (`advantages.turn_end_value_targets`).
 
     Args:
         critic: a token-classification model with one label.
@@ -196,7 +219,12 @@ class PPOTrainer(OnPolicyTrainer):
         final_value = values_all.gather(1, n_cols[:, None].clamp(max=L))[:, 0]
         bootstrap = torch.where(truncated, final_value, torch.zeros_like(final_value))
         adv, returns = gae(rewards, values, mask, gamma=cfg.gamma, lam=cfg.lam, bootstrap=bootstrap)
-        self._old_values, self._returns = values * mask, returns
+        # The critic trains on the policy tokens' states and on the mid-episode turn ends, the
+        # kind of state the bootstrap above reads (`turn_end_value_targets`).
+        ends, end_targets = turn_end_value_targets(mask, returns)
+        self._critic_mask = mask + ends
+        self._old_values, self._returns = values * self._critic_mask, returns
+        self._value_targets = returns + end_targets
         reduce = distributed.all_reduce_sum  # batch statistics over every rank's rows
         metrics["value/explained_variance"] = explained_variance(values, returns, mask, reduce=reduce)
         metrics["value/mean_rollout"] = float(masked_mean(values, mask))  # token-weighted over ranks
@@ -245,21 +273,28 @@ class PPOTrainer(OnPolicyTrainer):
         return stats
 
     def _critic_loss(
-        self, sub: RolloutBatch, rows: torch.Tensor, num_seqs: int, num_tokens: float
+        self, sub: RolloutBatch, rows: torch.Tensor, minibatch: torch.Tensor, num_tokens: float
     ) -> tuple[torch.Tensor, dict[str, float]]:
+        """The value loss over the critic's positions: policy tokens' states and mid-episode turn ends.
+
+        Its token denominator is this rank's share of the minibatch's critic positions (the
+        policy tokens plus the turn ends), so micro-batches and ranks add up to the whole
+        minibatch's loss as for the policy.
+        """
         cfg = self.cfg
         self.critic.train()
         Lm = sub.loss_mask.shape[1]
         values = sequence_values(self.critic, sub)[:, :Lm]
+        critic_tokens = float(self._critic_mask[minibatch].sum())
         return value_loss(
             values,
             self._old_values[rows, :Lm],
-            self._returns[rows, :Lm],
-            sub.loss_mask,
+            self._value_targets[rows, :Lm],
+            self._critic_mask[rows, :Lm],
             clip_range=cfg.critic.value_clip,
             aggregation=cfg.loss_aggregation,
-            num_seqs=num_seqs,
-            num_tokens=num_tokens,
+            num_seqs=len(minibatch),
+            num_tokens=max(distributed.share(critic_tokens), 1.0 / self.world.size),
             norm_len=cfg.sampling.max_new_tokens,
         )
 
