@@ -429,3 +429,43 @@ def test_dpo_with_lora_trains_adapters_against_the_base_models_log_probs(
     merged, _ = load_model(final)
     assert not is_lora(merged)
     assert any(not torch.equal(v, before[k]) for k, v in merged.state_dict().items())
+
+
+def _unpaired_table(tok, n=8, seed=0):
+    """`n` synthetic KTO examples (random prompt and completion ids, alternating labels)."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.arange(10, 200)  # ordinary BPE ids of the tiny tokenizer
+    rows = []
+    for i in range(n):
+        prompt = ids[torch.randint(len(ids), (3 + i % 3,), generator=g)].tolist()
+        completion = [*ids[torch.randint(len(ids), (2 + i % 4,), generator=g)].tolist(), tok.eos_token_id]
+        rows.append(
+            {"env_id": "e", "task_id": f"t/{i}", "prompt_ids": prompt, "completion_ids": completion,
+             "completion_mask": [1] * len(completion), "reward": float(i % 2), "desirable": bool(i % 2)}
+        )  # fmt: skip
+    return pa.Table.from_pylist(rows, schema=UNPAIRED_SCHEMA)
+
+
+def test_kto_gradient_does_not_depend_on_the_micro_batch_size(tiny_model_dir, tmp_path):
+    """KTO's z₀ is the whole optimizer batch's: 1 micro-batch of 8 == 4 micro-batches of 2."""
+    grads, kls = [], []
+    for micro in (8, 2):
+        model, tok = load_model(tiny_model_dir)
+        cfg = PreferenceConfig.model_validate(
+            {"env": WARM_ENV, "loss": "kto", "beta": 1.0, "batch_size": 8, "micro_batch_size": micro,
+             "optim": {"lr": 1e-3, "max_grad_norm": None}}
+        )  # fmt: skip
+        trainer = PreferenceTrainer(cfg, model, tok, tmp_path / str(micro), unpaired=_unpaired_table(tok))
+        with torch.no_grad():  # move the policy away from the reference (r = 0, z₀ = 0 at the start)
+            g = torch.Generator().manual_seed(0)
+            for p in model.parameters():
+                p.add_(0.05 * torch.randn(p.shape, generator=g))
+        # and make the mismatched pairs' log π − log π_ref differ by example, positive on the whole
+        # batch but not in every micro-batch: per-micro-batch z₀ would then differ from the batch's
+        trainer.reference["second"] -= torch.linspace(-2.0, 8.0, 8)
+        metrics = trainer.train_step()
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]))
+        kls.append(metrics["kl"])
+    assert grads[0].abs().max() > 0
+    torch.testing.assert_close(grads[1], grads[0], rtol=1e-5, atol=1e-7)
+    assert kls[0] > 0 and kls[1] == pytest.approx(kls[0], rel=1e-6)
