@@ -473,11 +473,12 @@ class GRPOConfig(_PolicyGradientConfig):
     scale_rewards: Literal["group", "batch", "none"] = "group"
     """GRPO advantage scaling: per-group std (GRPO), batch std, or none (Dr. GRPO)."""
     dynamic_sampling: bool = False
-    """DAPO's dynamic sampling: drop groups whose rewards are all equal and sample more tasks
-    until the batch is full."""
+    """DAPO's dynamic sampling: drop groups whose accuracy is all equal (all correct or all wrong:
+    the env's `reward/correct` term, else the reward without the overlong penalty) and sample more
+    tasks until the batch is full."""
     max_sampling_tries: int = Field(4, ge=1)
     """Rollout rounds per step with dynamic sampling; after the cap the batch is filled with
-    dropped groups (they carry zero advantage)."""
+    dropped groups, which are masked out of the loss (no gradient, not counted in its normaliser)."""
 
 
 class CriticConfig(_Strict):

@@ -21,7 +21,7 @@ def aggregate(
     mask: torch.Tensor,
     mode: Aggregation = "seq_mean_token_mean",
     *,
-    num_seqs: int | None = None,
+    num_seqs: float | None = None,
     num_tokens: float | None = None,
     norm_len: int | None = None,
 ) -> torch.Tensor:
@@ -38,7 +38,8 @@ def aggregate(
         values: [B, L] per-token loss.
         mask: [B, L] 1.0 on tokens that count.
         mode: one of the three above.
-        num_seqs: B of the whole minibatch when `values` is one micro-batch of it.
+        num_seqs: B of the whole minibatch when `values` is one micro-batch of it (the rows
+            that count: a trainer that masks rows out of the loss leaves them out of it too).
         num_tokens: Σ mask of the whole minibatch when `values` is one micro-batch of it.
         norm_len: the constant length of `seq_mean_token_sum_norm` (default: L).
 
@@ -140,7 +141,7 @@ def clipped_policy_loss(
     ref_logprobs: torch.Tensor | None = None,
     kl_coef: float = 0.0,
     kl_estimator: KLEstimator = "k3",
-    num_seqs: int | None = None,
+    num_seqs: float | None = None,
     num_tokens: float | None = None,
     norm_len: int | None = None,
     dual_clip: float | None = None,
@@ -283,7 +284,7 @@ def value_loss(
     *,
     clip_range: float | None = 0.2,
     aggregation: Aggregation = "token_mean",
-    num_seqs: int | None = None,
+    num_seqs: float | None = None,
     num_tokens: float | None = None,
     norm_len: int | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:

@@ -185,6 +185,7 @@ class OnPolicyTrainer:
         self.step = 0
         self._ref_logprobs: torch.Tensor | None = None
         self._is_weights: torch.Tensor | None = None
+        self._loss_rows: torch.Tensor | None = None  # [B] bool set by `sample`: rows in the loss
         self._setup(updates)  # subclass models are built from the unsharded policy, then sharded
         self.policy = self._shard(model)
         if self.reference is not None:
@@ -352,7 +353,11 @@ class OnPolicyTrainer:
         return trajs
 
     def sample(self, metrics: dict[str, float]) -> list[Trajectory]:
-        """The step's trajectories (`prompts_per_step × group_size` in all); subclasses may resample."""
+        """The step's trajectories (`prompts_per_step × group_size` in all); subclasses may resample.
+
+        A subclass may set `self._loss_rows` ([B] bool, this rank's rows) to leave rows out of
+        the loss: their tokens are masked and they count in neither `num_tokens` nor `num_seqs`.
+        """
         trajs = self.collect(self.cfg.prompts_per_step)
         metrics.update(rollout_metrics(trajs))
         return trajs
@@ -362,6 +367,7 @@ class OnPolicyTrainer:
         cfg = self.cfg
         t0 = time.perf_counter()
         metrics: dict[str, float] = {}
+        self._loss_rows = None
         trajs = self.sample(metrics)
         t_rollout = time.perf_counter() - t0
         if cfg.log_trajectories:
@@ -374,6 +380,9 @@ class OnPolicyTrainer:
             cut = torch.tensor([t.finish_reason == "length" for t in trajs], device=self.device)
             batch.loss_mask = batch.loss_mask * (~cut).float()[:, None]
             metrics["rollout/overlong_masked"] = float(cut.float().mean())
+        loss_rows = None if self._loss_rows is None else self._loss_rows.to(self.device)
+        if loss_rows is not None:  # e.g. DAPO's filler groups: out of the loss and its normalisers
+            batch.loss_mask = batch.loss_mask * loss_rows.float()[:, None]
 
         t1 = time.perf_counter()
         # Token means are combined over ranks weighted by each rank's policy tokens.
@@ -402,7 +411,7 @@ class OnPolicyTrainer:
             k3 = kl_estimate(batch.old_logprobs, self._ref_logprobs, "k3").clamp(min=0.0) * batch.loss_mask
             metrics["kl/rollout_k3"] = float(k3.sum() / batch.loss_mask.sum().clamp(min=1.0))
         advantages = self.compute_advantages(batch, trajs, metrics)
-        metrics.update(self.update(batch, advantages, ref_logprobs=self._ref_logprobs))
+        metrics.update(self.update(batch, advantages, ref_logprobs=self._ref_logprobs, loss_rows=loss_rows))
         t_update = time.perf_counter() - t1
         if self.engine is not None:
             t2 = time.perf_counter()
@@ -430,6 +439,7 @@ class OnPolicyTrainer:
         *,
         epochs: int | None = None,
         step_policy: bool | None = None,
+        loss_rows: torch.Tensor | None = None,
     ) -> dict[str, float]:
         """μ epochs over shuffled minibatches of `batch`, accumulating over micro-batches.
 
@@ -440,6 +450,9 @@ class OnPolicyTrainer:
                 loss and it is not given).
             epochs: passes over the batch (default `cfg.epochs`).
             step_policy: False trains only the critic (default: `_update_policy()`).
+            loss_rows: [B] bool, the rows that count in the policy loss (None: all). The
+                others must have their `loss_mask` zeroed already (so they are out of
+                `num_tokens`); here they are left out of `num_seqs` too.
 
         Returns:
             Loss, KL, clip, entropy and gradient-norm metrics, averaged over optimizer steps
@@ -467,6 +480,9 @@ class OnPolicyTrainer:
             for mb in chunks(torch.randperm(len(batch)), self.minibatch_size):
                 # The global Σ mask (at least 1) divided by the ranks: see the docstring.
                 num_tokens = max(distributed.share(float(batch.loss_mask[mb].sum())), 1.0 / self.world.size)
+                num_seqs: float = len(mb)
+                if loss_rows is not None:
+                    num_seqs = max(distributed.share(float(loss_rows[mb].sum())), 1.0 / self.world.size)
                 self.optimizer.zero_grad(set_to_none=True)
                 micros = chunks(mb, self.micro_batch_size)
                 for i, micro in enumerate(micros):
@@ -501,7 +517,7 @@ class OnPolicyTrainer:
                         ref_logprobs=None if ref_logprobs is None else ref_logprobs[micro_d, :Lm],
                         kl_coef=kl_coef,
                         kl_estimator=cfg.kl_estimator,
-                        num_seqs=len(mb),
+                        num_seqs=num_seqs,
                         num_tokens=num_tokens,
                         norm_len=cfg.sampling.max_new_tokens,
                         is_weights=is_w,

@@ -254,6 +254,7 @@ class PPOTrainer(OnPolicyTrainer):
         *,
         epochs: int | None = None,
         step_policy: bool | None = None,
+        loss_rows: torch.Tensor | None = None,
     ) -> dict[str, float]:
         """The shared update (policy and critic, `cfg.epochs`), then critic-only passes up to `critic.epochs`.
 
@@ -262,10 +263,14 @@ class PPOTrainer(OnPolicyTrainer):
         β (`kl_ctl.value`, logged as `kl/coef`); the controller then takes the KL measured by
         `compute_advantages` and moves β for the next iteration (Ziegler et al. 2019, §2.2).
         """
-        stats = super().update(batch, advantages, ref_logprobs, epochs=epochs, step_policy=step_policy)
+        stats = super().update(
+            batch, advantages, ref_logprobs, epochs=epochs, step_policy=step_policy, loss_rows=loss_rows
+        )
         extra = self.cfg.critic.epochs - (self.cfg.epochs if epochs is None else epochs)
         if extra > 0:
-            critic_stats = super().update(batch, advantages, ref_logprobs, epochs=extra, step_policy=False)
+            critic_stats = super().update(
+                batch, advantages, ref_logprobs, epochs=extra, step_policy=False, loss_rows=loss_rows
+            )
             stats.update({k: v for k, v in critic_stats.items() if k.startswith(("loss/value", "value/"))})
         if self._kl_measured is not None:
             self.kl_ctl.update(*self._kl_measured)
