@@ -469,3 +469,12 @@ def test_kto_gradient_does_not_depend_on_the_micro_batch_size(tiny_model_dir, tm
     assert grads[0].abs().max() > 0
     torch.testing.assert_close(grads[1], grads[0], rtol=1e-5, atol=1e-7)
     assert kls[0] > 0 and kls[1] == pytest.approx(kls[0], rel=1e-6)
+
+
+@pytest.mark.parametrize(("loss", "beta"), [("dpo", 0.1), ("ipo", 0.1), ("kto", 0.1), ("simpo", 2.0)])
+def test_beta_defaults_to_each_losss_paper(loss, beta):
+    cfg = PreferenceConfig.model_validate({"env": WARM_ENV, "loss": loss})
+    assert cfg.beta == beta  # SimPO: Meng et al. 2024 use 2.0-2.5; 0.1 elsewhere
+    assert PreferenceConfig.model_validate({"env": WARM_ENV, "loss": loss, "beta": 0.7}).beta == 0.7
+    assert load_config(None, [f"dpo.loss={loss}"], name="x", model={"init_preset": "tiny"},
+                       dpo={"env": WARM_ENV}).dpo.beta == beta  # fmt: skip

@@ -281,6 +281,12 @@ class PairConfig(_Strict):
     """KTO: a response is desirable when its reward is at least this."""
 
 
+DPO_BETA = 0.1
+"""β of DPO, IPO (τ) and KTO when the config leaves it unset."""
+SIMPO_BETA = 2.0
+"""β of SimPO when the config leaves it unset (Meng et al. 2024 tune it in 2.0–2.5)."""
+
+
 class PreferenceConfig(_Strict):
     """Offline preference optimisation from logged rollouts: DPO, IPO, KTO, SimPO or ORPO.
 
@@ -300,8 +306,11 @@ class PreferenceConfig(_Strict):
     """Rollout collection per round."""
     pairs: PairConfig = Field(default_factory=PairConfig)
     """Pair building per round."""
-    beta: float = Field(0.1, gt=0.0)
-    """β (DPO, KTO, SimPO) or τ (IPO)."""
+    beta: float = Field(None, gt=0.0)  # type: ignore[assignment]  # null: set per loss (_beta_of_the_loss)
+    """β (DPO, KTO, SimPO) or τ (IPO). Unset (null), it follows the loss's paper: 0.1 for DPO, IPO
+    and KTO (Rafailov et al. 2023; Ethayarajh et al. 2024), 2.0 for SimPO (Meng et al. 2024,
+    arXiv:2405.14734, whose tuned β is 2.0–2.5; at 0.1 its length-normalised margin barely moves
+    the sigmoid). ORPO does not use it (`orpo_lambda`)."""
     label_smoothing: float = Field(0.0, ge=0.0, lt=0.5)
     """DPO/SimPO: probability a preference label is flipped."""
     simpo_gamma: float = Field(1.0, ge=0.0)
@@ -329,6 +338,13 @@ class PreferenceConfig(_Strict):
     """Save a checkpoint every this many steps (0 = only at the end)."""
     keep_checkpoints: int = Field(2, ge=1)
     """How many of the latest checkpoints to keep."""
+
+    @field_validator("beta", mode="before")
+    @classmethod
+    def _beta_of_the_loss(cls, v: Any, info: Any) -> Any:
+        if v is None:  # `loss` is validated before `beta` (field order)
+            return SIMPO_BETA if info.data.get("loss") == "simpo" else DPO_BETA
+        return v
 
     @property
     def uses_reference(self) -> bool:
