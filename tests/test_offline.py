@@ -478,3 +478,60 @@ def test_beta_defaults_to_each_losss_paper(loss, beta):
     assert PreferenceConfig.model_validate({"env": WARM_ENV, "loss": loss, "beta": 0.7}).beta == 0.7
     assert load_config(None, [f"dpo.loss={loss}"], name="x", model={"init_preset": "tiny"},
                        dpo={"env": WARM_ENV}).dpo.beta == beta  # fmt: skip
+
+
+def _pair_table(tok, n=6, seed=0):
+    """`n` synthetic preference pairs (random prompt, chosen and rejected ids)."""
+    from textgym.offline import PAIR_SCHEMA
+
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.arange(10, 200)
+
+    def some(k):
+        return [*ids[torch.randint(len(ids), (k,), generator=g)].tolist(), tok.eos_token_id]
+
+    rows = []
+    for i in range(n):
+        chosen, rejected = some(2 + i % 3), some(3 + i % 2)
+        rows.append(
+            {"env_id": "e", "task_id": f"t/{i}", "prompt_ids": some(3)[:-1], "chosen_ids": chosen,
+             "chosen_mask": [1] * len(chosen), "rejected_ids": rejected, "rejected_mask": [1] * len(rejected),
+             "chosen_reward": 1.0, "rejected_reward": 0.0}
+        )  # fmt: skip
+    return pa.Table.from_pylist(rows, schema=PAIR_SCHEMA)
+
+
+def test_cached_reference_logps_are_reused_only_for_the_same_pairs_and_start_model(
+    tiny_model_dir, tmp_path, monkeypatch
+):
+    cfg = PreferenceConfig.model_validate({"env": WARM_ENV, "loss": "dpo", "batch_size": 4})
+    computed = []
+    compute = PreferenceTrainer._reference_logps
+
+    def counted(self):
+        computed.append(1)
+        return compute(self)
+
+    monkeypatch.setattr(PreferenceTrainer, "_reference_logps", counted)
+
+    def trainer(pairs, stage="stage", perturb=False):
+        model, tok = load_model(tiny_model_dir)
+        if perturb:
+            with torch.no_grad():
+                next(model.parameters()).add_(0.01)
+        return PreferenceTrainer(cfg, model, tok, tmp_path / stage, pairs)
+
+    tok = load_model(tiny_model_dir)[1]
+    first, other = _pair_table(tok, seed=0), _pair_table(tok, seed=1)
+    a = trainer(first)  # computes and caches
+    c = trainer(other)  # other pairs, same stage folder: the cache is not theirs
+    fresh = trainer(other, stage="clean")
+    for k in ("first", "second"):
+        torch.testing.assert_close(c.reference[k], fresh.reference[k], rtol=0, atol=0)
+    assert len(computed) == 3
+    b = trainer(other)  # the same pairs and start model as the cache now: reused
+    assert len(computed) == 3 and all(torch.equal(b.reference[k], c.reference[k]) for k in b.reference)
+    e = trainer(other, perturb=True)  # another start model: recomputed
+    assert len(computed) == 4 and not torch.equal(e.reference["first"], c.reference["first"])
+    assert not torch.equal(a.reference["first"], c.reference["first"])
+    assert json.loads((tmp_path / "stage" / "reference_logps.json").read_text())["fingerprint"]

@@ -1,7 +1,9 @@
 """Offline preference optimisation on pairs from logged rollouts: DPO, IPO, KTO, SimPO, ORPO.
 
 Loop: 0 (DPO, IPO, KTO) compute the start model's log-probabilities of every response once
-and cache them (`reference_logps.pt`), so no reference model stays in memory · 1 draw a
+and cache them (`reference_logps.pt`, with `reference_logps.json` holding the fingerprint of
+the examples and the start model they were computed for: a run that finds a cache with
+another fingerprint recomputes it), so no reference model stays in memory · 1 draw a
 minibatch of pairs (shuffled each epoch) · 2 one forward pass over chosen and rejected
 (each pair's shared prompt is computed once) · 3 the loss (`textgym.trainers.preference`),
 accumulated over micro-batches · 4 clip, step · 5 log and checkpoint. Metrics: `loss/<name>`,
@@ -20,6 +22,8 @@ reference log-probs are computed the same way, one slice per rank, and gathered.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import time
 from collections import defaultdict
@@ -61,6 +65,29 @@ def _traj(prompt: list[int], response: list[int], mask: list[int], group: int) -
         reward=0.0,
         group=group,
     )
+
+
+def reference_fingerprint(examples: list[tuple[Any, ...]], kto: bool, model: torch.nn.Module) -> str:
+    """SHA-256 of what the cached reference log-probs are a function of.
+
+    The examples (prompt and response token ids and masks, in order: KTO's mismatched pairs
+    follow that order; KTO's labels), and the start model: its config (without the folder
+    path) and every tensor of its state dict (name, dtype, shape and bytes). A cache whose
+    fingerprint differs was computed for other pairs or another model and is recomputed.
+    """
+    h = hashlib.sha256()
+    h.update(json.dumps({"kto": kto, "examples": examples}).encode())
+    config = getattr(model, "config", None)
+    if config is not None:
+        cfg = {
+            k: v for k, v in config.to_dict().items() if k not in ("_name_or_path", "transformers_version")
+        }
+        h.update(json.dumps(cfg, sort_keys=True, default=str).encode())
+    for name, t in sorted(model.state_dict().items()):
+        t = t.detach().cpu().contiguous()
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
 
 
 class PreferenceTrainer:
@@ -135,6 +162,8 @@ class PreferenceTrainer:
         self.micro_batch_size = cfg.micro_batch_size or cfg.batch_size
         self.seed = seed
         parallel = parallel or ParallelConfig()
+        # Of the start model (before adapters or sharding) and the examples: what the cache is of.
+        fingerprint = reference_fingerprint(self.examples, self.kto, model) if cfg.uses_reference else ""
         if cfg.lora is not None:
             from textgym.trainers.lora import apply_lora
 
@@ -151,13 +180,19 @@ class PreferenceTrainer:
         self.step = 0
         self.reference: dict[str, torch.Tensor] = {}
         ref_path = self.stage_dir / "reference_logps.pt"
+        fp_path = self.stage_dir / "reference_logps.json"
         if cfg.uses_reference:
-            if ref_path.is_file():
+            cached = fp_path.is_file() and ref_path.is_file()
+            if cached and json.loads(fp_path.read_text(encoding="utf-8")).get("fingerprint") == fingerprint:
                 self.reference = torch.load(ref_path)
-            else:
+            else:  # none yet, or the cache of other examples or another start model: recompute
                 self.reference = self._reference_logps()
                 if distributed.is_main():
-                    torch.save(self.reference, ref_path)
+                    fp_path.unlink(missing_ok=True)  # no fingerprint beside a half-written cache
+                    tmp = ref_path.with_suffix(".pt.tmp")
+                    torch.save(self.reference, tmp)
+                    tmp.replace(ref_path)
+                    fp_path.write_text(json.dumps({"fingerprint": fingerprint}), encoding="utf-8")
         ckpt = latest_checkpoint(self.stage_dir) if resume else None
         if ckpt is not None:
             state = load_checkpoint(ckpt, model, self.optimizer, self.scheduler)
