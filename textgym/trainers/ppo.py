@@ -12,7 +12,10 @@ values V(s_t) of the state before each response token; GAE(γ, λ) over policy t
 (environment tokens of multi-turn episodes are skipped, a `truncated` episode bootstraps
 from the critic's value of its final state, a `terminated` one from 0); returns = Â + V;
 advantages whitened; then μ epochs over minibatches of the clipped surrogate for the policy
-and the (clipped) value loss for the critic, each with its own optimizer.
+and the (clipped) value loss for the critic, each with its own optimizer. β is fixed or
+adapted towards `kl_target` (`kl_control.AdaptiveKLController`); wherever the KL goes (reward
+or loss) it is weighted by the controller's current β, which moves after each iteration's
+update from the KL of that iteration's rollouts.
 
 Truncation. verl and OpenRLHF treat the end of every response as terminal (the value after
 the last response token is 0, nothing is bootstrapped), which is right for a response cut
@@ -26,10 +29,7 @@ no reward or discount; `advantages.turn_end_value_targets`). Those states join t
 tokens' in the value loss, so the bootstrap reads a kind of position the critic is trained
 on (Pardo et al. 2018, "Time Limits in Reinforcement Learning", arXiv:1712.00378:
 partial-episode bootstrapping). A batch of single-turn episodes has no such state, and its
-value loss is unchanged. β is fixed or
-adapted towards `kl_target` (`kl_control.AdaptiveKLController`); wherever the KL goes (reward
-or loss) it is weighted by the controller's current β, which moves after each iteration's
-update from the KL of that iteration's rollouts.
+value loss is unchanged.
 
 Distributed (torchrun), the critic is sharded like the policy; GAE runs per sequence on each
 rank's rows, while whitening, explained variance and the KL controller's measurement use
