@@ -14,6 +14,7 @@ from textgym.trainers.advantages import (
     overlong_penalty,
     rloo_advantages,
     token_level_rewards,
+    turn_end_value_targets,
     whiten,
 )
 from textgym.trainers.kl_control import AdaptiveKLController, FixedKLController
@@ -112,6 +113,38 @@ def test_gae_by_hand_with_truncation():
     # terminated: no bootstrap
     adv_t, _ = gae(rewards, values, mask, gamma=1.0, lam=0.5)
     assert float(adv_t[0, 2]) == pytest.approx(1.0 - 0.75, abs=TOL)
+
+
+def test_turn_end_value_targets_by_hand_and_by_loop():
+    # row 0: turn 1 = cols 0-1, env 2-3, turn 2 = cols 4-5, padding 6; row 1: one turn (no mid-episode end);
+    # row 2: three turns, ends at cols 2 and 5 (each followed by env tokens, then policy tokens)
+    mask = torch.tensor(
+        [
+            [1, 1, 0, 0, 1, 1, 0, 0, 0],
+            [1, 1, 1, 1, 0, 0, 0, 0, 0],
+            [1, 1, 0, 1, 1, 0, 0, 1, 0],
+        ],
+        dtype=torch.float32,
+    )
+    returns = torch.arange(1.0, 28.0).view(3, 9) * mask
+    ends, targets = turn_end_value_targets(mask, returns)
+    want_ends = torch.zeros(3, 9)
+    want_ends[0, 2] = want_ends[2, 2] = want_ends[2, 5] = 1.0
+    assert torch.equal(ends, want_ends)
+    assert (
+        targets[0, 2] == returns[0, 4] and targets[2, 2] == returns[2, 3] and targets[2, 5] == returns[2, 7]
+    )
+    assert float(targets.abs().sum()) == float(returns[0, 4] + returns[2, 3] + returns[2, 7])
+    torch.manual_seed(0)  # against a plain loop on random masks
+    mask = (torch.rand(6, 12) > 0.4).float()
+    returns = torch.randn(6, 12) * mask
+    ends, targets = turn_end_value_targets(mask, returns)
+    for i in range(6):
+        for t in range(12):
+            later = [u for u in range(t + 1, 12) if mask[i, u] > 0]
+            is_end = t > 0 and mask[i, t] == 0 and mask[i, t - 1] == 1 and bool(later)
+            assert ends[i, t] == float(is_end)
+            assert targets[i, t] == (returns[i, later[0]] if is_end else 0.0)
 
 
 def test_overlong_penalty_is_dapo_eq_13():

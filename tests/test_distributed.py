@@ -307,6 +307,35 @@ def test_dpo_on_two_ranks_matches_one_process(warm_model_dir, tmp_path, lora):
     assert_same_metrics(records(one / "train"), records(two / "train"), keys)
 
 
+def test_kto_on_two_ranks_matches_one_process(warm_model_dir, tmp_path):
+    """KTO's reference point z₀ is reduced over every micro-batch and both ranks.
+
+    Batches of 5 examples split 3 + 2 over the ranks, micro-batches of 2 (2 + 1 and 2 + a
+    filler; 2 + 2 + 1 on one process): with a per-micro-batch z₀ the layouts train differently.
+    """
+    dpo = {
+        "env": WARM_ENV,
+        "loss": "kto",
+        "collect": {"n": 16, "samples": 4, "sampling": SAMPLING},
+        "pairs": {"desirable_threshold": 0.0},  # every example desirable: the policy moves towards
+        "epochs": 1,  # all the completions, the mismatched ones too, so z₀ > 0
+        "batch_size": 5,
+        "micro_batch_size": 2,
+        "optim": {"lr": 1e-3},
+        "log_every": 1,
+    }
+    config = write_config(tmp_path / "kto.yaml", warm_model_dir, tmp_path, dpo=dpo)
+    for ranks in (1, 2):
+        train(config, f"r{ranks}", ranks)
+    one, two = (tmp_path / f"r{n}" / "dpo" / "round_0" / "train" for n in (1, 2))
+    rows_one = records(one)
+    assert max(r["kl"] for r in rows_one) > 1e-3  # z₀ is not clamped to 0 all along
+    assert_same_metrics(rows_one, records(two), ("loss/kto", "kl", "grad_norm"))
+    rel, moved = relative_distance(params(one / "final"), params(two / "final"), params(warm_model_dir))
+    print(f"KTO 1 vs 2 ranks: ‖Δθ‖/‖θ−θ0‖ = {rel:.2e}, ‖θ−θ0‖ = {moved:.3f}")
+    assert moved > 0.1 and rel < PARAM_RTOL
+
+
 def test_lora_grpo_on_two_ranks_matches_one_process(warm_model_dir, tmp_path):
     """LoRA adapters sharded with their frozen base; the KL reference is the policy with its
     adapters off (no copy). The merged final and the adapter agree with one process, and the

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from textgym.evaluation import pass_at_k
-from textgym.trainers.advantages import group_advantages
+from textgym.trainers.advantages import group_advantages, token_level_rewards
 from textgym.trainers.losses import (
     aggregate,
     clipped_policy_loss,
@@ -70,6 +70,63 @@ def test_k3_is_an_unbiased_estimate_of_kl():
     kl = float((p * (p / q).log()).sum())
     for est in ("k1", "k3"):
         assert float((p * kl_estimate(p.log(), q.log(), est)).sum()) == pytest.approx(kl, abs=TOL)
+
+
+def test_k3_keeps_its_gradient_far_from_the_reference():
+    # log_ratio = log π_ref − log π_θ: π_θ ≫ π_ref (−30, −25), normal (0.5, −0.5), beyond the cap (25, 30)
+    x = torch.tensor([-30.0, -25.0, -0.5, 0.5, 25.0, 30.0])
+    lp = torch.zeros(6, requires_grad=True)
+    est = kl_estimate(lp, x, "k3")
+    est.sum().backward()
+    c = 20.0  # K3_CAP: above it k3 continues as e^c·(1 + x − c) − 1 − x
+    want = [math.exp(v) - 1 - v if v <= c else math.exp(c) * (1 + v - c) - 1 - v for v in x.tolist()]
+    assert est.detach().tolist() == pytest.approx(want, rel=1e-6)
+    # d k3 / d log π_θ = −(e^x − 1) below the cap, −(e^c − 1) above it: never 0 off x = 0
+    grad = [-(math.exp(min(v, c)) - 1) for v in x.tolist()]
+    assert lp.grad.tolist() == pytest.approx(grad, rel=1e-6)
+    assert lp.grad[0] == pytest.approx(1.0, abs=1e-9) and lp.grad[1] == pytest.approx(1.0, abs=1e-9)
+    # far beyond float32's exp overflow: finite, with the capped gradient
+    lp2 = torch.zeros(1, requires_grad=True)
+    kl_estimate(lp2, torch.tensor([200.0]), "k3").sum().backward()
+    assert math.isfinite(float(lp2.grad[0]))
+    assert float(lp2.grad[0]) == pytest.approx(-(math.exp(c) - 1), rel=1e-6)
+
+
+def test_the_ratio_exp_cannot_overflow_into_nan():
+    # Token 0 has log ρ = 100 (e^100 = inf in float32) and Â = 0; token 1 is normal (ρ = 1.1, Â = 1).
+    lp = torch.tensor([[100.0, math.log(1.1)]], requires_grad=True)
+    old, mask = torch.zeros(1, 2), torch.ones(1, 2)
+    loss, stats = clipped_policy_loss(lp, old, torch.tensor([[0.0, 1.0]]), mask)
+    loss.backward()
+    assert float(loss.detach()) == pytest.approx(-1.1 / 2, abs=TOL)  # the normal token exactly as before
+    assert lp.grad[0].tolist() == pytest.approx([0.0, -1.1 / 2], abs=TOL)
+    assert all(math.isfinite(v) for v in stats.values())
+    assert stats["ratio/max"] == pytest.approx(math.exp(20.0), rel=1e-6)
+    # Â < 0 there: the unclipped branch ρ·Â is taken at ρ = e^20, finite, no gradient
+    lp.grad = None
+    loss, _ = clipped_policy_loss(lp, old, torch.tensor([[-1.0, 1.0]]), mask)
+    loss.backward()
+    assert float(loss.detach()) == pytest.approx((math.exp(20.0) - 1.1) / 2, rel=1e-6)
+    assert lp.grad[0].tolist() == pytest.approx([0.0, -1.1 / 2], abs=TOL)
+
+
+def test_k3_metrics_are_never_negative():
+    # Log-ratios below half an ulp of 1 (2^-24): exp(x) rounds to 1, so the naive
+    # exp(x) − 1 − x is −x < 0 in float32, while k3 ≈ x²/2 ≥ 0.
+    tiny = torch.tensor([[3e-8, 5e-8, 1e-8]])
+    naive = tiny.exp() - 1 - tiny
+    assert bool((naive < 0).all())  # what the metrics computed before
+    mask = torch.ones(1, 3)
+    old = torch.full((1, 3), -1e-3)  # float32 resolves 1e-8 steps at this magnitude
+    lp = old + tiny  # log π_θ − log π_old = tiny
+    ref = lp + tiny  # log π_ref − log π_θ = tiny
+    _, stats = clipped_policy_loss(
+        lp, old, torch.zeros(1), mask, ref_logprobs=ref, kl_coef=0.1, kl_estimator="k3"
+    )
+    _, corr = rollout_correction(lp, old, mask)
+    _, in_reward = token_level_rewards(torch.zeros(1, 3), mask, lp, ref, kl_coef=0.1, estimator="k3")
+    for value in (stats["kl/old_approx"], stats["kl/ref"], corr["mismatch/k3"], in_reward["kl/ref"]):
+        assert 0.0 <= value <= 1e-14
 
 
 @pytest.mark.parametrize(

@@ -429,3 +429,109 @@ def test_dpo_with_lora_trains_adapters_against_the_base_models_log_probs(
     merged, _ = load_model(final)
     assert not is_lora(merged)
     assert any(not torch.equal(v, before[k]) for k, v in merged.state_dict().items())
+
+
+def _unpaired_table(tok, n=8, seed=0):
+    """`n` synthetic KTO examples (random prompt and completion ids, alternating labels)."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.arange(10, 200)  # ordinary BPE ids of the tiny tokenizer
+    rows = []
+    for i in range(n):
+        prompt = ids[torch.randint(len(ids), (3 + i % 3,), generator=g)].tolist()
+        completion = [*ids[torch.randint(len(ids), (2 + i % 4,), generator=g)].tolist(), tok.eos_token_id]
+        rows.append(
+            {"env_id": "e", "task_id": f"t/{i}", "prompt_ids": prompt, "completion_ids": completion,
+             "completion_mask": [1] * len(completion), "reward": float(i % 2), "desirable": bool(i % 2)}
+        )  # fmt: skip
+    return pa.Table.from_pylist(rows, schema=UNPAIRED_SCHEMA)
+
+
+def test_kto_gradient_does_not_depend_on_the_micro_batch_size(tiny_model_dir, tmp_path):
+    """KTO's z₀ is the whole optimizer batch's: 1 micro-batch of 8 == 4 micro-batches of 2."""
+    grads, kls = [], []
+    for micro in (8, 2):
+        model, tok = load_model(tiny_model_dir)
+        cfg = PreferenceConfig.model_validate(
+            {"env": WARM_ENV, "loss": "kto", "beta": 1.0, "batch_size": 8, "micro_batch_size": micro,
+             "optim": {"lr": 1e-3, "max_grad_norm": None}}
+        )  # fmt: skip
+        trainer = PreferenceTrainer(cfg, model, tok, tmp_path / str(micro), unpaired=_unpaired_table(tok))
+        with torch.no_grad():  # move the policy away from the reference (r = 0, z₀ = 0 at the start)
+            g = torch.Generator().manual_seed(0)
+            for p in model.parameters():
+                p.add_(0.05 * torch.randn(p.shape, generator=g))
+        # and make the mismatched pairs' log π − log π_ref differ by example, positive on the whole
+        # batch but not in every micro-batch: per-micro-batch z₀ would then differ from the batch's
+        trainer.reference["second"] -= torch.linspace(-2.0, 8.0, 8)
+        metrics = trainer.train_step()
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]))
+        kls.append(metrics["kl"])
+    assert grads[0].abs().max() > 0
+    torch.testing.assert_close(grads[1], grads[0], rtol=1e-5, atol=1e-7)
+    assert kls[0] > 0 and kls[1] == pytest.approx(kls[0], rel=1e-6)
+
+
+@pytest.mark.parametrize(("loss", "beta"), [("dpo", 0.1), ("ipo", 0.1), ("kto", 0.1), ("simpo", 2.0)])
+def test_beta_defaults_to_each_losss_paper(loss, beta):
+    cfg = PreferenceConfig.model_validate({"env": WARM_ENV, "loss": loss})
+    assert cfg.beta == beta  # SimPO: Meng et al. 2024 use 2.0-2.5; 0.1 elsewhere
+    assert PreferenceConfig.model_validate({"env": WARM_ENV, "loss": loss, "beta": 0.7}).beta == 0.7
+    assert load_config(None, [f"dpo.loss={loss}"], name="x", model={"init_preset": "tiny"},
+                       dpo={"env": WARM_ENV}).dpo.beta == beta  # fmt: skip
+
+
+def _pair_table(tok, n=6, seed=0):
+    """`n` synthetic preference pairs (random prompt, chosen and rejected ids)."""
+    from textgym.offline import PAIR_SCHEMA
+
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.arange(10, 200)
+
+    def some(k):
+        return [*ids[torch.randint(len(ids), (k,), generator=g)].tolist(), tok.eos_token_id]
+
+    rows = []
+    for i in range(n):
+        chosen, rejected = some(2 + i % 3), some(3 + i % 2)
+        rows.append(
+            {"env_id": "e", "task_id": f"t/{i}", "prompt_ids": some(3)[:-1], "chosen_ids": chosen,
+             "chosen_mask": [1] * len(chosen), "rejected_ids": rejected, "rejected_mask": [1] * len(rejected),
+             "chosen_reward": 1.0, "rejected_reward": 0.0}
+        )  # fmt: skip
+    return pa.Table.from_pylist(rows, schema=PAIR_SCHEMA)
+
+
+def test_cached_reference_logps_are_reused_only_for_the_same_pairs_and_start_model(
+    tiny_model_dir, tmp_path, monkeypatch
+):
+    cfg = PreferenceConfig.model_validate({"env": WARM_ENV, "loss": "dpo", "batch_size": 4})
+    computed = []
+    compute = PreferenceTrainer._reference_logps
+
+    def counted(self):
+        computed.append(1)
+        return compute(self)
+
+    monkeypatch.setattr(PreferenceTrainer, "_reference_logps", counted)
+
+    def trainer(pairs, stage="stage", perturb=False):
+        model, tok = load_model(tiny_model_dir)
+        if perturb:
+            with torch.no_grad():
+                next(model.parameters()).add_(0.01)
+        return PreferenceTrainer(cfg, model, tok, tmp_path / stage, pairs)
+
+    tok = load_model(tiny_model_dir)[1]
+    first, other = _pair_table(tok, seed=0), _pair_table(tok, seed=1)
+    a = trainer(first)  # computes and caches
+    c = trainer(other)  # other pairs, same stage folder: the cache is not theirs
+    fresh = trainer(other, stage="clean")
+    for k in ("first", "second"):
+        torch.testing.assert_close(c.reference[k], fresh.reference[k], rtol=0, atol=0)
+    assert len(computed) == 3
+    b = trainer(other)  # the same pairs and start model as the cache now: reused
+    assert len(computed) == 3 and all(torch.equal(b.reference[k], c.reference[k]) for k in b.reference)
+    e = trainer(other, perturb=True)  # another start model: recomputed
+    assert len(computed) == 4 and not torch.equal(e.reference["first"], c.reference["first"])
+    assert not torch.equal(a.reference["first"], c.reference["first"])
+    assert json.loads((tmp_path / "stage" / "reference_logps.json").read_text())["fingerprint"]

@@ -10,12 +10,12 @@ import torch
 from conftest import ECHO_ENV_ID
 from conftest import WARM_ENV as ENV
 
-from textgym.agents import RolloutBatch
+from textgym.agents import RolloutBatch, Trajectory
 from textgym.config import GRPOConfig, PPOConfig
 from textgym.models import load_model
 from textgym.trainers.advantages import explained_variance
 from textgym.trainers.common import latest_checkpoint, seed_everything
-from textgym.trainers.grpo import GRPOTrainer
+from textgym.trainers.grpo import GRPOTrainer, group_accuracy
 from textgym.trainers.ppo import PPOTrainer, sequence_values
 
 SAMPLING = {"temperature": 1.0, "max_new_tokens": 8}
@@ -74,19 +74,38 @@ def test_ppo_two_steps(warm_model_dir, tmp_path):
     assert (tmp_path / "critic" / "config.json").is_file() and (tmp_path / "final" / "config.json").is_file()
 
 
-def test_ppo_resume_gives_the_same_next_step(warm_model_dir, tmp_path):
+def test_ppo_kl_in_the_loss_uses_the_adaptive_controllers_beta(warm_model_dir, tmp_path):
+    """`kl_placement: loss` with `kl_target`: the loss's KL term is weighted by the logged `kl/coef`."""
+    seed_everything(0)
+    model, tok = load_model(warm_model_dir)
+    cfg = ppo_cfg(kl_placement="loss", kl_estimator="k3", kl_coef=0.5, kl_target=1.0, kl_horizon=8)
+    PPOTrainer(cfg, model, tok, tmp_path).train()
+    rows = records(tmp_path)
+    assert rows[0]["kl/coef"] == 0.5
+    assert rows[1]["kl/coef"] == pytest.approx(0.5 * 0.8, rel=1e-9)  # KL 0 < target: β·(1 − 0.2·8/8)
+    assert rows[1]["kl/ref"] > 1e-4  # the policy has left the reference after the first update
+    # One micro-batch, token_mean: loss/total = loss/policy + β·(token mean of k3) = … + β·kl/ref
+    kl_term = rows[1]["loss/total"] - rows[1]["loss/policy"]
+    assert kl_term == pytest.approx(rows[1]["kl/coef"] * rows[1]["kl/ref"], rel=1e-5)
+
+
+@pytest.mark.parametrize("placement", ["reward", "loss"])
+def test_ppo_resume_gives_the_same_next_step(warm_model_dir, tmp_path, placement):
+    cfg_beta = 0.05  # PPOConfig.kl_coef default
+
     def fresh(steps, stage_dir, resume=False):
         seed_everything(0)
         model, tok = load_model(warm_model_dir)
-        return PPOTrainer(
-            ppo_cfg(steps=steps, checkpoint_every=1, kl_target=0.5), model, tok, stage_dir, resume=resume
-        )
+        cfg = ppo_cfg(steps=steps, checkpoint_every=1, kl_target=0.5, kl_horizon=8, kl_placement=placement)
+        assert cfg.kl_coef == cfg_beta
+        return PPOTrainer(cfg, model, tok, stage_dir, resume=resume)
 
     straight = fresh(2, tmp_path / "a")
     straight.train()
     fresh(1, tmp_path / "b").train()
     resumed = fresh(2, tmp_path / "b", resume=True)
     assert resumed.step == 1
+    assert resumed.kl_ctl.value == records(tmp_path / "a")[1]["kl/coef"] != cfg_beta  # β restored
     resumed.train()
     a, b = records(tmp_path / "a")[1], records(tmp_path / "b")[1]
     for k in a:
@@ -157,6 +176,51 @@ def test_ppo_multi_turn_masks_env_tokens_and_bootstraps_truncation(tiny_model_di
     assert math.isfinite(metrics["loss/value"])
 
 
+def test_ppo_trains_the_kind_of_state_a_truncated_episode_bootstraps_from(tiny_model_dir, tmp_path):
+    """EchoTurns cut by TimeLimit after 2 of its 3 turns: the bootstrap reads V after turn 2.
+
+    The critic now trains the state after each mid-episode turn (target: the return of the next
+    turn's first token, here 1 + V_boot = 1), so over critic updates V there goes to its target,
+    and V after turn 2, read by the bootstrap, to the true value of what the cut took away (the
+    third turn's reward, 1). Before, the value loss covered only the states before policy tokens
+    and V there drifted to ≈ 2 (the first turn's tokens' return), which the bootstrap then read.
+    """
+    seed_everything(0)
+    model, tok = load_model(tiny_model_dir)
+    cfg = ppo_cfg(
+        env={"id": ECHO_ENV_ID},
+        prompts_per_step=2,
+        group_size=2,
+        kl_coef=0.0,
+        lam=1.0,
+        whiten_advantages=False,
+        critic_warmup_steps=10**6,  # the critic alone
+        critic={"optim": {"lr": 3e-3}, "value_clip": None},
+    )
+    trainer = PPOTrainer(cfg, model, tok, tmp_path)
+    trajs = trainer.collect(cfg.prompts_per_step)
+    assert all(t.truncated for t in trajs)
+    batch = RolloutBatch.from_trajectories(trajs, tok.pad_token_id)
+    adv = trainer.compute_advantages(batch, trajs, {})
+    mask, L = batch.loss_mask, batch.loss_mask.shape[1]
+    ends = torch.zeros_like(mask)  # the state just after turn 1's last policy token, in each row
+    for i in range(len(batch)):
+        c = int(mask[i].nonzero().flatten()[-1])  # turn 2's last token; turn 1 ends before the env's tokens
+        c = max(t for t in range(1, c) if mask[i, t - 1] == 1 and mask[i, t] == 0)
+        ends[i, c] = 1.0
+        assert float(trainer._returns[i, int(mask[i, c:].nonzero()[0]) + c]) == 1.0  # turn 2's first token
+    n = batch.attention_mask[:, batch.prompt_width :].sum(-1)
+    for _ in range(100):
+        trainer.update(batch, adv)
+    with torch.no_grad():
+        values = sequence_values(trainer.critic, batch)
+    torch.testing.assert_close(values[:, :L][ends > 0], torch.ones(len(batch)), rtol=0, atol=0.02)
+    bootstrap = values.gather(1, n[:, None])[:, 0]  # what GAE reads for these truncated episodes
+    torch.testing.assert_close(bootstrap, torch.ones(len(batch)), rtol=0, atol=0.1)
+    assert torch.equal(trainer._critic_mask, mask + ends)  # the value loss's positions
+    assert torch.equal(trainer._value_targets * ends, ends)  # target 1 = the next turn's return
+
+
 @pytest.mark.parametrize(
     "over",
     [
@@ -195,11 +259,99 @@ def test_dynamic_sampling_keeps_only_informative_groups(warm_model_dir, tmp_path
     trajs = trainer.sample(metrics)
     assert len(trajs) == 16 and 1 <= metrics["sampling/rounds"] <= 3
     groups = [trajs[i : i + 4] for i in range(0, 16, 4)]
-    constant = sum(len({t.reward for t in g}) == 1 for g in groups)
+    constant = sum(len(set(group_accuracy(g))) == 1 for g in groups)
     assert constant == metrics["sampling/filled_groups"]  # only filler groups are uninformative
     assert [t.group for t in trajs] == [i // 4 for i in range(16)]
     for g in groups:
         assert len({t.task_index for t in g}) == 1
+
+
+def fake_group(task, rewards, correct=None, overlong=None, prompt_len=4, response_len=3):
+    """A group of synthetic trajectories of task `task`: its rewards, `reward/correct` and overlong terms."""
+    out = []
+    for j, r in enumerate(rewards):
+        terms = {}
+        if correct is not None:
+            terms["reward/correct"] = float(correct[j])
+        if overlong is not None:
+            terms["reward/overlong"] = float(overlong[j])
+            r += overlong[j]
+        n = prompt_len + response_len
+        ids = torch.arange(20 + 7 * task + j, 20 + 7 * task + j + n) % 300 + 10
+        mask = torch.tensor([0.0] * prompt_len + [1.0] * response_len)
+        rewards_t = torch.zeros(n)
+        rewards_t[-1] = r
+        out.append(
+            Trajectory(token_ids=ids, loss_mask=mask, logprobs=-6.0 * mask, token_rewards=rewards_t,
+                       prompt_length=prompt_len, messages=[], reward=float(r), reward_terms=terms,
+                       task_index=task, group=0)
+        )  # fmt: skip
+    if prompt_len:  # the G samples of a task share its prompt
+        for t in out[1:]:
+            t.token_ids[:prompt_len] = out[0].token_ids[:prompt_len]
+    return out
+
+
+def test_dynamic_sampling_filters_on_accuracy_not_on_the_shaped_reward(tiny_model_dir, tmp_path):
+    """DAPO eq. 11: a group all correct (or all wrong) is dropped even when the overlong penalty
+    makes its rewards differ; without a `reward/correct` term, the reward without the penalty decides."""
+    model, tok = load_model(tiny_model_dir)
+    cfg = grpo_cfg(prompts_per_step=2, group_size=2, dynamic_sampling=True, max_sampling_tries=2)
+    trainer = GRPOTrainer(cfg, model, tok, tmp_path)
+    rounds = [
+        [
+            *fake_group(0, [1.0, 1.0], correct=[1, 1], overlong=[0.0, -0.5]),  # all correct: dropped
+            *fake_group(1, [1.0, 0.0], correct=[1, 0]),  # kept
+        ],
+        [
+            *fake_group(
+                2, [0.3, 0.3], overlong=[-0.2, 0.0]
+            ),  # no correct term, same unshaped reward: dropped
+            *fake_group(3, [0.2, 0.7]),  # kept
+        ],
+    ]
+    trainer.collect = lambda n, round_index=0: rounds[round_index]  # type: ignore[method-assign]
+    metrics: dict[str, float] = {}
+    trajs = trainer.sample(metrics)
+    assert [t.task_index for t in trajs] == [1, 1, 3, 3]
+    assert metrics["sampling/rounds"] == 2 and metrics["sampling/dropped_groups"] == 2
+    assert metrics["sampling/filled_groups"] == 0 and trainer._loss_rows.tolist() == [True] * 4
+
+
+@pytest.mark.parametrize("aggregation", ["seq_mean_token_mean", "token_mean", "seq_mean_token_sum_norm"])
+def test_dynamic_sampling_fillers_do_not_dilute_the_loss(tiny_model_dir, tmp_path, aggregation):
+    """A batch [informative group, filler group] gives the gradient of the informative group alone."""
+    grads = []
+    for dynamic in (True, False):
+        seed_everything(0)
+        model, tok = load_model(tiny_model_dir)
+        over = {"dynamic_sampling": True, "max_sampling_tries": 2} if dynamic else {}
+        cfg = grpo_cfg(
+            prompts_per_step=2 if dynamic else 1,
+            group_size=2,
+            loss_aggregation=aggregation,
+            clip_low=0.99,
+            clip_high=100.0,  # no clipping: every token has a gradient
+            optim={"lr": 1e-3, "max_grad_norm": None},
+            **over,
+        )
+        trainer = GRPOTrainer(cfg, model, tok, tmp_path / str(dynamic))
+        informative = fake_group(1, [1.0, 0.0], correct=[1, 0])
+        if dynamic:  # round 1: [filler A, informative B]; round 2: two more constant groups
+            rounds = [
+                [*fake_group(0, [1.0, 1.0], correct=[1, 1], prompt_len=6, response_len=5), *informative],
+                [*fake_group(2, [0.0, 0.0], correct=[0, 0]), *fake_group(3, [1.0, 1.0], correct=[1, 1])],
+            ]
+            trainer.collect = lambda n, round_index=0, r=rounds: r[round_index]  # type: ignore[misc]
+        else:  # the informative group alone
+            trainer.collect = lambda n, round_index=0, g=informative: g  # type: ignore[misc]
+        metrics = trainer.train_step()
+        assert metrics.get("sampling/filled_groups", 1) == 1
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]))
+        loss_rows = getattr(trainer, "_loss_rows", None)
+    assert grads[1].abs().max() > 0
+    torch.testing.assert_close(grads[0], grads[1], rtol=1e-5, atol=1e-7)
+    assert loss_rows is None  # the last trainer had no dynamic sampling
 
 
 def test_critic_epochs_beyond_the_policys_train_the_critic_alone(warm_model_dir, tmp_path):

@@ -259,3 +259,83 @@ def test_sft_accumulation_is_invariant(tiny_model_dir, tmp_path):
         SFTTrainer(cfg, model, tok, tmp_path / str(micro)).train_step()
         grads.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]))
     torch.testing.assert_close(grads[1], grads[0], rtol=1e-5, atol=1e-7)
+
+
+def test_rollout_k3_metric_is_never_negative(tiny_model_dir, tmp_path):
+    """`kl/rollout_k3` on log-ratios below half an ulp of 1, where exp(x) − 1 − x rounds to −x < 0."""
+    seed_everything(0)
+    model, tok = load_model(tiny_model_dir)
+    cfg = grpo_cfg(steps=1, prompts_per_step=1, group_size=2, kl_coef=0.1)
+    trainer = GRPOTrainer(cfg, model, tok, tmp_path)
+    sample = trainer.sample
+
+    def confident_sample(metrics):
+        trajs = sample(metrics)
+        for t in trajs:  # log π_old = −1e-3 on every policy token (float32 resolves 1e-8 steps there)
+            t.logprobs = torch.where(t.loss_mask > 0, torch.tensor(-1e-3), t.logprobs)
+        return trajs
+
+    tiny = 3e-8  # log π_ref − log π_old
+    trainer.sample = confident_sample  # type: ignore[method-assign]
+    trainer._reference_logprobs = lambda batch: batch.old_logprobs + tiny * batch.loss_mask  # type: ignore[method-assign]
+    metrics = trainer.train_step()
+    x = torch.tensor(tiny)
+    assert float(x.exp() - 1 - x) < 0  # the naive formula's value on every token
+    assert 0.0 <= metrics["kl/rollout_k3"] <= 1e-14
+
+
+@pytest.mark.parametrize("tis", [True, False, None])
+def test_tis_on_the_transformers_backend(tiny_model_dir, tmp_path, monkeypatch, tis):
+    """`rollout.tis: true` recomputes π_old with the trainer's forward and weights the loss by
+    min(π_old/π_rollout, C); false or null (the default) recomputes nothing."""
+    import textgym.trainers.on_policy as on_policy
+    from textgym.trainers.common import sequence_logprobs
+
+    seed_everything(0)
+    model, tok = load_model(tiny_model_dir)
+    cap = 1.2
+    cfg = grpo_cfg(steps=1, prompts_per_step=2, group_size=2, rollout={"tis": tis, "tis_cap": cap})
+    trainer = GRPOTrainer(cfg, model, tok, tmp_path)
+    seen: dict[str, object] = {"recomputed": 0, "is_weights": []}
+    sample, recompute, loss_fn = trainer.sample, trainer._trainer_logprobs, on_policy.clipped_policy_loss
+
+    def mismatched_sample(metrics):
+        trajs = sample(metrics)
+        batch = RolloutBatch.from_trajectories(trajs, tok.pad_token_id)
+        with torch.no_grad():  # π_old by hand: the policy's padded forward, before any update
+            seen["trainer_lp"] = sequence_logprobs(model.eval(), batch, cfg.sampling.temperature)[0]
+        g = torch.Generator().manual_seed(1)
+        for t in trajs:  # a sampler whose log-probs differ from the trainer's by N(0, 0.3²)
+            t.logprobs = t.logprobs + 0.3 * torch.randn(t.logprobs.shape, generator=g) * t.loss_mask
+        seen["rollout_lp"] = RolloutBatch.from_trajectories(trajs, tok.pad_token_id).old_logprobs
+        seen["mask"] = batch.loss_mask
+        return trajs
+
+    def counted(batch):
+        seen["recomputed"] += 1  # type: ignore[operator]
+        return recompute(batch)
+
+    def recording_loss(*args, **kwargs):
+        seen["is_weights"].append(kwargs["is_weights"])  # type: ignore[union-attr]
+        return loss_fn(*args, **kwargs)
+
+    trainer.sample = mismatched_sample  # type: ignore[method-assign]
+    trainer._trainer_logprobs = counted  # type: ignore[method-assign]
+    monkeypatch.setattr(on_policy, "clipped_policy_loss", recording_loss)
+    metrics = trainer.train_step()
+    (passed,) = seen["is_weights"]  # type: ignore[misc]
+    if not tis:
+        assert seen["recomputed"] == 0 and passed is None and trainer._is_weights is None
+        assert not any(k.startswith("mismatch/") for k in metrics)
+        return
+    mask = seen["mask"]
+    want = (seen["trainer_lp"] - seen["rollout_lp"]).exp().clamp(max=cap) * mask  # type: ignore[operator]
+    assert seen["recomputed"] == 1
+    torch.testing.assert_close(trainer._is_weights, want, rtol=0, atol=1e-6)
+    assert 0 < metrics["mismatch/tis_clip_frac"] < 1  # some weights capped at C, some not
+    for key in ("mismatch/kl", "mismatch/k3", "mismatch/ratio_max", "mismatch/abs_diff_max"):
+        assert math.isfinite(metrics[key]), key
+    # The loss got the weights: its micro-batch is the batch's rows (shuffled), trimmed to L_m columns.
+    Lm = passed.shape[1]
+    for row in passed:
+        assert any(torch.allclose(row, w[:Lm], rtol=0, atol=1e-6) for w in want)

@@ -249,7 +249,10 @@ class RolloutEngineConfig(_Strict):
     and gets the policy's weights after every optimizer step (in memory, no checkpoint)."""
     tis: bool | None = None
     """Truncated importance sampling (Yao et al. 2025): weight each token's policy gradient by
-    min(π_old/π_rollout, tis_cap). null = on exactly when the engine is not the trainer."""
+    min(π_old/π_rollout, tis_cap), with π_old recomputed by the trainer's forward and the
+    `mismatch/*` metrics logged. null = on exactly when the engine is not the trainer (vLLM).
+    true on the transformers backend recomputes π_old too (one no-grad forward per step), for
+    when the KV-cached sampling and the padded training forward differ (bf16, FSDP)."""
     tis_cap: float = Field(2.0, gt=0.0)
     """C, the truncation of the importance weight."""
     vllm: VLLMEngineConfig = Field(default_factory=VLLMEngineConfig)
@@ -305,6 +308,12 @@ class PairConfig(_Strict):
     """KTO: a response is desirable when its reward is at least this."""
 
 
+DPO_BETA = 0.1
+"""β of DPO, IPO (τ) and KTO when the config leaves it unset."""
+SIMPO_BETA = 2.0
+"""β of SimPO when the config leaves it unset (Meng et al. 2024 tune it in 2.0–2.5)."""
+
+
 class PreferenceConfig(_Strict):
     """Offline preference optimisation from logged rollouts: DPO, IPO, KTO, SimPO or ORPO.
 
@@ -324,8 +333,11 @@ class PreferenceConfig(_Strict):
     """Rollout collection per round."""
     pairs: PairConfig = Field(default_factory=PairConfig)
     """Pair building per round."""
-    beta: float = Field(0.1, gt=0.0)
-    """β (DPO, KTO, SimPO) or τ (IPO)."""
+    beta: float = Field(None, gt=0.0)  # type: ignore[assignment]  # null: set per loss (_beta_of_the_loss)
+    """β (DPO, KTO, SimPO) or τ (IPO). Unset (null), it follows the loss's paper: 0.1 for DPO, IPO
+    and KTO (Rafailov et al. 2023; Ethayarajh et al. 2024), 2.0 for SimPO (Meng et al. 2024,
+    arXiv:2405.14734, whose tuned β is 2.0–2.5; at 0.1 its length-normalised margin barely moves
+    the sigmoid). ORPO does not use it (`orpo_lambda`)."""
     label_smoothing: float = Field(0.0, ge=0.0, lt=0.5)
     """DPO/SimPO: probability a preference label is flipped."""
     simpo_gamma: float = Field(1.0, ge=0.0)
@@ -353,6 +365,13 @@ class PreferenceConfig(_Strict):
     """Save a checkpoint every this many steps (0 = only at the end)."""
     keep_checkpoints: int = Field(2, ge=1)
     """How many of the latest checkpoints to keep."""
+
+    @field_validator("beta", mode="before")
+    @classmethod
+    def _beta_of_the_loss(cls, v: Any, info: Any) -> Any:
+        if v is None:  # `loss` is validated before `beta` (field order)
+            return SIMPO_BETA if info.data.get("loss") == "simpo" else DPO_BETA
+        return v
 
     @property
     def uses_reference(self) -> bool:
@@ -497,11 +516,12 @@ class GRPOConfig(_PolicyGradientConfig):
     scale_rewards: Literal["group", "batch", "none"] = "group"
     """GRPO advantage scaling: per-group std (GRPO), batch std, or none (Dr. GRPO)."""
     dynamic_sampling: bool = False
-    """DAPO's dynamic sampling: drop groups whose rewards are all equal and sample more tasks
-    until the batch is full."""
+    """DAPO's dynamic sampling: drop groups whose accuracy is all equal (all correct or all wrong:
+    the env's `reward/correct` term, else the reward without the overlong penalty) and sample more
+    tasks until the batch is full."""
     max_sampling_tries: int = Field(4, ge=1)
     """Rollout rounds per step with dynamic sampling; after the cap the batch is filled with
-    dropped groups (they carry zero advantage)."""
+    dropped groups, which are masked out of the loss (no gradient, not counted in its normaliser)."""
 
 
 class CriticConfig(_Strict):

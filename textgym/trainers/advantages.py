@@ -144,8 +144,10 @@ def token_level_rewards(
         rewards = rewards - kl_coef * kl
         n = mask.sum().clamp(min=1.0)
         seq = kl.sum(-1)
+        # k3 ≥ 0 in exact arithmetic may round a few ulps below 0: its metric is clamped.
+        kl_metric = kl.clamp(min=0.0) if estimator == "k3" else kl
         stats = {
-            "kl/ref": float(kl.sum() / n),
+            "kl/ref": float(kl_metric.sum() / n),
             "kl/ref_seq": float(seq.mean()),
             "reward/kl_penalty": float(-kl_coef * seq.mean()),
         }
@@ -233,7 +235,8 @@ def gae(
     `δ_k = r_k + γ·V_{k+1} − V_k` and `Â_k = δ_k + γλ·Â_{k+1}`, where after the row's last
     policy token `V_{K} = bootstrap` (the critic's value of the final state for a
     `truncated` episode, 0 for a `terminated` one) and `Â_{K} = 0`. Returns are
-    `R_k = Â_k + V_k`, the critic's regression targets.
+    `R_k = Â_k + V_k`, the critic's regression targets (with, for the kind of state a
+    truncated episode bootstraps from, `turn_end_value_targets`).
 
     The recursion is vectorised over the batch: one pass over the L columns from right to
     left, each column updating only the rows whose token there is a policy token.
@@ -264,6 +267,45 @@ def gae(
         next_value = torch.where(keep, values[:, t], next_value)
     returns = (adv + values) * mask
     return adv, returns
+
+
+def turn_end_value_targets(mask: torch.Tensor, returns: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The critic's targets at the states that end a turn followed by another policy turn.
+
+    Column t of the values is V(s_t), the state before response token t. The state after
+    the last policy token of a turn (column c + 1 for a turn ending at policy column c) is
+    the one a `truncated` episode bootstraps from (`gae`'s `bootstrap`, read at the end of
+    the sequence). Mid-episode it is followed by the environment's tokens, which are not
+    time steps (no reward, no discount), and then by the next turn's first policy token s';
+    so V(after turn) = V(s') in expectation, and its regression target is the return of s'
+    (`R_{s'} = Â_{s'} + V_{s'}`, the λ-return s' itself is trained towards). Training these
+    states gives the critic examples of the kind of state the bootstrap reads, which the
+    per-token value loss alone never trains. The final turn's end has no successor in the
+    batch: it is not a target (a `terminated` episode bootstraps from 0 there, a `truncated`
+    one from the critic's value, learnt from the mid-episode turn ends).
+
+    Args:
+        mask: [B, L] 1.0 on policy tokens.
+        returns: [B, L] the GAE returns (`gae`), 0 off the mask.
+
+    Returns:
+        `ends` [B, L] 1.0 at column c + 1 of every turn that ends at policy column c and is
+        followed by another policy token in its row (0 elsewhere; disjoint from `mask`), and
+        `targets` [B, L]: there, the return of the next policy token; 0 elsewhere.
+    """
+    B, L = mask.shape
+    on = mask > 0
+    ends = torch.zeros_like(mask, dtype=torch.float32)
+    targets = torch.zeros_like(returns, dtype=torch.float32)
+    next_return = torch.zeros(B, device=mask.device)
+    has_next = torch.zeros(B, dtype=torch.bool, device=mask.device)
+    for t in range(L - 1, 0, -1):  # right to left: next_return is that of the first policy column > t
+        end = ~on[:, t] & on[:, t - 1] & has_next
+        ends[:, t] = end.float()
+        targets[:, t] = torch.where(end, next_return, torch.zeros_like(next_return))
+        next_return = torch.where(on[:, t], returns[:, t].float(), next_return)
+        has_next = has_next | on[:, t]
+    return ends, targets
 
 
 def overlong_penalty(lengths: torch.Tensor, max_len: int, cache_len: int) -> torch.Tensor:

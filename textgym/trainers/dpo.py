@@ -1,12 +1,16 @@
 """Offline preference optimisation on pairs from logged rollouts: DPO, IPO, KTO, SimPO, ORPO.
 
 Loop: 0 (DPO, IPO, KTO) compute the start model's log-probabilities of every response once
-and cache them (`reference_logps.pt`), so no reference model stays in memory · 1 draw a
+and cache them (`reference_logps.pt`, with `reference_logps.json` holding the fingerprint of
+the examples and the start model they were computed for: a run that finds a cache with
+another fingerprint recomputes it), so no reference model stays in memory · 1 draw a
 minibatch of pairs (shuffled each epoch) · 2 one forward pass over chosen and rejected
 (each pair's shared prompt is computed once) · 3 the loss (`textgym.trainers.preference`),
 accumulated over micro-batches · 4 clip, step · 5 log and checkpoint. Metrics: `loss/<name>`,
 `rewards/chosen`, `rewards/rejected`, `rewards/margin`, `rewards/accuracy` (preference
-accuracy of the implicit rewards), `kl` (KTO's reference point).
+accuracy of the implicit rewards), `kl` (KTO's reference point z₀, from a no-grad pass over
+the whole step's mismatched pairs before its gradient passes, so it does not depend on the
+micro-batch size or the number of ranks).
 
 Under torchrun the model is sharded (FSDP2) and each step's examples are split into
 contiguous per-rank slices; a rank whose slice needs fewer micro-batches than another's runs
@@ -18,6 +22,8 @@ reference log-probs are computed the same way, one slice per rank, and gathered.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import time
 from collections import defaultdict
@@ -59,6 +65,29 @@ def _traj(prompt: list[int], response: list[int], mask: list[int], group: int) -
         reward=0.0,
         group=group,
     )
+
+
+def reference_fingerprint(examples: list[tuple[Any, ...]], kto: bool, model: torch.nn.Module) -> str:
+    """SHA-256 of what the cached reference log-probs are a function of.
+
+    The examples (prompt and response token ids and masks, in order: KTO's mismatched pairs
+    follow that order; KTO's labels), and the start model: its config (without the folder
+    path) and every tensor of its state dict (name, dtype, shape and bytes). A cache whose
+    fingerprint differs was computed for other pairs or another model and is recomputed.
+    """
+    h = hashlib.sha256()
+    h.update(json.dumps({"kto": kto, "examples": examples}).encode())
+    config = getattr(model, "config", None)
+    if config is not None:
+        cfg = {
+            k: v for k, v in config.to_dict().items() if k not in ("_name_or_path", "transformers_version")
+        }
+        h.update(json.dumps(cfg, sort_keys=True, default=str).encode())
+    for name, t in sorted(model.state_dict().items()):
+        t = t.detach().cpu().contiguous()
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
 
 
 class PreferenceTrainer:
@@ -133,6 +162,8 @@ class PreferenceTrainer:
         self.micro_batch_size = cfg.micro_batch_size or cfg.batch_size
         self.seed = seed
         parallel = parallel or ParallelConfig()
+        # Of the start model (before adapters or sharding) and the examples: what the cache is of.
+        fingerprint = reference_fingerprint(self.examples, self.kto, model) if cfg.uses_reference else ""
         if cfg.lora is not None:
             from textgym.trainers.lora import apply_lora
 
@@ -149,13 +180,19 @@ class PreferenceTrainer:
         self.step = 0
         self.reference: dict[str, torch.Tensor] = {}
         ref_path = self.stage_dir / "reference_logps.pt"
+        fp_path = self.stage_dir / "reference_logps.json"
         if cfg.uses_reference:
-            if ref_path.is_file():
+            cached = fp_path.is_file() and ref_path.is_file()
+            if cached and json.loads(fp_path.read_text(encoding="utf-8")).get("fingerprint") == fingerprint:
                 self.reference = torch.load(ref_path)
-            else:
+            else:  # none yet, or the cache of other examples or another start model: recompute
                 self.reference = self._reference_logps()
                 if distributed.is_main():
-                    torch.save(self.reference, ref_path)
+                    fp_path.unlink(missing_ok=True)  # no fingerprint beside a half-written cache
+                    tmp = ref_path.with_suffix(".pt.tmp")
+                    torch.save(self.reference, tmp)
+                    tmp.replace(ref_path)
+                    fp_path.write_text(json.dumps({"fingerprint": fingerprint}), encoding="utf-8")
         ckpt = latest_checkpoint(self.stage_dir) if resume else None
         if ckpt is not None:
             state = load_checkpoint(ckpt, model, self.optimizer, self.scheduler)
@@ -166,15 +203,7 @@ class PreferenceTrainer:
     def _sequences(self, idx: list[int]) -> list[Trajectory]:
         """Rows to score for `idx`: pairs → [chosen…, rejected…]; KTO → [completion…, mismatched…]."""
         if self.kto:
-            ex = self.examples
-            own = [_traj(ex[i][0], ex[i][1], ex[i][2], k) for k, i in enumerate(idx)]
-            # KTO's reference point: each prompt with the next example's completion (Ethayarajh et al.
-            # §4.2); same group as the prompt's own row, so the shared prompt is computed once.
-            mis = [
-                _traj(ex[i][0], ex[(i + 1) % self.n][1], ex[(i + 1) % self.n][2], k)
-                for k, i in enumerate(idx)
-            ]
-            return own + mis
+            return self._kto_own(idx) + self._kto_mismatched(idx)
         chosen = [
             _traj(self.examples[i][0], self.examples[i][1], self.examples[i][2], k) for k, i in enumerate(idx)
         ]
@@ -182,6 +211,40 @@ class PreferenceTrainer:
             _traj(self.examples[i][0], self.examples[i][3], self.examples[i][4], k) for k, i in enumerate(idx)
         ]
         return chosen + rejected
+
+    def _kto_own(self, idx: list[int]) -> list[Trajectory]:
+        """KTO: each example's prompt with its own completion."""
+        ex = self.examples
+        return [_traj(ex[i][0], ex[i][1], ex[i][2], k) for k, i in enumerate(idx)]
+
+    def _kto_mismatched(self, idx: list[int]) -> list[Trajectory]:
+        """KTO's reference point: each prompt with the next example's completion (Ethayarajh et al. §4.2).
+
+        Same group number as the prompt's own row, so when both are scored together (the
+        reference log-probs) the shared prompt is computed once.
+        """
+        ex, n = self.examples, self.n
+        return [_traj(ex[i][0], ex[(i + 1) % n][1], ex[(i + 1) % n][2], k) for k, i in enumerate(idx)]
+
+    @torch.no_grad()
+    def _kto_reference_point(self, idx: list[int]) -> torch.Tensor:
+        """KTO's z₀ over the whole optimizer batch `idx`: every micro-batch, and every rank's slice.
+
+        A no-grad pass over the mismatched pairs under the current policy (in the same mode
+        as the loss's forward), before any gradient of the step: Σ (log π − log π_ref) and the
+        count are summed over micro-batches and ranks, so z₀ = max(0, mean) is the whole
+        batch's (as TRL's `gather_for_metrics` of the KL over processes, and over the
+        accumulated micro-batches too) and the gradient does not depend on `micro_batch_size`.
+        """
+        sums = torch.zeros(2, dtype=torch.float64)
+        for sub, filler in self._micro_batches(idx):
+            lp, _ = self._logps(self._kto_mismatched(sub))  # fillers run too: same calls on every rank
+            if filler:
+                continue
+            ref = self.reference["second"][torch.tensor(sub)]
+            sums += torch.stack([(lp.cpu().double() - ref.double()).sum(), torch.tensor(float(len(sub)))])
+        sums = distributed.all_reduce_sum(sums.to(self.device)).cpu()
+        return (sums[0] / sums[1].clamp(min=1.0)).clamp(min=0).float()
 
     def _logps(self, trajs: list[Trajectory]) -> tuple[torch.Tensor, torch.Tensor]:
         """(summed response log-probs [n], response token counts [n]) under the current model."""
@@ -221,8 +284,22 @@ class PreferenceTrainer:
         g = torch.Generator().manual_seed(self.seed + epoch)
         return torch.randperm(self.n, generator=g).tolist()
 
-    def _loss(self, idx: list[int]) -> tuple[torch.Tensor, dict[str, float]]:
+    def _loss(self, idx: list[int], z0: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+        """Per-example losses of the micro-batch `idx` and its stats; `z0`: KTO's reference point."""
         cfg = self.cfg
+        if self.kto:  # z₀ comes from the whole batch (`_kto_reference_point`): only own rows here
+            lp, lengths = self._logps(self._kto_own(idx))
+            ref = self.reference["first"][torch.tensor(idx)].to(self.device)
+            desirable = torch.tensor([self.examples[i][3] for i in idx], device=self.device)
+            return kto_loss(
+                lp,
+                ref,
+                desirable,
+                z0=z0,
+                beta=cfg.beta,
+                desirable_weight=cfg.desirable_weight,
+                undesirable_weight=cfg.undesirable_weight,
+            )
         lp, lengths = self._logps(self._sequences(idx))
         k = len(idx)
         first, second = lp[:k], lp[k:]
@@ -236,19 +313,6 @@ class PreferenceTrainer:
         if cfg.loss == "ipo":
             assert ref1 is not None and ref2 is not None
             return ipo_loss(first, second, ref1, ref2, len1, len2, beta=cfg.beta)
-        if cfg.loss == "kto":
-            assert ref1 is not None and ref2 is not None
-            desirable = torch.tensor([self.examples[i][3] for i in idx], device=self.device)
-            return kto_loss(
-                first,
-                ref1,
-                desirable,
-                second.detach(),
-                ref2,
-                beta=cfg.beta,
-                desirable_weight=cfg.desirable_weight,
-                undesirable_weight=cfg.undesirable_weight,
-            )
         avg1, avg2 = first / len1.clamp(min=1), second / len2.clamp(min=1)
         if cfg.loss == "simpo":
             return simpo_loss(
@@ -267,10 +331,11 @@ class PreferenceTrainer:
         sums: dict[str, float] = defaultdict(float)
         total = 0.0
         micros = self._micro_batches(idx)
+        z0 = self._kto_reference_point(idx) if self.kto else None
         W = self.world.size  # FSDP averages the ranks' gradients: each rank's loss is scaled by W
         for j, (sub, filler) in enumerate(micros):
             distributed.set_requires_gradient_sync(self.model, j == len(micros) - 1)
-            losses, stats = self._loss(sub)
+            losses, stats = self._loss(sub, z0)
             loss = losses.sum() / len(idx) * (0.0 if filler else W)
             loss.backward()
             if filler:

@@ -2,7 +2,8 @@
 
 - GRPO: group-relative advantages, per-sequence token mean, k3 KL in the loss.
 - DAPO (Yu et al. 2025, arXiv:2503.14476): `clip_high` > `clip_low` (clip-higher),
-  `dynamic_sampling`, `loss_aggregation: token_mean`, `overlong_filter` / `overlong_penalty`.
+  `dynamic_sampling` (on accuracy, fillers out of the loss: `GRPOTrainer.sample`),
+  `loss_aggregation: token_mean`, `overlong_filter` / `overlong_penalty`.
 - Dr. GRPO (Liu et al. 2025, arXiv:2503.20783): `scale_rewards: none`,
   `loss_aggregation: seq_mean_token_sum_norm`.
 - RLOO (Ahmadian et al. 2024, arXiv:2402.14740): `advantage_estimator: rloo`.
@@ -38,6 +39,25 @@ from textgym.trainers.advantages import (
 from textgym.trainers.on_policy import OnPolicyTrainer, rollout_metrics
 
 
+def group_accuracy(group: list[Trajectory]) -> list[float]:
+    """The accuracy of each trajectory of a group, for DAPO's dynamic-sampling filter.
+
+    The env's `reward/correct` term (`Trajectory.reward_terms`, summed over turns) when it
+    has one; otherwise the reward without the trainer's shaping (DAPO's overlong penalty,
+    `reward/overlong`), so that the penalty alone never makes a group look informative.
+    Rounded to 1e-9 so that float noise does not either.
+    """
+    return [
+        round(
+            t.reward_terms["reward/correct"]
+            if "reward/correct" in t.reward_terms
+            else t.reward - t.reward_terms.get("reward/overlong", 0.0),
+            9,
+        )
+        for t in group
+    ]
+
+
 class GRPOTrainer(OnPolicyTrainer):
     """Trains `model` in place with GRPO (or DAPO, Dr. GRPO, RLOO, REINFORCE++) on `cfg.env`.
 
@@ -48,15 +68,21 @@ class GRPOTrainer(OnPolicyTrainer):
     cfg: GRPOConfig
 
     def sample(self, metrics: dict[str, float]) -> list[Trajectory]:
-        """The step's groups; with dynamic sampling, groups with equal rewards are replaced.
+        """The step's groups; with dynamic sampling, groups whose accuracy is all equal are replaced.
 
         DAPO's dynamic sampling (Yu et al. 2025, eq. 11) keeps only groups with
-        0 < #correct < G; it rolls out further batches of `prompts_per_step` tasks, up to
-        `max_sampling_tries` rounds, and fills a batch that is still short with dropped groups
-        (whose advantage is zero). Metrics: `sampling/rounds`, `sampling/dropped_groups`
-        (over all rounds), `sampling/filled_groups` (dropped groups used as filler).
-        Distributed, every rank sees every round's groups (gathered) and makes the same choice;
-        it keeps its contiguous `prompts_per_step / ranks` of the chosen groups.
+        0 < #correct < G: it filters on accuracy (`group_accuracy`), not on the reward, so a
+        group that is all correct (or all wrong) is dropped even when the overlong penalty
+        makes its rewards differ — as verl's `filter_groups.metric: acc` does (groups whose
+        accuracy has zero std are dropped). It rolls out further batches of `prompts_per_step`
+        tasks, up to `max_sampling_tries` rounds, and fills a batch that is still short with
+        dropped groups. Those fillers carry no learning signal (zero advantage), so they are
+        masked out of the loss (`self._loss_rows`): they count in neither `num_tokens` nor
+        `num_seqs` and do not dilute the kept groups' gradient. Metrics: `sampling/rounds`,
+        `sampling/dropped_groups` (over all rounds), `sampling/filled_groups` (dropped groups
+        used as filler). Distributed, every rank sees every round's groups (gathered) and
+        makes the same choice; it keeps its contiguous `prompts_per_step / ranks` of the
+        chosen groups.
         """
         cfg, G = self.cfg, self.cfg.group_size
         if not cfg.dynamic_sampling:
@@ -71,12 +97,14 @@ class GRPOTrainer(OnPolicyTrainer):
             everything += trajs
             for g in range(0, len(trajs), G):
                 group = trajs[g : g + G]
-                rewards = {round(t.reward, 9) for t in group}
-                (kept if len(rewards) > 1 else dropped).append(group)
+                (kept if len(set(group_accuracy(group))) > 1 else dropped).append(group)
         short = max(0, cfg.prompts_per_step - len(kept))
         chosen = kept[: cfg.prompts_per_step] + dropped[:short]
+        filler = [False] * (len(chosen) - short) + [True] * short
         k = cfg.prompts_per_step // self.world.size
         chosen = chosen[self.world.rank * k : (self.world.rank + 1) * k]
+        filler = filler[self.world.rank * k : (self.world.rank + 1) * k]
+        self._loss_rows = torch.tensor([not f for f in filler for _ in range(G)])
         metrics.update(rollout_metrics(everything, gather=False))
         metrics.update(
             {

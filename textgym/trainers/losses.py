@@ -21,7 +21,7 @@ def aggregate(
     mask: torch.Tensor,
     mode: Aggregation = "seq_mean_token_mean",
     *,
-    num_seqs: int | None = None,
+    num_seqs: float | None = None,
     num_tokens: float | None = None,
     norm_len: int | None = None,
 ) -> torch.Tensor:
@@ -38,7 +38,8 @@ def aggregate(
         values: [B, L] per-token loss.
         mask: [B, L] 1.0 on tokens that count.
         mode: one of the three above.
-        num_seqs: B of the whole minibatch when `values` is one micro-batch of it.
+        num_seqs: B of the whole minibatch when `values` is one micro-batch of it (the rows
+            that count: a trainer that masks rows out of the loss leaves them out of it too).
         num_tokens: Σ mask of the whole minibatch when `values` is one micro-batch of it.
         norm_len: the constant length of `seq_mean_token_sum_norm` (default: L).
 
@@ -58,13 +59,48 @@ def aggregate(
     raise ValueError(f"unknown loss aggregation {mode!r}")
 
 
+K3_CAP = 20.0
+"""Above this log-ratio `k3` continues linearly (see `k3`): e^20 ≈ 4.9e8 is far from float32's
+overflow at e^88.7, and a token that far from the reference is a diverged one."""
+
+RATIO_LOG_CAP = 20.0
+"""The PPO ratio's log is capped here before `exp` (see `clipped_policy_loss`)."""
+
+
+def k3(log_ratio: torch.Tensor, cap: float = K3_CAP) -> torch.Tensor:
+    """Schulman's k3 = e^x − 1 − x of a log-ratio x, accurate near 0, finite and differentiable everywhere.
+
+    Computed as `expm1(x) − x` (no cancellation in `exp(x) − 1` for tiny x). Below `cap` it
+    is exactly k3, with no clamp on the low side: e^x cannot overflow there, and the
+    gradient e^x − 1 → −1 is what pulls a token with π_θ ≫ π_ref back (for x = log π_ref −
+    log π_θ < −20 a clamp would make it 0). Above `cap` it continues with the first-order
+    extension of e^x at the cap, `e^c·(1 + x − c) − 1 − x`: continuous with a continuous
+    gradient e^c − 1 (> 0, no overflow), where a clamp would also zero the gradient.
+
+    In floating point `expm1(x) − x` can still come out a few ulps below 0 for |x| ≲ 1e-7;
+    metrics clamp it at 0 (`.clamp(min=0)`), losses use it as is.
+
+    Args:
+        log_ratio: [...] log-ratios x.
+        cap: c, where the linear continuation starts.
+
+    Returns:
+        [...] k3 values (not masked).
+    """
+    capped = log_ratio.clamp(max=cap)
+    over = torch.where(log_ratio > cap, log_ratio - cap, torch.zeros_like(log_ratio))
+    return torch.expm1(capped) - log_ratio + torch.exp(capped) * over
+
+
 def kl_estimate(
     logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: KLEstimator = "k3"
 ) -> torch.Tensor:
     """Per-token estimate of KL(π_θ ‖ π_ref) from samples of π_θ (Schulman 2020, "Approximating KL").
 
     With `log_ratio = log π_ref − log π_θ` at the sampled token:
-    k1 = −log_ratio; k2 = ½·log_ratio²; k3 = exp(log_ratio) − 1 − log_ratio (≥ 0, unbiased).
+    k1 = −log_ratio; k2 = ½·log_ratio²; k3 = exp(log_ratio) − 1 − log_ratio (≥ 0, unbiased),
+    computed by `k3` (expm1, no clamp below, a linear continuation above log_ratio = 20, so
+    its gradient never vanishes).
 
     Expected gradients for on-policy samples (see ../shared/reference/004; checked exactly in
     tests/test_advantages.py): differentiated in the loss, k1 gives 0 (noise only), k2 gives
@@ -89,9 +125,7 @@ def kl_estimate(
     if estimator == "k2":
         return 0.5 * log_ratio.pow(2)
     if estimator == "k3":
-        # Clamp so exp() cannot overflow on a badly diverged token; k3 is flat there anyway.
-        log_ratio = log_ratio.clamp(-20.0, 20.0)
-        return log_ratio.exp() - 1.0 - log_ratio
+        return k3(log_ratio)
     raise ValueError(f"unknown KL estimator {estimator!r}")
 
 
@@ -107,7 +141,7 @@ def clipped_policy_loss(
     ref_logprobs: torch.Tensor | None = None,
     kl_coef: float = 0.0,
     kl_estimator: KLEstimator = "k3",
-    num_seqs: int | None = None,
+    num_seqs: float | None = None,
     num_tokens: float | None = None,
     norm_len: int | None = None,
     dual_clip: float | None = None,
@@ -122,6 +156,11 @@ def clipped_policy_loss(
     `aggregate`. With `dual_clip = c > 1`, tokens with Â < 0 have their surrogate loss capped
     at −c·Â, so a huge ratio on a bad token cannot make an unbounded step (Ye et al. 2020,
     arXiv:1912.09729, eq. 5).
+
+    The ratio's exponent is capped at `RATIO_LOG_CAP` = 20 before `exp` (as verl does): in
+    the normal range nothing changes; beyond, ρ stays at e^20 with no gradient instead of
+    overflowing to inf (whose product with a zero advantage, or in the backward pass, is nan).
+    An Â > 0 token there is clipped anyway; an Â < 0 one is what `dual_clip` bounds.
 
     KL in the loss: what the gradient of `β·KL_est` does depends on the estimator (Shah et
     al. 2026, table in ../shared/reference/004): k3 (GRPO) is stable but its expected gradient
@@ -159,7 +198,9 @@ def clipped_policy_loss(
     if advantages.ndim == 1:
         advantages = advantages[:, None].expand_as(logprobs)
     log_ratio = logprobs - old_logprobs
-    ratio = torch.exp(log_ratio)
+    # Guard against overflow (e^89 = inf in float32, and inf·0 = nan for a zero advantage or in
+    # the gradient): identical below log ρ = 20; above, ρ stays at e^20 with no gradient.
+    ratio = torch.exp(log_ratio.clamp(max=RATIO_LOG_CAP))
     clipped = ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
     pg = -torch.minimum(ratio * advantages, clipped * advantages)  # [B, L]
     dual = None
@@ -196,10 +237,12 @@ def clipped_policy_loss(
             "clip/frac_dual": 0.0 if dual is None else float((dual.float() * mask).sum() / n),
             "ratio/mean": float((ratio * mask).sum() / n),
             "ratio/max": float(ratio.masked_fill(mask == 0, 0.0).max()) if mask.any() else 1.0,
-            "kl/old_approx": float(((log_ratio.exp() - 1 - log_ratio) * mask).sum() / n),
+            "kl/old_approx": float((k3(log_ratio).clamp(min=0.0) * mask).sum() / n),
         }
         if kl is not None:
-            stats["kl/ref"] = float((kl * mask).sum() / n)
+            # k3 is ≥ 0 in exact arithmetic but may round a few ulps below 0: the metric is clamped.
+            kl_metric = kl.clamp(min=0.0) if kl_estimator == "k3" else kl
+            stats["kl/ref"] = float((kl_metric * mask).sum() / n)
     return loss, stats
 
 
@@ -241,7 +284,7 @@ def value_loss(
     *,
     clip_range: float | None = 0.2,
     aggregation: Aggregation = "token_mean",
-    num_seqs: int | None = None,
+    num_seqs: float | None = None,
     num_tokens: float | None = None,
     norm_len: int | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
@@ -336,7 +379,7 @@ def rollout_correction(
         n = mask.sum().clamp(min=1.0)
         stats = {
             "mismatch/kl": float((-log_ratio * mask).sum() / n),
-            "mismatch/k3": float(((ratio - 1.0 - log_ratio) * mask).sum() / n),
+            "mismatch/k3": float((k3(log_ratio).clamp(min=0.0) * mask).sum() / n),
             "mismatch/ratio_max": float(ratio[on].max()) if on.any() else 1.0,
             "mismatch/ratio_min": float(ratio[on].min()) if on.any() else 1.0,
             "mismatch/abs_diff_max": float(log_ratio.abs()[on].max()) if on.any() else 0.0,

@@ -12,7 +12,10 @@ pass); `kl/old_approx` at the first minibatch measures any sampler/trainer misma
 the vLLM engine (`cfg.rollout.backend = "vllm"`), the trainer recomputes log π_old itself,
 logs the rollout/trainer mismatch (`mismatch/*`), weights the policy gradient by truncated
 importance weights (TIS, on by default there), and pushes the updated weights into the
-engine after each iteration's optimizer steps.
+engine after each iteration's optimizer steps. `rollout.tis: true` does the same on the
+transformers backend (one extra no-grad forward): the KV-cached decoding that sampled and
+the padded training forward compute slightly different probabilities under bf16 or FSDP,
+and TIS corrects for it exactly as it does for vLLM; by default it is off there.
 
 Under torchrun (`textgym.distributed`) every rank draws the same global task list, rolls
 out its contiguous slice of whole prompts (a group never straddles ranks) with the full
@@ -54,7 +57,7 @@ from textgym.trainers.common import (
     save_lora_final,
     sequence_logprobs,
 )
-from textgym.trainers.losses import aggregate, clipped_policy_loss, rollout_correction
+from textgym.trainers.losses import aggregate, clipped_policy_loss, kl_estimate, rollout_correction
 
 EvalFn = Callable[[PreTrainedModel, PreTrainedTokenizerBase], dict[str, float]]
 
@@ -182,6 +185,7 @@ class OnPolicyTrainer:
         self.step = 0
         self._ref_logprobs: torch.Tensor | None = None
         self._is_weights: torch.Tensor | None = None
+        self._loss_rows: torch.Tensor | None = None  # [B] bool set by `sample`: rows in the loss
         self._setup(updates)  # subclass models are built from the unsharded policy, then sharded
         self.policy = self._shard(model)
         if self.reference is not None:
@@ -285,10 +289,18 @@ class OnPolicyTrainer:
         raise NotImplementedError
 
     def _critic_loss(
-        self, sub: RolloutBatch, rows: torch.Tensor, num_seqs: int, num_tokens: float
+        self, sub: RolloutBatch, rows: torch.Tensor, minibatch: torch.Tensor, num_tokens: float
     ) -> tuple[torch.Tensor, dict[str, float]] | None:
-        """The critic's loss on a micro-batch (None: no critic)."""
+        """The critic's loss on the micro-batch `rows` of `minibatch` (None: no critic).
+
+        `num_tokens` is this rank's share of the minibatch's policy tokens (the policy loss's
+        denominator); a critic that trains other positions too computes its own.
+        """
         return None
+
+    def _loss_kl_coef(self) -> float:
+        """β of the KL term in the loss (`kl_placement: loss`): `cfg.kl_coef`; PPO's controller's β."""
+        return self.cfg.kl_coef
 
     def _critic_step(self) -> dict[str, float]:
         """Step the critic's optimizer after a minibatch; return its stats."""
@@ -341,7 +353,11 @@ class OnPolicyTrainer:
         return trajs
 
     def sample(self, metrics: dict[str, float]) -> list[Trajectory]:
-        """The step's trajectories (`prompts_per_step × group_size` in all); subclasses may resample."""
+        """The step's trajectories (`prompts_per_step × group_size` in all); subclasses may resample.
+
+        A subclass may set `self._loss_rows` ([B] bool, this rank's rows) to leave rows out of
+        the loss: their tokens are masked and they count in neither `num_tokens` nor `num_seqs`.
+        """
         trajs = self.collect(self.cfg.prompts_per_step)
         metrics.update(rollout_metrics(trajs))
         return trajs
@@ -351,6 +367,7 @@ class OnPolicyTrainer:
         cfg = self.cfg
         t0 = time.perf_counter()
         metrics: dict[str, float] = {}
+        self._loss_rows = None
         trajs = self.sample(metrics)
         t_rollout = time.perf_counter() - t0
         if cfg.log_trajectories:
@@ -363,6 +380,9 @@ class OnPolicyTrainer:
             cut = torch.tensor([t.finish_reason == "length" for t in trajs], device=self.device)
             batch.loss_mask = batch.loss_mask * (~cut).float()[:, None]
             metrics["rollout/overlong_masked"] = float(cut.float().mean())
+        loss_rows = None if self._loss_rows is None else self._loss_rows.to(self.device)
+        if loss_rows is not None:  # e.g. DAPO's filler groups: out of the loss and its normalisers
+            batch.loss_mask = batch.loss_mask * loss_rows.float()[:, None]
 
         t1 = time.perf_counter()
         # Token means are combined over ranks weighted by each rank's policy tokens.
@@ -370,8 +390,10 @@ class OnPolicyTrainer:
         token_means = ("kl/rollout_k3", "kl/ref", "value/mean_rollout", "returns/mean")
         token_weights = {k: tokens for k in token_means}
         self._is_weights = None
-        if self.engine is not None:
+        if self.engine is not None or cfg.rollout.use_tis:
             # The engine's log-probs are π_rollout; the ratio's denominator is the trainer's π_old.
+            # With the transformers backend and `rollout.tis: true`, π_rollout is the KV-cached
+            # decoding's and π_old the padded training forward's (they differ under bf16/FSDP).
             rollout_logprobs = batch.old_logprobs
             batch.old_logprobs = self._trainer_logprobs(batch)
             weights, stats = rollout_correction(
@@ -385,11 +407,11 @@ class OnPolicyTrainer:
         self._ref_logprobs = self._reference_logprobs(batch)
         if self._ref_logprobs is not None:
             # One KL measure whatever the estimator and placement: k3 of π_old vs π_ref per token.
-            lr = (self._ref_logprobs - batch.old_logprobs).clamp(-20.0, 20.0)
-            k3 = (lr.exp() - 1.0 - lr) * batch.loss_mask
+            # (expm1-based, clamped at 0: k3 ≥ 0 in exact arithmetic, a few ulps below in floats)
+            k3 = kl_estimate(batch.old_logprobs, self._ref_logprobs, "k3").clamp(min=0.0) * batch.loss_mask
             metrics["kl/rollout_k3"] = float(k3.sum() / batch.loss_mask.sum().clamp(min=1.0))
         advantages = self.compute_advantages(batch, trajs, metrics)
-        metrics.update(self.update(batch, advantages, ref_logprobs=self._ref_logprobs))
+        metrics.update(self.update(batch, advantages, ref_logprobs=self._ref_logprobs, loss_rows=loss_rows))
         t_update = time.perf_counter() - t1
         if self.engine is not None:
             t2 = time.perf_counter()
@@ -417,6 +439,7 @@ class OnPolicyTrainer:
         *,
         epochs: int | None = None,
         step_policy: bool | None = None,
+        loss_rows: torch.Tensor | None = None,
     ) -> dict[str, float]:
         """μ epochs over shuffled minibatches of `batch`, accumulating over micro-batches.
 
@@ -427,6 +450,9 @@ class OnPolicyTrainer:
                 loss and it is not given).
             epochs: passes over the batch (default `cfg.epochs`).
             step_policy: False trains only the critic (default: `_update_policy()`).
+            loss_rows: [B] bool, the rows that count in the policy loss (None: all). The
+                others must have their `loss_mask` zeroed already (so they are out of
+                `num_tokens`); here they are left out of `num_seqs` too.
 
         Returns:
             Loss, KL, clip, entropy and gradient-norm metrics, averaged over optimizer steps
@@ -443,7 +469,7 @@ class OnPolicyTrainer:
             ref_logprobs = None
         elif ref_logprobs is None:
             ref_logprobs = self._reference_logprobs(batch)
-        kl_coef = cfg.kl_coef if cfg.kl_placement == "loss" else 0.0
+        kl_coef = self._loss_kl_coef() if cfg.kl_placement == "loss" else 0.0
         advantages = advantages.to(self.device)
         step_policy = self._update_policy() if step_policy is None else step_policy
         sums: dict[str, float] = defaultdict(float)
@@ -454,6 +480,9 @@ class OnPolicyTrainer:
             for mb in chunks(torch.randperm(len(batch)), self.minibatch_size):
                 # The global Σ mask (at least 1) divided by the ranks: see the docstring.
                 num_tokens = max(distributed.share(float(batch.loss_mask[mb].sum())), 1.0 / self.world.size)
+                num_seqs: float = len(mb)
+                if loss_rows is not None:
+                    num_seqs = max(distributed.share(float(loss_rows[mb].sum())), 1.0 / self.world.size)
                 self.optimizer.zero_grad(set_to_none=True)
                 micros = chunks(mb, self.micro_batch_size)
                 for i, micro in enumerate(micros):
@@ -462,7 +491,7 @@ class OnPolicyTrainer:
                     micro_d = micro.to(self.device)
                     Lm = sub.loss_mask.shape[1]
                     w = float(sub.loss_mask.sum())
-                    critic = self._critic_loss(sub, micro_d, len(mb), num_tokens)
+                    critic = self._critic_loss(sub, micro_d, mb, num_tokens)
                     if critic is not None:
                         critic[0].backward()
                         for k, v in critic[1].items():
@@ -488,7 +517,7 @@ class OnPolicyTrainer:
                         ref_logprobs=None if ref_logprobs is None else ref_logprobs[micro_d, :Lm],
                         kl_coef=kl_coef,
                         kl_estimator=cfg.kl_estimator,
-                        num_seqs=len(mb),
+                        num_seqs=num_seqs,
                         num_tokens=num_tokens,
                         norm_len=cfg.sampling.max_new_tokens,
                         is_weights=is_w,
@@ -574,10 +603,13 @@ class OnPolicyTrainer:
     def _trainer_logprobs(self, batch: RolloutBatch) -> torch.Tensor:
         """[B, L] log π_old of the batch's tokens under the current policy, in eval mode."""
         policy, T = self.policy, self.cfg.sampling.temperature
+        split = distributed.is_sharded(policy)  # every rank makes the same forward calls
         was_training = policy.training
         policy.eval()
         try:
-            return self.per_micro_batch(batch, lambda sub: sequence_logprobs(policy, sub, T)[0])
+            return self.per_micro_batch(
+                batch, lambda sub: sequence_logprobs(policy, sub, T, split_prompt=split)[0]
+            )
         finally:
             policy.train(was_training)
 

@@ -13,7 +13,23 @@ values V(s_t) of the state before each response token; GAE(γ, λ) over policy t
 from the critic's value of its final state, a `terminated` one from 0); returns = Â + V;
 advantages whitened; then μ epochs over minibatches of the clipped surrogate for the policy
 and the (clipped) value loss for the critic, each with its own optimizer. β is fixed or
-adapted towards `kl_target` (`kl_control.AdaptiveKLController`).
+adapted towards `kl_target` (`kl_control.AdaptiveKLController`); wherever the KL goes (reward
+or loss) it is weighted by the controller's current β, which moves after each iteration's
+update from the KL of that iteration's rollouts.
+
+Truncation. verl and OpenRLHF treat the end of every response as terminal (the value after
+the last response token is 0, nothing is bootstrapped), which is right for a response cut
+by its length budget but not for gymnasium's `truncated`: an episode cut by `TimeLimit`
+(or `max_turns`) would have continued, and its last state's value is the expected return
+still to come. That value cannot be a regression target of the truncated episode itself
+(nothing of it was observed; its only consistent λ-return is V itself). It is learnt from
+the same kind of state mid-episode instead: the state after a turn's last policy token,
+whose target is the return of the next turn's first token (the environment's reply carries
+no reward or discount; `advantages.turn_end_value_targets`). Those states join the policy
+tokens' in the value loss, so the bootstrap reads a kind of position the critic is trained
+on (Pardo et al. 2018, "Time Limits in Reinforcement Learning", arXiv:1712.00378:
+partial-episode bootstrapping). A batch of single-turn episodes has no such state, and its
+value loss is unchanged.
 
 Distributed (torchrun), the critic is sharded like the policy; GAE runs per sequence on each
 rank's rows, while whitening, explained variance and the KL controller's measurement use
@@ -32,7 +48,14 @@ from transformers import AutoModelForTokenClassification, PreTrainedModel
 from textgym import distributed
 from textgym.agents.trajectory import RolloutBatch, Trajectory
 from textgym.config import PPOConfig
-from textgym.trainers.advantages import explained_variance, gae, masked_mean, token_level_rewards, whiten
+from textgym.trainers.advantages import (
+    explained_variance,
+    gae,
+    masked_mean,
+    token_level_rewards,
+    turn_end_value_targets,
+    whiten,
+)
 from textgym.trainers.common import (
     build_optimizer,
     load_optimizer,
@@ -93,7 +116,9 @@ def sequence_values(critic: PreTrainedModel, batch: RolloutBatch) -> torch.Tenso
 
     Column t < L is V(s_t), the value of the prefix before response token t (read from the
     head at position P − 1 + t); column n_i (the row's response length) is the value of the
-    whole sequence, used to bootstrap a truncated episode.
+    whole sequence, the state after its last turn, used to bootstrap a truncated episode.
+    The value loss trains that kind of state at the mid-episode turn ends
+    (`advantages.turn_end_value_targets`).
 
     Args:
         critic: a token-classification model with one label.
@@ -135,6 +160,7 @@ class PPOTrainer(OnPolicyTrainer):
             if cfg.kl_target is not None
             else FixedKLController(cfg.kl_coef)
         )
+        self._kl_measured: tuple[float, int] | None = None  # (KL per sequence, sequences) for kl_ctl
 
     def _extra_state(self) -> dict[str, Any]:
         return {"kl_coef": self.kl_ctl.value}
@@ -193,7 +219,12 @@ class PPOTrainer(OnPolicyTrainer):
         final_value = values_all.gather(1, n_cols[:, None].clamp(max=L))[:, 0]
         bootstrap = torch.where(truncated, final_value, torch.zeros_like(final_value))
         adv, returns = gae(rewards, values, mask, gamma=cfg.gamma, lam=cfg.lam, bootstrap=bootstrap)
-        self._old_values, self._returns = values * mask, returns
+        # The critic trains on the policy tokens' states and on the mid-episode turn ends, the
+        # kind of state the bootstrap above reads (`turn_end_value_targets`).
+        ends, end_targets = turn_end_value_targets(mask, returns)
+        self._critic_mask = mask + ends
+        self._old_values, self._returns = values * self._critic_mask, returns
+        self._value_targets = returns + end_targets
         reduce = distributed.all_reduce_sum  # batch statistics over every rank's rows
         metrics["value/explained_variance"] = explained_variance(values, returns, mask, reduce=reduce)
         metrics["value/mean_rollout"] = float(masked_mean(values, mask))  # token-weighted over ranks
@@ -201,13 +232,19 @@ class PPOTrainer(OnPolicyTrainer):
         metrics["kl/coef"] = beta
         if cfg.whiten_advantages:
             adv = whiten(adv, mask, reduce=reduce)
+        # The controller moves β after this iteration's update (`update`), so the β in the reward
+        # or the loss of this iteration is the one logged as `kl/coef`.
         n_seqs = len(batch) * self.world.size
         if "kl/ref_seq" in kl_stats:
-            self.kl_ctl.update(distributed.mean(kl_stats["kl/ref_seq"]), n_seqs)
+            self._kl_measured = (distributed.mean(kl_stats["kl/ref_seq"]), n_seqs)
         elif self._ref_logprobs is not None:  # KL in the loss: still track it for the controller
             kl = (batch.old_logprobs - self._ref_logprobs) * mask
-            self.kl_ctl.update(distributed.mean(float(kl.sum(-1).mean())), n_seqs)
+            self._kl_measured = (distributed.mean(float(kl.sum(-1).mean())), n_seqs)
         return adv
+
+    def _loss_kl_coef(self) -> float:
+        """The controller's current β (fixed, or adapted towards `kl_target`)."""
+        return self.kl_ctl.value
 
     def update(
         self,
@@ -217,35 +254,52 @@ class PPOTrainer(OnPolicyTrainer):
         *,
         epochs: int | None = None,
         step_policy: bool | None = None,
+        loss_rows: torch.Tensor | None = None,
     ) -> dict[str, float]:
         """The shared update (policy and critic, `cfg.epochs`), then critic-only passes up to `critic.epochs`.
 
         See `OnPolicyTrainer.update` for the arguments. The value stats returned are those
-        of the last pass.
+        of the last pass. With `kl_placement: loss` the KL term is weighted by the controller's
+        β (`kl_ctl.value`, logged as `kl/coef`); the controller then takes the KL measured by
+        `compute_advantages` and moves β for the next iteration (Ziegler et al. 2019, §2.2).
         """
-        stats = super().update(batch, advantages, ref_logprobs, epochs=epochs, step_policy=step_policy)
+        stats = super().update(
+            batch, advantages, ref_logprobs, epochs=epochs, step_policy=step_policy, loss_rows=loss_rows
+        )
         extra = self.cfg.critic.epochs - (self.cfg.epochs if epochs is None else epochs)
         if extra > 0:
-            critic_stats = super().update(batch, advantages, ref_logprobs, epochs=extra, step_policy=False)
+            critic_stats = super().update(
+                batch, advantages, ref_logprobs, epochs=extra, step_policy=False, loss_rows=loss_rows
+            )
             stats.update({k: v for k, v in critic_stats.items() if k.startswith(("loss/value", "value/"))})
+        if self._kl_measured is not None:
+            self.kl_ctl.update(*self._kl_measured)
+            self._kl_measured = None
         return stats
 
     def _critic_loss(
-        self, sub: RolloutBatch, rows: torch.Tensor, num_seqs: int, num_tokens: float
+        self, sub: RolloutBatch, rows: torch.Tensor, minibatch: torch.Tensor, num_tokens: float
     ) -> tuple[torch.Tensor, dict[str, float]]:
+        """The value loss over the critic's positions: policy tokens' states and mid-episode turn ends.
+
+        Its token denominator is this rank's share of the minibatch's critic positions (the
+        policy tokens plus the turn ends), so micro-batches and ranks add up to the whole
+        minibatch's loss as for the policy.
+        """
         cfg = self.cfg
         self.critic.train()
         Lm = sub.loss_mask.shape[1]
         values = sequence_values(self.critic, sub)[:, :Lm]
+        critic_tokens = float(self._critic_mask[minibatch].sum())
         return value_loss(
             values,
             self._old_values[rows, :Lm],
-            self._returns[rows, :Lm],
-            sub.loss_mask,
+            self._value_targets[rows, :Lm],
+            self._critic_mask[rows, :Lm],
             clip_range=cfg.critic.value_clip,
             aggregation=cfg.loss_aggregation,
-            num_seqs=num_seqs,
-            num_tokens=num_tokens,
+            num_seqs=len(minibatch),
+            num_tokens=max(distributed.share(critic_tokens), 1.0 / self.world.size),
             norm_len=cfg.sampling.max_new_tokens,
         )
 

@@ -104,30 +104,53 @@ def ipo_loss(
     return losses, _pair_stats(beta * chosen_ratio.detach(), beta * rejected_ratio.detach())
 
 
+def kto_reference_point(kl_logps: torch.Tensor, ref_kl_logps: torch.Tensor) -> torch.Tensor:
+    """KTO's z₀ (Ethayarajh et al. 2024, arXiv:2402.01306, eq. 7 and §4.2): a batch estimate of KL(π‖π_ref).
+
+    `z₀ = max(0, mean_j (log π(y'_j|x_j) − log π_ref(y'_j|x_j)))` over mismatched (prompt,
+    completion) pairs, not differentiated. A trainer that splits a batch into micro-batches
+    or ranks sums the differences and counts over all of them first (`PreferenceTrainer`),
+    so that z₀, hence the gradient, does not depend on the split.
+
+    Args:
+        kl_logps: [M] summed log-probs of the mismatched pairs under the policy.
+        ref_kl_logps: [M] the same under the reference.
+
+    Returns:
+        z₀, a 0-dim tensor ≥ 0 (detached).
+    """
+    return (kl_logps - ref_kl_logps).mean().detach().clamp(min=0)
+
+
 def kto_loss(
     logps: torch.Tensor,
     ref_logps: torch.Tensor,
     desirable: torch.Tensor,
-    kl_logps: torch.Tensor,
-    ref_kl_logps: torch.Tensor,
+    kl_logps: torch.Tensor | None = None,
+    ref_kl_logps: torch.Tensor | None = None,
     *,
+    z0: torch.Tensor | float | None = None,
     beta: float = 0.1,
     desirable_weight: float = 1.0,
     undesirable_weight: float = 1.0,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """KTO (Ethayarajh et al. 2024, arXiv:2402.01306, eq. 7): unpaired good/bad examples.
 
-    The reference point z₀ is a batch estimate of KL(π‖π_ref): the mean of
-    `log π(y'|x) − log π_ref(y'|x)` over mismatched (prompt, completion) pairs, clamped at 0
-    and not differentiated. With r = log π(y|x) − log π_ref(y|x):
+    The reference point z₀ is a batch estimate of KL(π‖π_ref) (`kto_reference_point`): the
+    mean of `log π(y'|x) − log π_ref(y'|x)` over mismatched (prompt, completion) pairs,
+    clamped at 0 and not differentiated; pass the mismatched pairs' log-probs, or `z0`
+    itself when it was reduced over a whole batch that these examples are a part of. With
+    r = log π(y|x) − log π_ref(y|x):
     desirable `ℓ = λ_D·(1 − σ(β·(r − z₀)))`, undesirable `ℓ = λ_U·(1 − σ(β·(z₀ − r)))`.
 
     Args:
         logps: [N] summed response log-probs of each example under the policy.
         ref_logps: [N] the same under the reference.
         desirable: [N] bool, the example's label.
-        kl_logps: [M] summed log-probs of the mismatched pairs that estimate z₀, policy.
+        kl_logps: [M] summed log-probs of the mismatched pairs that estimate z₀, policy
+            (unless `z0` is given).
         ref_kl_logps: [M] the same under the reference.
+        z0: the reference point, already reduced (≥ 0); overrides `kl_logps`.
         beta: β.
         desirable_weight: λ_D.
         undesirable_weight: λ_U.
@@ -138,11 +161,16 @@ def kto_loss(
         0 when there are none).
 
     Raises:
-        ValueError: if `beta` ≤ 0 or the weights are negative.
+        ValueError: if `beta` ≤ 0 or the weights are negative, or neither `z0` nor both
+            mismatched log-prob tensors are given.
     """
     if beta <= 0 or desirable_weight < 0 or undesirable_weight < 0:
         raise ValueError("beta must be > 0 and the weights >= 0")
-    z0 = (kl_logps - ref_kl_logps).mean().detach().clamp(min=0)
+    if z0 is None:
+        if kl_logps is None or ref_kl_logps is None:
+            raise ValueError("kto_loss needs z0 or the mismatched pairs' kl_logps and ref_kl_logps")
+        z0 = kto_reference_point(kl_logps, ref_kl_logps)
+    z0 = torch.as_tensor(z0, dtype=logps.dtype, device=logps.device).detach()
     r = logps - ref_logps
     desirable = desirable.bool()
     chosen = desirable_weight * (1 - torch.sigmoid(beta * (r - z0)))
