@@ -3,18 +3,22 @@
 For each init seed: the config's SFT stage builds the start (a tiny model fine-tuned until 5% of
 a probe set is right, greedy), then from that one checkpoint
 
-- textgym: the config's GRPO stage (4 epochs × 2 minibatches per rollout batch, dynamic sampling);
-- TRL, plain: `trl.GRPOTrainer` with the quickstart's settings (one optimizer step per batch of
-  16 prompts × 8 samples, 300 of them), the usual way to run it;
-- TRL, matched: TRL with the same sample reuse as textgym (`num_iterations=4`, two steps per
-  generation batch; TRL has no dynamic sampling),
+- textgym: the config's GRPO stage (200 steps of 64 prompts × 8 samples, four optimizer steps
+  of 128 sequences per batch, dynamic sampling);
+- TRL, plain: `trl.GRPOTrainer` with the quickstart's settings (300 optimizer steps, each on a
+  fresh batch of 16 prompts × 8 samples), the usual way to run it;
+- TRL, matched: TRL with textgym's batch shape (a generation batch of 64 prompts × 8 samples
+  split into four optimizer steps of 128, `steps_per_generation=4`, 200 generation batches);
+  TRL has no dynamic sampling,
 
 all with the same prompts distribution (Arithmetic's train stream), reward (math-verify exact
-match, `reward/correct`), sampling (T = 1, 10 new tokens), clip (0.2), optimizer (AdamW, lr
-3e-4, 10 warm-up steps, cosine decay over the run's optimizer steps) and no KL term. Every
-final model is evaluated the same way: greedy accuracy on the 500 held-out test problems.
+match, `reward/correct`), sampling (T = 1, 10 new tokens), clip (0.2), loss aggregation
+(per-sequence token mean, TRL's `loss_type="grpo"`), optimizer (AdamW, lr 3e-4, 10 warm-up
+steps, cosine decay over the run's optimizer steps, gradient norm clipped at 1) and no KL
+term. Every final model is evaluated the same way: greedy accuracy on the 500 held-out test
+problems.
 
-    python bench/low_start.py [--seeds 0 1 2] [--steps 300] [--out runs/bench_low_start] [--skip-trl-matched]
+    python bench/low_start.py [--seeds 0 1 2] [--out runs/bench_low_start] [--skip-trl-matched]
 
 Prints one table (start → after, per seed and trainer); results also go to `<out>/results.json`.
 """
@@ -34,7 +38,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "grpo_low_start.yaml"
 ENV_KW = {"operators": "+", "digits": 2, "instruction": ""}
-PROMPTS, GROUP, MAX_NEW, LR, WARMUP = 16, 8, 10, 3e-4, 10
+GROUP, MAX_NEW, LR, WARMUP = 8, 10, 3e-4, 10
+PLAIN = {"prompts": 16, "minibatch": 128, "steps": 300}  # the quickstart's GRPO batch
+MATCHED = {"prompts": 64, "minibatch": 128, "steps": 200}  # configs/grpo_low_start.yaml's
 
 
 def textgym(*args: str) -> None:
@@ -65,8 +71,12 @@ def held_out_accuracy(model_dir: Path, threads: int) -> float:
     return res.accuracy
 
 
-def trl_worker(model_dir: Path, out: Path, steps: int, iterations: int, minibatch: int, seed: int) -> None:
-    """Train with TRL's GRPOTrainer from `model_dir`; save the final model to `out/final`."""
+def trl_worker(model_dir: Path, out: Path, steps: int, prompts: int, minibatch: int, seed: int) -> None:
+    """Train with TRL's GRPOTrainer from `model_dir`; save the final model to `out/final`.
+
+    `steps` generation batches of `prompts` × GROUP completions, each split into optimizer steps
+    of `minibatch` completions.
+    """
     import gymnasium as gym
     import torch
     from datasets import Dataset
@@ -81,7 +91,7 @@ def trl_worker(model_dir: Path, out: Path, steps: int, iterations: int, minibatc
     data = Dataset.from_list(
         [
             {"prompt": [{"role": "user", "content": tasks[i].prompt}], "answer": tasks[i].answer}
-            for i in range((steps + 2) * PROMPTS)
+            for i in range((steps + 2) * prompts)
         ]
     )
     verifier = MathVerifier()
@@ -92,13 +102,13 @@ def trl_worker(model_dir: Path, out: Path, steps: int, iterations: int, minibatc
             for c, a in zip(completions, answer, strict=True)
         ]
 
-    per_generation = PROMPTS * GROUP // minibatch
+    per_generation = prompts * GROUP // minibatch
     args = GRPOConfig(
         output_dir=str(out / "trl"),
         per_device_train_batch_size=minibatch,
         steps_per_generation=per_generation,
         num_generations=GROUP,
-        num_iterations=iterations,
+        num_iterations=1,
         gradient_accumulation_steps=1,
         max_completion_length=MAX_NEW,
         temperature=1.0,
@@ -112,7 +122,7 @@ def trl_worker(model_dir: Path, out: Path, steps: int, iterations: int, minibatc
         lr_scheduler_type="cosine",
         warmup_steps=WARMUP,
         max_grad_norm=1.0,
-        max_steps=steps * per_generation * iterations,
+        max_steps=steps * per_generation,
         logging_steps=10,
         save_strategy="no",
         report_to="none",
@@ -135,14 +145,12 @@ def trl_worker(model_dir: Path, out: Path, steps: int, iterations: int, minibatc
     trainer.save_model(str(out / "final"))
 
 
-def run_trl(
-    model_dir: Path, out: Path, steps: int, iterations: int, minibatch: int, seed: int, threads: int
-) -> float:
-    """Run `trl_worker` in its own process; return its wall time in seconds."""
+def run_trl(model_dir: Path, out: Path, shape: dict[str, int], seed: int, threads: int) -> float:
+    """Run `trl_worker` in its own process with a batch `shape`; return its wall time in seconds."""
     t = time.perf_counter()
     cmd = [sys.executable, __file__, "--trl-worker", str(model_dir), str(out)]
-    cmd += ["--steps", str(steps), "--iterations", str(iterations), "--minibatch", str(minibatch)]
-    cmd += ["--seed", str(seed), "--threads", str(threads)]
+    cmd += ["--steps", str(shape["steps"]), "--prompts", str(shape["prompts"])]
+    cmd += ["--minibatch", str(shape["minibatch"]), "--seed", str(seed), "--threads", str(threads)]
     print("$ trl", " ".join(cmd[3:]), flush=True)
     subprocess.run(cmd, check=True)
     return time.perf_counter() - t
@@ -152,13 +160,13 @@ def main() -> None:
     """Run the comparison and print the table."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    ap.add_argument("--steps", type=int, default=300, help="rollout batches per run")
     ap.add_argument("--out", default="runs/bench_low_start")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--skip-trl-matched", action="store_true", help="only TRL's plain settings")
     ap.add_argument("--trl-worker", nargs=2, metavar=("MODEL", "OUT"), help=argparse.SUPPRESS)
-    ap.add_argument("--iterations", type=int, default=1, help=argparse.SUPPRESS)
-    ap.add_argument("--minibatch", type=int, default=PROMPTS * GROUP, help=argparse.SUPPRESS)
+    ap.add_argument("--steps", type=int, default=300, help=argparse.SUPPRESS)
+    ap.add_argument("--prompts", type=int, default=16, help=argparse.SUPPRESS)
+    ap.add_argument("--minibatch", type=int, default=128, help=argparse.SUPPRESS)
     ap.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.trl_worker:
@@ -168,7 +176,7 @@ def main() -> None:
         torch.set_num_threads(a.threads)
         hf_logging.set_verbosity_error()
         hf_logging.disable_progress_bar()
-        trl_worker(Path(a.trl_worker[0]), Path(a.trl_worker[1]), a.steps, a.iterations, a.minibatch, a.seed)
+        trl_worker(Path(a.trl_worker[0]), Path(a.trl_worker[1]), a.steps, a.prompts, a.minibatch, a.seed)
         return
 
     out = Path(a.out).resolve()
@@ -184,7 +192,7 @@ def main() -> None:
             t = time.perf_counter()
             textgym(
                 "train", str(CONFIG), f"name={name}", f"out_dir={out}", f"model.init_seed={seed}",
-                f"grpo.steps={a.steps}", f"threads={a.threads}", "--resume",
+                f"threads={a.threads}", "--resume",
             )  # fmt: skip
             summary = json.loads((run / "summary.json").read_text())
             results.append(
@@ -200,14 +208,14 @@ def main() -> None:
             results_path.write_text(json.dumps(results, indent=2))
         start = next(r["start"] for r in results if r["seed"] == seed and r["trainer"] == "textgym")
         sft = run / "sft" / "final"
-        variants = [("trl (plain)", 1, PROMPTS * GROUP)]
+        variants = [("trl (plain)", PLAIN)]
         if not a.skip_trl_matched:
-            variants.append(("trl (matched)", 4, PROMPTS * GROUP // 2))
-        for label, iterations, minibatch in variants:
+            variants.append(("trl (matched)", MATCHED))
+        for label, shape in variants:
             if (seed, label) in done:
                 continue
-            tdir = out / f"{name}_trl_{iterations}"
-            secs = run_trl(sft, tdir, a.steps, iterations, minibatch, seed, a.threads)
+            tdir = out / f"{name}_trl_{shape['prompts']}"
+            secs = run_trl(sft, tdir, shape, seed, a.threads)
             results.append(
                 {
                     "seed": seed,
@@ -219,7 +227,9 @@ def main() -> None:
             )
             results_path.write_text(json.dumps(results, indent=2))
 
-    print(f"\n{len(a.seeds)} seeds · {a.steps} rollout batches of {PROMPTS}×{GROUP} · held-out n=500, greedy")
+    import trl
+
+    print(f"\n{len(a.seeds)} seeds · held-out n=500, greedy · {CONFIG.name} vs TRL {trl.__version__}")
     print("| init seed | trainer | start | after | gain | RL wall s |")
     print("|---|---|---|---|---|---|")
     for r in sorted(results, key=lambda r: (r["seed"], r["trainer"])):

@@ -14,7 +14,9 @@ from textgym.envs.base import TextEnv
 from textgym.types import Task
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-torch.set_num_threads(2)
+THREADS = int(os.environ.get("TEXTGYM_TEST_THREADS", "2"))
+"""torch's intra-op threads in the tests (`make test` also runs the learning tests with 1)."""
+torch.set_num_threads(THREADS)
 
 
 class EchoTurnsEnv(TextEnv):

@@ -95,6 +95,7 @@ def grpo_cfg(**over):
     return GRPOConfig.model_validate(base)
 
 
+@pytest.mark.learning
 def test_lora_grpo_trains_adapters_only_with_the_base_as_reference(warm_model_dir, tmp_path):
     seed_everything(0)
     model, tok = load_model(warm_model_dir)
@@ -189,6 +190,7 @@ def test_reference_placement_is_validated_and_used(warm_model_dir, tmp_path):
     assert (sequence_logprobs(trainer.policy, batch)[0] - want).abs().max() > 1e-3
 
 
+@pytest.mark.learning
 def test_lora_sft_trains_adapters_and_resumes_to_the_same_weights(tiny_model_dir, tmp_path):
     """SFT with adapters: the loss falls while the base stays put; `final/` (merged, what the next
     stage loads) computes what the adapted model computes; a run stopped at its step-3

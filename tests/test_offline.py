@@ -164,6 +164,7 @@ def warm_pairs(warm_model_dir, tmp_path_factory):
     return read_pairs(paths["pairs"]), read_pairs(paths["unpaired"], UNPAIRED_SCHEMA), stats
 
 
+@pytest.mark.learning
 def test_dpo_raises_the_preference_accuracy_with_a_cached_reference(warm_model_dir, warm_pairs, tmp_path):
     pairs, unpaired, stats = warm_pairs
     assert stats.pairs >= 8
@@ -181,6 +182,7 @@ def test_dpo_raises_the_preference_accuracy_with_a_cached_reference(warm_model_d
     assert last["rewards/margin"] > 0.1 and last["rewards/accuracy"] >= 0.75
 
 
+@pytest.mark.learning
 @pytest.mark.parametrize("loss", ["ipo", "kto", "simpo", "orpo"])
 def test_every_preference_loss_trains(warm_model_dir, warm_pairs, tmp_path, loss):
     pairs, unpaired, _ = warm_pairs
@@ -251,6 +253,7 @@ def _synthetic_pairs(n: int = 96) -> pa.Table:
     return pa.Table.from_pylist(rows, schema=PAIR_SCHEMA)
 
 
+@pytest.mark.learning
 def test_reward_model_learns_a_separable_preference_and_scores_in_an_env(tiny_model_dir, tmp_path):
     from textgym.config import EnvConfig, OptimConfig, RewardModelConfig
     from textgym.trainers.reward_model import RewardModelVerifier, train_reward_model

@@ -115,6 +115,7 @@ def test_ppo_resume_gives_the_same_next_step(warm_model_dir, tmp_path, placement
         torch.testing.assert_close(p, q, rtol=0, atol=1e-6)
 
 
+@pytest.mark.learning
 def test_the_critic_fits_the_returns_of_a_batch(warm_model_dir, tmp_path):
     """Critic-only updates (policy frozen by the warm-up) drive explained variance up on a fixed batch."""
     seed_everything(0)
@@ -176,6 +177,7 @@ def test_ppo_multi_turn_masks_env_tokens_and_bootstraps_truncation(tiny_model_di
     assert math.isfinite(metrics["loss/value"])
 
 
+@pytest.mark.learning
 def test_ppo_trains_the_kind_of_state_a_truncated_episode_bootstraps_from(tiny_model_dir, tmp_path):
     """EchoTurns cut by TimeLimit after 2 of its 3 turns: the bootstrap reads V after turn 2.
 

@@ -150,6 +150,7 @@ def test_multiple_epochs_and_minibatches_engage_the_clip(warm_model_dir, tmp_pat
     assert stats["ratio/max"] > 1.0 and stats["kl/old_approx"] > 0
 
 
+@pytest.mark.learning
 def test_sft_learns_the_gold_solutions(tiny_model_dir, tmp_path):
     seed_everything(0)
     model, tok = load_model(tiny_model_dir)
@@ -185,6 +186,7 @@ def _probe_accuracy(model_dir, indices, max_new_tokens):
     return sum(t.reward_terms["reward/correct"] >= 1.0 for t in trajs) / len(trajs)
 
 
+@pytest.mark.learning
 def test_sft_stops_at_the_first_probe_that_reaches_its_target(warm_model_dir, tmp_path):
     from textgym.trainers.sft import probe_indices
 
