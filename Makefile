@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 # pulls a multi-GB CUDA build on a CPU machine. On a GPU machine: make TORCH_SPEC=torch install
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: install install-vllm quickstart test test-fast lint typecheck bench sandbox-image clean
+.PHONY: install install-vllm quickstart test test-learning-portable test-fast lint typecheck bench sandbox-image clean
 
 install: $(VENV)/.installed
 
@@ -46,6 +46,14 @@ typecheck: install
 # and builds the sandbox image.
 test: install-vllm lint typecheck
 	tools/with_sandbox_services.sh $(BIN) $(BIN)/python -m pytest -q
+	$(MAKE) test-learning-portable
+
+# The tests that assert a learning outcome, again on PyTorch's portable kernels and one thread
+# (ATEN_CPU_CAPABILITY must be set before Python starts): a result that holds only with this
+# CPU's AVX2/AVX-512 kernels, or only with 2 threads, fails here. The quickstart (slow) is left
+# out for time. Another kernel set for the whole suite: ATEN_CPU_CAPABILITY=avx2 make test
+test-learning-portable: install
+	ATEN_CPU_CAPABILITY=default TEXTGYM_TEST_THREADS=1 $(BIN)/python -m pytest -q -m "learning and not slow"
 
 test-fast: install-vllm
 	tools/with_sandbox_services.sh $(BIN) $(BIN)/python -m pytest -q -m "not slow"

@@ -1,7 +1,7 @@
 """Compare the RL algorithms on the quickstart task from one shared SFT checkpoint.
 
-Builds the quickstart's start (tiny model + 250 SFT steps, `configs/quickstart.yaml`
-without its GRPO stage) once, then runs each preset's RL stage from it
+Builds the quickstart's start (tiny model + SFT until 30% of a probe set is right,
+`configs/quickstart.yaml` without its GRPO stage) once, then runs each preset's RL stage from it
 (`configs/<algo>_arithmetic.yaml`, `model.path=<sft> sft=null`), each in its own process
 so its peak memory is its own. Prints one table: held-out accuracy before/after, the
 gain, RL wall time, peak resident memory, the models in memory, and (PPO) the critic's

@@ -125,12 +125,14 @@ def test_the_critic_fits_the_returns_of_a_batch(warm_model_dir, tmp_path):
         critic_warmup_steps=10**6,
         critic={"optim": {"lr": 3e-3}, "value_clip": None},
         kl_coef=0.0,
-        prompts_per_step=8,
+        prompts_per_step=32,
         group_size=1,
     )
     trainer = PPOTrainer(cfg, model, tok, tmp_path)
     trajs = trainer.collect(cfg.prompts_per_step)
     batch = RolloutBatch.from_trajectories(trajs, tok.pad_token_id)
+    # The warm model is right on >= 25% of greedy probes (its fixture checks it): 32 samples all
+    # wrong (or all right) has probability ~1e-4, whatever the kernels round.
     assert 0 < float(batch.rewards.mean()) < 1
     metrics: dict[str, float] = {}
     adv = trainer.compute_advantages(batch, trajs, metrics)
