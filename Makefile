@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 # pulls a multi-GB CUDA build on a CPU machine. On a GPU machine: make TORCH_SPEC=torch install
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: install install-vllm quickstart test test-learning-portable test-fast lint typecheck bench sandbox-image clean
+.PHONY: install install-vllm quickstart test test-learning-portable test-fast lint typecheck bench sandbox-image docs clean
 
 install: $(VENV)/.installed
 
@@ -58,9 +58,18 @@ test-learning-portable: install
 test-fast: install-vllm
 	tools/with_sandbox_services.sh $(BIN) $(BIN)/python -m pytest -q -m "not slow"
 
+# The docs site (docs/, mkdocs.yml): any warning fails the build (a broken link or anchor, a
+# docstring griffe cannot parse). PYTHONPATH makes mkdocstrings read this checkout's code.
+docs: $(VENV)/.docs-installed
+	PYTHONPATH=$(CURDIR) NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
+
+$(VENV)/.docs-installed: $(VENV)/.installed
+	$(BIN)/pip install --quiet -e ".[docs]"
+	touch $@
+
 bench: install
 	$(BIN)/pip install --quiet -e ".[bench]"
 	$(BIN)/python bench/grpo_step.py
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) runs site .pytest_cache .mypy_cache .ruff_cache
