@@ -310,9 +310,10 @@ class MathVerifier:
     answer text), `marker`, `parsed` (math-verify's reading), `error` (the reason a
     score is 0 when it is not simply a wrong answer).
 
+    No completion raises: a malformed or unparsable answer scores 0.0 with `error` set.
+
     Raises:
-        Nothing on any completion; a task without a gold answer is a programming
-        error and raises ValueError.
+        ValueError: (when called) the task has no gold answer, a programming error.
     """
 
     def __init__(self, timeout_s: float = 10.0, require_marker: bool = False, float_rounding: int = 6):
