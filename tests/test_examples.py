@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from textgym.config import GRPOConfig
@@ -92,6 +93,7 @@ def test_minimal_grpo_first_step_loss_equals_grpo_trainers(tiny_model_dir, tmp_p
     assert worst < 1e-6 * max(scale, 1.0)
 
 
+@pytest.mark.slow
 def test_minimal_grpo_runs_two_steps_as_a_script(tiny_model_dir, tmp_path):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     cmd = [
