@@ -84,7 +84,9 @@ class Args:
 
 def parse_args(argv: list[str] | None = None) -> Args:
     """Build `Args` from the command line: one `--flag` per field, JSON for `--env-kwargs`."""
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     for f in dataclasses.fields(Args):
         default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
         kind = {"int": int, "float": float}.get(str(f.type), json.loads if "dict" in str(f.type) else str)
