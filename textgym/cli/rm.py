@@ -22,7 +22,7 @@ _RM, _PAR = RewardModelConfig(), ParallelConfig()
 
 def _opt(default: Any, help: str = "", **kw: Any) -> Any:
     """A flag whose value is None unless given; its help shows the schema's `default`."""
-    shown = "" if default is None else f" [default: {default}]"
+    shown = "" if default is None else f" \\[default: {default}]"  # escaped: not rich markup
     return typer.Option(help=f"{help}{shown}".strip(), show_default=False, **kw)
 
 
