@@ -284,7 +284,7 @@ def run_reward_model(
 
     The reward model starts from `reward_model.model` (default `model.path`) and is saved to
     `reward_model.out` (default `<run_dir>/reward_model`), on `cfg.device` with `cfg.parallel`
-    (sharded on N ranks under torchrun, after `distributed.init`, which this calls).
+    and `cfg.threads` (sharded on N ranks under torchrun, after `distributed.init`, which this calls).
 
     Returns:
         `train_reward_model`'s figures, plus `out`, the reward model's folder.
@@ -308,6 +308,8 @@ def run_reward_model(
     out = Path(rm.out) if rm.out is not None else cfg.run_dir / "reward_model"
     pairs = Path(rm.pairs)
     distributed.init(cfg.device)
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
     table = read_pairs(pairs / "pairs.parquet" if pairs.is_dir() else pairs)
     res = train_reward_model(
         table, model_dir, out, rm, echo=echo, device=cfg.device, parallel=cfg.parallel, resume=resume
