@@ -305,3 +305,57 @@ def test_unknown_sandbox_in_config_fails_before_work(tmp_path):
     assert r.exit_code == 2 and "grpo.env.kwargs" in r.output
     assert "unknown sandbox backend 'dockr'" in r.output
     assert not (tmp_path / "mbpp_grpo").exists()
+
+
+# --- rm train: flags or a run config's reward_model stage ---------------------------------------------
+
+
+def test_rm_train_takes_a_config_with_overrides_like_train(tmp_path, tiny_model_dir):
+    import pyarrow as pa
+    from safetensors.torch import load_file
+
+    from textgym.offline import PAIR_SCHEMA, UNPAIRED_SCHEMA, write_pairs
+
+    rows = [
+        {"env_id": "e", "task_id": f"t/{i}", "prompt_ids": [5 + i, 6, 7], "chosen_ids": [30 + i % 5, 40, 2],
+         "chosen_mask": [1, 1, 1], "rejected_ids": [30 + i % 5, 41, 2], "rejected_mask": [1, 1, 1],
+         "chosen_reward": 1.0, "rejected_reward": 0.0}
+        for i in range(12)
+    ]  # fmt: skip
+    write_pairs(
+        pa.Table.from_pylist(rows, schema=PAIR_SCHEMA),
+        pa.Table.from_pylist([], schema=UNPAIRED_SCHEMA),
+        tmp_path / "pairs",
+    )
+    common = ("--epochs", "1", "--batch-size", "4", "--eval-fraction", "0.25", "--device", "cpu")
+    flags = ("--pairs", tmp_path / "pairs", "--model", tiny_model_dir, "--out", tmp_path / "a", *common)
+    r = invoke("rm", "train", *flags)
+    assert r.exit_code == 0 and "held-out pairwise accuracy" in " ".join(r.output.split())
+    config = tmp_path / "rm.yaml"
+    config.write_text(
+        f"name: rm\nout_dir: {tmp_path}\ndevice: cpu\nmodel: {{path: {tiny_model_dir}}}\n"
+        f"reward_model: {{pairs: {tmp_path / 'pairs'}, epochs: 3, batch_size: 4, eval_fraction: 0.25}}\n"
+    )
+    r = invoke("rm", "train", config, "reward_model.epochs=1")  # out: <run_dir>/reward_model
+    assert r.exit_code == 0 and "held-out pairwise accuracy" in " ".join(r.output.split())
+    a, b = (
+        load_file(tmp_path / "a" / "model.safetensors"),
+        load_file(tmp_path / "rm" / "reward_model" / "model.safetensors"),
+    )
+    assert a.keys() == b.keys() and all(bool((a[k] == b[k]).all()) for k in a)
+    r = invoke("rm", "train", config, "--epochs", "0")  # flags are checked as before
+    assert r.exit_code == 2
+    r = invoke("rm", "train", "--pairs", tmp_path / "pairs")
+    assert r.exit_code == 2 and "--model, --out must be given" in " ".join(r.output.split())
+    r = invoke("train", config)  # `train` leaves the reward_model stage to `rm train`
+    assert r.exit_code == 2 and "textgym rm train CONFIG" in r.output
+
+
+def test_every_preset_config_loads_and_only_machine_checks_need_the_machine(tmp_path):
+    from textgym.config import ConfigError, load_config, validate_runtime
+
+    for path in sorted((ROOT / "configs").glob("*.yaml")):
+        load_config(path)  # pure: no folder is looked at, no engine is probed
+    cfg = load_config(ROOT / "configs" / "rlhf_arithmetic.yaml", [f"ppo.env.reward_model={tmp_path / 'rm'}"])
+    with pytest.raises(ConfigError, match=r"ppo\.env\.reward_model: .*has no config\.json"):
+        validate_runtime(cfg)

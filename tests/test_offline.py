@@ -267,7 +267,8 @@ def _synthetic_pairs(n: int = 96) -> pa.Table:
 
 @pytest.mark.learning
 def test_reward_model_learns_a_separable_preference_and_scores_in_an_env(tiny_model_dir, tmp_path):
-    from textgym.config import EnvConfig, OptimConfig, RewardModelConfig
+    from textgym.config import EnvConfig, OptimConfig, RewardModelConfig, validate_runtime
+    from textgym.trainers.env_factory import make_env
     from textgym.trainers.reward_model import RewardModelVerifier, train_reward_model
     from textgym.types import Task
 
@@ -279,7 +280,7 @@ def test_reward_model_learns_a_separable_preference_and_scores_in_an_env(tiny_mo
     s = rm("4", Task("t", "2+2="))
     assert isinstance(s.reward, float) and s.details["reward_model"] == s.reward
     # In an env: the reward is the model's score, the env's own terms stay as the true measure.
-    env = EnvConfig.model_validate({**WARM_ENV, "reward_model": str(tmp_path / "rm")}).make()
+    env = make_env(EnvConfig.model_validate({**WARM_ENV, "reward_model": str(tmp_path / "rm")}))
     messages, _ = env.reset(options={"task_index": 0})
     answer = env.unwrapped.task.solution
     _, reward, terminated, _, info = env.step(answer)
@@ -287,7 +288,7 @@ def test_reward_model_learns_a_separable_preference_and_scores_in_an_env(tiny_mo
     assert terminated and abs(float(reward) - expected) < 1e-5 and info["reward/rm"] == float(reward)
     assert info["reward/correct"] == 1.0
     with pytest.raises(ValueError, match=r"has no config\.json"):
-        EnvConfig.model_validate({**WARM_ENV, "reward_model": str(tmp_path / "missing")})
+        validate_runtime(EnvConfig.model_validate({**WARM_ENV, "reward_model": str(tmp_path / "missing")}))
 
 
 def test_grpo_logs_its_rollouts_and_a_resume_keeps_the_store_consistent(warm_model_dir, tmp_path):

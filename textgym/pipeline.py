@@ -34,7 +34,7 @@ import yaml
 
 from textgym import distributed
 from textgym.agents.llm_agent import LLMAgent, SamplingParams
-from textgym.config import ConfigError, EnvConfig, EvalConfig, RunConfig
+from textgym.config import ConfigError, EnvConfig, EvalConfig, RunConfig, validate_runtime
 from textgym.evaluation import EvalResult, evaluate
 from textgym.models import init_model, load_model
 from textgym.trainers.common import seed_everything
@@ -46,6 +46,11 @@ def preflight(cfg: RunConfig) -> None:
     Raises:
         ConfigError: naming the field that is wrong.
     """
+    if not cfg.trains_in_pipeline:
+        raise ConfigError(
+            "this config has only a reward_model stage: train it with `textgym rm train CONFIG`"
+        )
+    validate_runtime(cfg)
     envs: list[tuple[str, EnvConfig]] = []
     if cfg.sft:
         envs.append(("sft.env", cfg.sft.env))
@@ -270,6 +275,46 @@ def run(
     if world.is_main:
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
     return distributed.broadcast_object(summary)
+
+
+def run_reward_model(
+    cfg: RunConfig, *, resume: bool = False, echo: Callable[[str], None] = print
+) -> dict[str, Any]:
+    """Train the config's `reward_model` stage: a Bradley–Terry reward model on its pairs.
+
+    The reward model starts from `reward_model.model` (default `model.path`) and is saved to
+    `reward_model.out` (default `<run_dir>/reward_model`), on `cfg.device` with `cfg.parallel`
+    and `cfg.threads` (sharded on N ranks under torchrun, after `distributed.init`, which this calls).
+
+    Returns:
+        `train_reward_model`'s figures, plus `out`, the reward model's folder.
+
+    Raises:
+        ConfigError: without a `reward_model` stage, its pairs, or a model to start from.
+        FileNotFoundError: when the pairs file does not exist.
+        ValueError, OSError: from reading the pairs or training (see `train_reward_model`).
+    """
+    from textgym.offline import read_pairs
+    from textgym.trainers.reward_model import train_reward_model
+
+    rm = cfg.reward_model
+    if rm is None:
+        raise ConfigError("reward_model: this config has no reward_model stage")
+    if rm.pairs is None:
+        raise ConfigError("reward_model.pairs: set the pairs file (`textgym pairs build`) or its folder")
+    model_dir = rm.model or cfg.model.path
+    if model_dir is None:
+        raise ConfigError("reward_model.model: set it, or model.path, to the causal LM to start from")
+    out = Path(rm.out) if rm.out is not None else cfg.run_dir / "reward_model"
+    pairs = Path(rm.pairs)
+    distributed.init(cfg.device)
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    table = read_pairs(pairs / "pairs.parquet" if pairs.is_dir() else pairs)
+    res = train_reward_model(
+        table, model_dir, out, rm, echo=echo, device=cfg.device, parallel=cfg.parallel, resume=resume
+    )
+    return {**res, "out": str(out)}
 
 
 def _silent(line: str) -> None:

@@ -57,6 +57,7 @@ from textgym.trainers.common import (
     save_lora_final,
     sequence_logprobs,
 )
+from textgym.trainers.env_factory import make_env
 from textgym.trainers.losses import aggregate, clipped_policy_loss, kl_estimate, rollout_correction
 
 EvalFn = Callable[[PreTrainedModel, PreTrainedTokenizerBase], dict[str, float]]
@@ -164,7 +165,7 @@ class OnPolicyTrainer:
         B = cfg.prompts_per_step * cfg.group_size  # the global batch; this rank holds B / W rows
         self.agent = LLMAgent(model, tokenizer, batch_size=B // W)
         self.params = SamplingParams(**cfg.sampling.model_dump())
-        self.envs = [cfg.env.make() for _ in range(B // W)]
+        self.envs = [make_env(cfg.env) for _ in range(B // W)]
         self.sampler = TaskSampler(len(self.envs[0].unwrapped.tasks), seed)  # type: ignore[attr-defined]
         self.minibatch_size = (cfg.minibatch_size or B) // W  # rows of a minibatch on this rank
         self.micro_batch_size = cfg.micro_batch_size or self.minibatch_size

@@ -48,6 +48,7 @@ from textgym.trainers.common import (
     save_lora_final,
     sequence_logprobs,
 )
+from textgym.trainers.env_factory import make_env
 from textgym.trainers.losses import sft_loss
 
 
@@ -195,7 +196,7 @@ class SFTTrainer:
 
         def measure() -> float:
             agent = LLMAgent(self.model, self.tokenizer, batch_size=min(len(self.probe_indices), 256))
-            envs = [self.cfg.env.make() for _ in self.probe_indices]
+            envs = [make_env(self.cfg.env) for _ in self.probe_indices]
             try:
                 params = SamplingParams(temperature=0.0, max_new_tokens=target.max_new_tokens)
                 trajs = rollout(agent, envs, self.probe_indices, params, env_id=self.cfg.env.id)

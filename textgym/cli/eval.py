@@ -1,0 +1,170 @@
+"""`textgym eval` (one env or a suite, with a model or a scripted agent) and `textgym report compare`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from textgym.cli._common import (
+    EnvKwargs,
+    MaxNewTokens,
+    Temperature,
+    check_backend,
+    console,
+    fail,
+    parse_kwargs,
+)
+from textgym.config import EvalJobConfig
+
+report_app = typer.Typer(help="Compare evaluation reports.", no_args_is_help=True)
+
+_DEFAULT = EvalJobConfig()
+EnvId = Annotated[str | None, typer.Option(help="Environment id, e.g. textgym/Arithmetic-v0.")]
+Suite = Annotated[
+    str | None,
+    typer.Option(help="A suite instead of one env: math, code, tools, core, or a suite YAML file."),
+]
+Out = Annotated[
+    Path | None,
+    typer.Option(
+        help="Keep finished episodes in OUT/episodes.jsonl (rerunning resumes an interrupted eval); "
+        "with --suite also write report.json, report.md and report.png there."
+    ),
+]
+Model = Annotated[Path | None, typer.Option(help="Local Hugging Face model folder (--agent model).")]
+AgentKind = Annotated[
+    str, typer.Option("--agent", help="model (needs --model), oracle (reads the hidden solution) or random.")
+]
+Endpoint = Annotated[
+    str | None,
+    typer.Option(help="Generate through an OpenAI-compatible server; --model is then its tokenizer folder."),
+]
+ServedModel = Annotated[str | None, typer.Option(help="Model name on --endpoint.")]
+Backend = Annotated[str, typer.Option(help="Local generation backend for --model: transformers or vllm.")]
+LogTrajectories = Annotated[
+    bool, typer.Option(help="With --out: also write full trajectories to OUT/trajectories (Parquet).")
+]
+NTasks = Annotated[int, typer.Option(min=1, help="Number of tasks (task_index 0..n-1).")]
+Samples = Annotated[int, typer.Option(min=1, help="Samples per task (pass@k for k=1 and k=samples).")]
+AsJson = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+
+
+def eval_cmd(
+    env: EnvId = None,
+    suite: Suite = None,
+    out: Out = None,
+    model: Model = None,
+    agent_kind: AgentKind = _DEFAULT.agent.kind,
+    seed: Annotated[int, typer.Option(help="Seed of the random agent.")] = _DEFAULT.agent.seed,
+    endpoint: Endpoint = None,
+    served_model: ServedModel = None,
+    backend: Backend = _DEFAULT.agent.backend,
+    log_trajectories: LogTrajectories = False,
+    env_kwargs: EnvKwargs = None,
+    n: NTasks = _DEFAULT.n,
+    samples: Samples = _DEFAULT.samples,
+    temperature: Temperature = _DEFAULT.sampling.temperature,
+    max_new_tokens: MaxNewTokens = _DEFAULT.sampling.max_new_tokens,
+    as_json: AsJson = False,
+) -> None:
+    """Evaluate a model, or the scripted oracle / random agent, on an env: accuracy, reward, pass@k."""
+    from textgym.config import ConfigError
+    from textgym.eval_job import run_eval
+
+    if agent_kind not in ("model", "oracle", "random"):
+        fail(f"--agent must be model, oracle or random, got {agent_kind!r}")
+    if agent_kind == "model":
+        check_backend(backend)
+    if env is not None and suite is None and agent_kind == "model" and samples > 1 and temperature == 0.0:
+        typer.echo(
+            "note: --samples > 1 with greedy decoding gives identical samples; set --temperature", err=True
+        )
+    agent = {"kind": agent_kind, "seed": seed, "endpoint": endpoint, "served_model": served_model}
+    if agent_kind == "model":
+        agent.update(model=None if model is None else str(model), backend=backend)
+    job = EvalJobConfig.model_validate(
+        {"env": env, "suite": suite, "env_kwargs": parse_kwargs(env_kwargs), "n": n, "samples": samples,
+         "sampling": {"temperature": temperature, "max_new_tokens": max_new_tokens}, "agent": agent,
+         "out": None if out is None else str(out), "log_trajectories": log_trajectories}
+    )  # fmt: skip
+    try:
+        outcome = run_eval(job)
+    except ConfigError as e:
+        fail(str(e))
+    if outcome.report is not None:
+        _print_suite(outcome.report, outcome.written)
+    elif as_json:
+        print(json.dumps(outcome.result.summary()))  # type: ignore[union-attr]
+    else:
+        who = str(model) if agent_kind == "model" else f"{agent_kind} agent"
+        console.print(_result_table(outcome.result, f"{env} {job.env_kwargs or ''} · {who}"))
+
+
+def _print_suite(report: dict[str, Any], written: dict[str, Path]) -> None:
+    """The suite's markdown table, then the report files written."""
+    from textgym.suites import markdown_table
+
+    print(markdown_table(report))
+    for kind, path in written.items():
+        console.print(f"wrote {kind}: {path}")
+
+
+def _result_table(res: Any, title: str) -> Table:
+    """One row of an `EvalResult`: n, samples, accuracy, mean reward, pass@k, response tokens, tokens/s."""
+    table = Table(title=title)
+    pass_cols = [f"pass@{k}" for k in res.pass_at]
+    for col in ("n", "samples", "accuracy", "mean reward", *pass_cols, "resp. tokens", "tokens/s"):
+        table.add_column(col, justify="right")
+    table.add_row(
+        str(res.n),
+        str(res.samples),
+        f"{res.accuracy:.3f}",
+        f"{res.mean_reward:.3f}",
+        *[f"{v:.3f}" for v in res.pass_at.values()],
+        f"{res.mean_response_tokens:.1f}",
+        f"{res.tokens_per_s:.0f}",
+    )
+    return table
+
+
+@report_app.command("compare")
+def report_compare_cmd(
+    a: Annotated[Path, typer.Argument(help="report.json of policy A (textgym eval --suite ... --out).")],
+    b: Annotated[Path, typer.Argument(help="report.json of policy B.")],
+    alpha: Annotated[float, typer.Option(min=0.0, max=1.0, help="Significance level.")] = 0.05,
+    as_json: AsJson = False,
+) -> None:
+    """Two policies side by side: accuracy per env, B − A, exact McNemar p-value on shared tasks."""
+    from textgym.suites import compare_reports
+
+    reports = [_read_report(path) for path in (a, b)]
+    rows = compare_reports(reports[0], reports[1], alpha)
+    if as_json:
+        print(json.dumps(rows))
+        return
+    print(f"A: {reports[0]['policy']} ({a})\nB: {reports[1]['policy']} ({b})\n")
+    print("| env | paired tasks | accuracy A | accuracy B | B − A | McNemar p | significant |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        if "only_in" in r:
+            print(f"| {r['env_id']} | | | | | | only in {r['only_in']} |")
+            continue
+        print(
+            f"| {r['env_id']} | {r['paired_tasks']} | {r['accuracy_a']:.3f} | {r['accuracy_b']:.3f} | "
+            f"{r['diff']:+.3f} | {r['p_value']:.3g} | {'yes' if r['significant'] else 'no'} |"
+        )
+
+
+def _read_report(path: Path) -> dict[str, Any]:
+    """A suite report (report.json), or exit 2 saying why it is not one."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(data, dict) or not isinstance(data.get("envs"), list):
+            raise ValueError("not a textgym report (no 'envs' list)")
+    except (OSError, ValueError) as e:
+        fail(f"cannot read report {str(path)!r}: {e}")
+    return data

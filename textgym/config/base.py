@@ -1,0 +1,146 @@
+"""Pieces every stage shares: the start model, environment references, sampling, AdamW, LoRA, parallelism.
+
+Pure schemas: validating one imports only the leaf packages `textgym.envs` (to know the
+registered ids) and `textgym.sandbox` (its backend names); checks that need the machine
+(folders, installed engines) are in `textgym.config.runtime.validate_runtime`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import gymnasium as gym
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+import textgym.envs  # noqa: F401  (registers the textgym/... ids that `EnvConfig.id` is checked against)
+from textgym.sandbox import BACKENDS
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot run; the message names the offending field(s)."""
+
+
+class _Strict(BaseModel):
+    """Base of every schema: unknown keys are errors, defaults are validated too."""
+
+    model_config = ConfigDict(extra="forbid", validate_default=True)
+
+
+class ModelConfig(_Strict):
+    """Which policy to start from: a local HF folder, or a preset built from scratch."""
+
+    path: str | None = None
+    """Local Hugging Face causal-LM folder (config.json, weights, tokenizer with chat template)."""
+    init_preset: Literal["tiny", "small", "0.5b"] | None = None
+    """Build a randomly initialised Qwen2-style model of this size when `path` is not set."""
+    init_seed: int = 0
+    """Seed of the random initialisation."""
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ModelConfig:
+        if (self.path is None) == (self.init_preset is None):
+            raise ValueError("set exactly one of model.path or model.init_preset")
+        return self
+
+
+class EnvConfig(_Strict):
+    """A registered environment and its constructor kwargs."""
+
+    id: str
+    """Gymnasium id, e.g. `textgym/Arithmetic-v0` (see `textgym envs`)."""
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+    """Keyword arguments for `gymnasium.make(id, **kwargs)`."""
+    reward_model: str | None = None
+    """A reward model folder (`textgym rm train`): its score replaces the env's reward, whose own
+    terms (`reward/correct`, ...) stay in `info` as the true measure (RLHF)."""
+    reward_model_weight: float = 1.0
+    """Scale of the reward model's score."""
+    reward_model_device: str = "cpu"
+    """Where the reward model runs ("cuda:1": another GPU; it scores in the env workers)."""
+
+    # Building the env (with the reward-model wrapper) is runtime work:
+    # `textgym.trainers.env_factory.make_env`. That `reward_model` holds a trained model is
+    # checked by `validate_runtime`.
+
+    @field_validator("id")
+    @classmethod
+    def _registered(cls, v: str) -> str:
+        if v not in gym.registry:
+            known = sorted(k for k in gym.registry if k.startswith("textgym/"))
+            raise ValueError(f"unknown environment id {v!r}; registered textgym ids: {known}")
+        return v
+
+    @field_validator("kwargs")
+    @classmethod
+    def _known_sandbox(cls, v: dict[str, Any]) -> dict[str, Any]:
+        if "sandbox" in v and v["sandbox"] not in BACKENDS:
+            raise ValueError(f"unknown sandbox backend {v['sandbox']!r}; choose one of {list(BACKENDS)}")
+        return v
+
+
+class SamplingConfig(_Strict):
+    """Sampling parameters of rollouts (see `textgym.agents.SamplingParams`)."""
+
+    temperature: float = Field(1.0, ge=0.0, le=10.0)
+    """Softmax temperature; 0 = greedy."""
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    """Nucleus mass; 1 disables."""
+    top_k: int = Field(0, ge=0)
+    """Top-k cut; 0 disables."""
+    max_new_tokens: int = Field(256, ge=1, le=32768)
+    """Response budget per turn, in tokens."""
+
+
+class OptimConfig(_Strict):
+    """AdamW and its learning-rate schedule."""
+
+    lr: float = Field(1e-5, gt=0.0, le=1.0)
+    """Peak learning rate."""
+    weight_decay: float = Field(0.0, ge=0.0)
+    """Decoupled weight decay (AdamW)."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """Adam β1, β2."""
+    warmup_steps: int = Field(0, ge=0)
+    """Linear warm-up from 0 to `lr` over this many optimizer steps."""
+    schedule: Literal["constant", "cosine", "linear"] = "constant"
+    """Shape after warm-up: constant, cosine decay to `min_lr_ratio·lr`, or linear decay to it."""
+    min_lr_ratio: float = Field(0.0, ge=0.0, le=1.0)
+    """Final learning rate as a fraction of `lr` for the decaying schedules."""
+    max_grad_norm: float | None = Field(1.0, gt=0.0)
+    """Clip the global gradient norm to this value; null disables clipping."""
+
+
+class LoraSettings(_Strict):
+    """LoRA adapters through `peft` (Hu et al. 2021, arXiv:2106.09685, eq. 3).
+
+    Only A [r, in] and B [out, r] of each targeted weight train: h = W x + (alpha / r) · B A x.
+    """
+
+    r: int = Field(16, ge=1)
+    """Rank r of the update."""
+    alpha: int = Field(32, gt=0)
+    """Scale α (the update is multiplied by α / r)."""
+    dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    """Dropout on the adapter's input."""
+    target_modules: str | list[str] = "all-linear"
+    """Module names (or suffixes) that get adapters; "all-linear" = every linear layer but the LM head."""
+
+
+class ParallelConfig(_Strict):
+    """How the stages use the hardware: sharding under torchrun, mixed precision, activation memory.
+
+    A run started by `torchrun --nproc-per-node N -m textgym train CONFIG` shards every
+    trained model with FSDP2 over the N processes (`textgym.distributed`); started as
+    `python -m textgym train`, it trains on one device as before and `mixed_precision`
+    does not apply.
+    """
+
+    mixed_precision: Literal["auto", "bf16", "fp32"] = "auto"
+    """Under torchrun: "bf16" computes in bf16 with fp32 master weights, optimizer state and
+    gradient reduction (FSDP2's MixedPrecisionPolicy); "fp32" computes in fp32; "auto" is bf16
+    on CUDA and fp32 on CPU."""
+    gradient_checkpointing: bool = False
+    """Recompute each block's activations in backward instead of keeping them (HF's
+    `gradient_checkpointing_enable`) for the trained models (policy, critic): less activation
+    memory, about one more forward pass of compute. Groups then run their shared prompt once
+    per row (the KV cache cannot be kept under checkpointing)."""

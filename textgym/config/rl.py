@@ -1,0 +1,195 @@
+"""On-policy RL schemas: the rollout engine, the options every policy-gradient stage shares, GRPO's family."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from textgym.config.base import EnvConfig, LoraSettings, OptimConfig, SamplingConfig, _Strict
+
+
+class OverlongPenaltyConfig(_Strict):
+    """DAPO's soft overlong punishment (see `textgym.trainers.advantages.overlong_penalty`)."""
+
+    max_len: int = Field(..., ge=1)
+    """L_max: responses this long (tokens) or longer get −1·factor."""
+    cache_len: int = Field(..., ge=1)
+    """L_cache: width of the linear ramp (tokens) before max_len."""
+    factor: float = Field(1.0, ge=0.0)
+    """Scale of the penalty added to the reward."""
+
+    @model_validator(mode="after")
+    def _window(self) -> OverlongPenaltyConfig:
+        if self.cache_len > self.max_len:
+            raise ValueError(f"cache_len={self.cache_len} must be <= max_len={self.max_len}")
+        return self
+
+
+class VLLMEngineConfig(_Strict):
+    """The in-process vLLM engine that generates rollouts (`textgym.agents.vllm_backend`)."""
+
+    dtype: str = "auto"
+    """Engine dtype; "auto" follows the policy's parameters."""
+    gpu_memory_utilization: float = Field(0.3, gt=0.0, le=1.0)
+    """Share of GPU memory the engine may take (GPU only; the trainer shares the device)."""
+    kv_cache_gib: float = Field(1.0, gt=0.0)
+    """KV-cache size on CPU, GiB."""
+    max_model_len: int | None = Field(None, ge=2)
+    """Context window (prompt + response tokens); default: the model's."""
+    enforce_eager: bool = True
+    """Skip CUDA graphs and torch.compile (faster start-up)."""
+
+
+class RolloutEngineConfig(_Strict):
+    """Which engine samples the rollouts, and how the trainer corrects for it."""
+
+    backend: Literal["transformers", "vllm"] = "transformers"
+    """"transformers": the policy itself generates. "vllm": an in-process vLLM engine generates
+    and gets the policy's weights after every optimizer step (in memory, no checkpoint)."""
+    tis: bool | None = None
+    """Truncated importance sampling (Yao et al. 2025): weight each token's policy gradient by
+    min(π_old/π_rollout, tis_cap), with π_old recomputed by the trainer's forward and the
+    `mismatch/*` metrics logged. null = on exactly when the engine is not the trainer (vLLM).
+    true on the transformers backend recomputes π_old too (one no-grad forward per step), for
+    when the KV-cached sampling and the padded training forward differ (bf16, FSDP)."""
+    tis_cap: float = Field(2.0, gt=0.0)
+    """C, the truncation of the importance weight."""
+    vllm: VLLMEngineConfig = Field(default_factory=VLLMEngineConfig)
+    """Engine settings for backend "vllm"."""
+    per_sequence_seeds: bool = False
+    """Sample each sequence from its own generator, seeded by (run seed, step, the task's slot in
+    the step's global batch, sample index, turn): the rollouts then depend neither on the number
+    of ranks nor on how prompts are batched, so a run on N ranks samples what the same run on one
+    samples (`textgym.agents.llm_agent.TransformersBackend`). Transformers backend only."""
+
+    @property
+    def use_tis(self) -> bool:
+        """Whether TIS weights the loss."""
+        return self.backend != "transformers" if self.tis is None else self.tis
+
+    @model_validator(mode="after")
+    def _seeds_need_transformers(self) -> RolloutEngineConfig:
+        # Whether vLLM is installed is checked by `validate_runtime` (a fact of the machine).
+        if self.backend == "vllm" and self.per_sequence_seeds:
+            raise ValueError("per_sequence_seeds needs backend 'transformers'")
+        return self
+
+
+class _PolicyGradientConfig(_Strict):
+    """What every on-policy trainer (GRPO family, PPO) shares: rollouts, the clipped update, KL, logging."""
+
+    env: EnvConfig
+    """Training environment."""
+    steps: int = Field(100, ge=1)
+    """Rollout/update iterations."""
+    prompts_per_step: int = Field(16, ge=1)
+    """Tasks drawn per iteration."""
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    """Rollout sampling."""
+    rollout: RolloutEngineConfig = Field(default_factory=RolloutEngineConfig)
+    """The engine that generates rollouts (transformers or vLLM) and the TIS correction."""
+    max_turns: int | None = Field(None, ge=1)
+    """Cap on turns per episode for multi-turn envs (the episode is then `truncated`)."""
+    epochs: int = Field(1, ge=1)
+    """Update epochs μ over each rollout batch."""
+    minibatch_size: int | None = Field(None, ge=1)
+    """Sequences per optimizer step (default: the whole rollout batch)."""
+    micro_batch_size: int | None = Field(None, ge=1)
+    """Sequences per forward pass (gradient accumulation)."""
+    clip_low: float = Field(0.2, ge=0.0, lt=1.0)
+    """ε_low: the ratio is clipped below at 1 − clip_low."""
+    clip_high: float = Field(0.2, ge=0.0)
+    """ε_high: the ratio is clipped above at 1 + clip_high (DAPO's clip-higher uses 0.28)."""
+    dual_clip: float | None = Field(None, gt=1.0)
+    """c of dual-clip PPO (Ye et al. 2020): caps the loss of negative-advantage tokens at −c·Â."""
+    loss_aggregation: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"] = (
+        "seq_mean_token_mean"
+    )
+    """How per-token losses are reduced (see `textgym.trainers.losses.aggregate`)."""
+    kl_coef: float = Field(0.0, ge=0.0)
+    """β of the KL-to-reference term; 0 skips loading the reference model."""
+    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    """KL estimator (see `textgym.trainers.losses.kl_estimate`)."""
+    kl_placement: Literal["loss", "reward"] = "loss"
+    """Where β·KL goes: differentiated in the loss (GRPO) or subtracted from the reward (RLHF PPO,
+    REINFORCE++, no gradient through it). Gold standard: k1 in the reward; k1 in the loss has zero
+    expected gradient; k3 in the reward is biased (../shared/reference/004)."""
+    entropy_coef: float = Field(0.0, ge=0.0)
+    """Entropy bonus: the loss gets −coef·H (token mean over policy tokens)."""
+    overlong_filter: bool = False
+    """Mask responses cut at max_new_tokens out of the loss (DAPO's overlong filtering)."""
+    overlong_penalty: OverlongPenaltyConfig | None = None
+    """DAPO's soft length penalty added to the reward; null disables."""
+    optim: OptimConfig = Field(default_factory=OptimConfig)
+    """Optimizer of the policy."""
+    log_every: int = Field(1, ge=1)
+    """Log metrics every this many steps."""
+    checkpoint_every: int = Field(0, ge=0)
+    """Save a checkpoint every this many steps (0 = only at the end)."""
+    keep_checkpoints: int = Field(2, ge=1)
+    """How many of the latest checkpoints to keep."""
+    eval_every: int = Field(0, ge=0)
+    """Run the pipeline's `eval` every this many steps during training (0 = never)."""
+    log_trajectories: bool = False
+    """Write every rollout to the stage's trajectory store (`<stage>/trajectories/`, one Parquet
+    shard per step; a resumed run drops the shards of steps after its checkpoint)."""
+    lora: LoraSettings | None = None
+    """Train LoRA adapters instead of every weight; the reference is the base model with the
+    adapters disabled (no second copy); `final/` is the merged model, `final_adapter/` the adapter."""
+    reference_device: str | None = None
+    """Where the frozen reference runs: "cpu" offloads it from the GPU, "cuda:1" puts it on
+    another GPU; null = the policy's device. Each micro-batch is sent there and its log-probs
+    come back. Not with LoRA (the reference is the policy). On several ranks the reference is
+    sharded with the policy and only "cpu" applies: its shards stay in CPU memory and each block
+    is copied to the rank's device for its forward (FSDP2's CPU offload)."""
+
+    @model_validator(mode="after")
+    def _reference_placement(self) -> _PolicyGradientConfig:
+        if self.reference_device is not None:
+            if self.lora is not None:
+                raise ValueError(
+                    "reference_device: with LoRA the reference is the policy itself (adapters off)"
+                )
+            import torch
+
+            try:
+                torch.device(self.reference_device)
+            except RuntimeError as e:
+                raise ValueError(
+                    f"reference_device {self.reference_device!r} is not a torch device: {e}"
+                ) from e
+        return self
+
+    @model_validator(mode="after")
+    def _batch_sizes(self) -> _PolicyGradientConfig:
+        total = self.prompts_per_step * self.group_size  # type: ignore[attr-defined]
+        mb = self.minibatch_size or total
+        if total % mb:
+            raise ValueError(f"minibatch_size={mb} must divide prompts_per_step*group_size={total}")
+        if self.micro_batch_size is not None and mb % self.micro_batch_size:
+            raise ValueError(f"micro_batch_size={self.micro_batch_size} must divide minibatch_size={mb}")
+        return self
+
+
+class GRPOConfig(_PolicyGradientConfig):
+    """GRPO (Shao et al. 2024) and its family: DAPO, Dr. GRPO, RLOO, REINFORCE++ — options of one trainer.
+
+    Presets: `configs/grpo_arithmetic.yaml`, `dapo_arithmetic.yaml`, `drgrpo_arithmetic.yaml`,
+    `rloo_arithmetic.yaml`.
+    """
+
+    group_size: int = Field(8, ge=2)
+    """Samples per task (G)."""
+    advantage_estimator: Literal["grpo", "rloo", "reinforce_pp"] = "grpo"
+    """Group-relative (GRPO), leave-one-out (RLOO), or token returns normalised over the batch
+    (REINFORCE++, whose KL belongs in the reward)."""
+    scale_rewards: Literal["group", "batch", "none"] = "group"
+    """GRPO advantage scaling: per-group std (GRPO), batch std, or none (Dr. GRPO)."""
+    dynamic_sampling: bool = False
+    """DAPO's dynamic sampling: drop groups whose accuracy is all equal (all correct or all wrong:
+    the env's `reward/correct` term, else the reward without the overlong penalty) and sample more
+    tasks until the batch is full."""
+    max_sampling_tries: int = Field(4, ge=1)
+    """Rollout rounds per step with dynamic sampling; after the cap the batch is filled with
+    dropped groups, which are masked out of the loss (no gradient, not counted in its normaliser)."""

@@ -1,0 +1,55 @@
+"""Checks of a config against this machine, run before any work (not while validating a schema).
+
+A schema validates the same everywhere, so a config can be written and checked on a laptop for
+a GPU machine. What depends on the machine is checked here: that a reward-model folder holds a
+trained model, and that vLLM is installed when an RL stage generates with it. `textgym.pipeline`
+calls `validate_runtime` before a run starts and `textgym.trainers.env_factory.make_env` before
+it builds an env, so the errors are as clear (and as early) as when the schemas checked them.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from textgym.config.base import ConfigError, EnvConfig
+from textgym.config.rl import RolloutEngineConfig
+
+
+def _problems(cfg: BaseModel, prefix: str) -> list[str]:
+    """`dotted.path: message (got value)` for each machine-dependent problem in `cfg`'s tree."""
+    out: list[str] = []
+    rm = cfg.reward_model if isinstance(cfg, EnvConfig) else None
+    if rm is not None and not (Path(rm) / "config.json").is_file():
+        out.append(
+            f"{prefix}reward_model: Value error, reward model folder {rm!r} has no "
+            f"config.json (train one with `textgym rm train`) (got {rm!r})"
+        )
+    vllm = isinstance(cfg, RolloutEngineConfig) and cfg.backend == "vllm"
+    if vllm and importlib.util.find_spec("vllm") is None:
+        out.append(
+            f"{prefix.rstrip('.') or '<root>'}: Value error, backend 'vllm' needs vLLM installed: "
+            "pip install 'textgym[vllm]'"
+        )
+    for name in type(cfg).model_fields:
+        child = getattr(cfg, name)
+        if isinstance(child, BaseModel):
+            out.extend(_problems(child, f"{prefix}{name}."))
+    return out
+
+
+def validate_runtime(cfg: BaseModel) -> None:
+    """Check what a config needs from this machine: reward-model folders, an installed vLLM.
+
+    Args:
+        cfg: any config (a `RunConfig`, one stage, an `EnvConfig`); every nested config is checked.
+
+    Raises:
+        ConfigError: one line per problem, `dotted.path: message`, in the format of
+            `format_validation_error`.
+    """
+    problems = _problems(cfg, "")
+    if problems:
+        raise ConfigError("invalid config:\n  " + "\n  ".join(problems))

@@ -1,0 +1,58 @@
+"""The supervised warm start: SFT on an environment's gold solutions, optionally stopped on a probe target."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from textgym.config.base import EnvConfig, LoraSettings, OptimConfig, _Strict
+
+
+class SFTTargetConfig(_Strict):
+    """Stop SFT on a measured target: greedy accuracy on a probe set, checked every `every` steps.
+
+    The probe is `n` tasks of the SFT env that the training stream does not reach: for an
+    unbounded generated stream (Arithmetic's train split) the tasks at indices 2**40 … 2**40+n−1;
+    for a finite task set a seeded random subset of n tasks (also trained on, so the probe then
+    measures training accuracy). Accuracy is the share of episodes whose `reward/correct` is 1.
+    """
+
+    accuracy: float = Field(..., gt=0.0, le=1.0)
+    """Stop as soon as the probe's greedy accuracy is at least this (checked after step `every`,
+    2·`every`, …; `steps` stays the budget)."""
+    every: int = Field(10, ge=1)
+    """Steps between probes."""
+    n: int = Field(128, ge=1)
+    """Probe tasks."""
+    max_new_tokens: int = Field(32, ge=1)
+    """Response budget of the probe's greedy decoding, in tokens."""
+    required: bool = False
+    """Fail the stage (an error, after saving the last checkpoint) when the budget ends below the
+    target; otherwise the run goes on and `target_reached: false` is recorded."""
+
+
+class SFTConfig(_Strict):
+    """Supervised warm start on an environment's gold solutions."""
+
+    env: EnvConfig
+    """Environment whose tasks' `solution` fields are the targets."""
+    steps: int = Field(100, ge=1)
+    """Optimizer steps (the budget when `target` is set)."""
+    target: SFTTargetConfig | None = None
+    """Stop early once the model reaches a measured greedy accuracy, so the next stage starts from
+    a measured state rather than from wherever a fixed step count happens to end (float rounding
+    differs between CPUs and kernels); null trains exactly `steps` steps."""
+    batch_size: int = Field(64, ge=1)
+    """Sequences per optimizer step."""
+    micro_batch_size: int | None = Field(None, ge=1)
+    """Sequences per forward pass (gradient accumulation when smaller than batch_size)."""
+    optim: OptimConfig = Field(default_factory=lambda: OptimConfig(lr=1e-3))
+    """Optimizer."""
+    lora: LoraSettings | None = None
+    """Train LoRA adapters instead of every weight; `final/` is the merged model (what the
+    next stage starts from), `final_adapter/` the adapter."""
+    log_every: int = Field(10, ge=1)
+    """Log metrics every this many steps."""
+    checkpoint_every: int = Field(0, ge=0)
+    """Save a checkpoint every this many steps (0 = only at the end)."""
+    keep_checkpoints: int = Field(2, ge=1)
+    """How many of the latest checkpoints to keep."""

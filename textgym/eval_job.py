@@ -1,0 +1,148 @@
+"""What `textgym eval` runs, as a library call: `run_eval(EvalJobConfig(...))`.
+
+One env (its first `n` tasks, `samples` each) or a suite of envs, evaluated with a model (local,
+or behind an OpenAI-compatible endpoint) or a scripted agent (oracle, random). Every problem
+that stops the evaluation before it starts is a `ConfigError` whose message names what to fix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+
+from textgym.agents import LLMAgent, SamplingParams
+from textgym.agents.scripted import OracleAgent, RandomAgent, evaluate_scripted
+from textgym.config import AgentConfig, ConfigError, EvalJobConfig
+from textgym.evaluation import EvalResult, EvaluationInterruptedError, evaluate
+from textgym.sandbox import SandboxUnavailableError
+from textgym.suites import load_suite, run_suite, write_report
+
+
+@dataclass
+class EvalOutcome:
+    """The result of `run_eval`.
+
+    Attributes:
+        result: the figures of a one-env evaluation (None for a suite).
+        report: a suite's report (`suite`, `policy`, `samples`, `envs`: one row per env; None for one env).
+        written: the report files written to the job's `out` folder ({kind: path}; suites only).
+    """
+
+    result: EvalResult | None = None
+    report: dict[str, Any] | None = None
+    written: dict[str, Path] = field(default_factory=dict)
+
+
+def open_env(env_id: str, kwargs: dict[str, Any]) -> gym.Env:
+    """`gymnasium.make(env_id, **kwargs)` with errors that say what to fix.
+
+    Raises:
+        ConfigError: for an unregistered id, kwargs the env rejects, or a sandbox that does not run here.
+    """
+    if env_id not in gym.registry:
+        known = sorted(k for k in gym.registry if k.startswith("textgym/"))
+        raise ConfigError(f"unknown environment {env_id!r}; registered: {', '.join(known)}")
+    try:
+        return gym.make(env_id, **kwargs)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"{env_id} rejects --env-kwargs {kwargs}: {e}") from None
+    except SandboxUnavailableError as e:
+        raise ConfigError(f"{env_id} needs a sandbox that does not run here: {e}") from None
+
+
+def build_agent(agent: AgentConfig) -> Any:
+    """The acting agent: an `LLMAgent` on the local model or the endpoint, or a scripted agent.
+
+    Raises:
+        ConfigError: a model agent without `model`, an endpoint without `served_model`, or a
+            model that cannot be loaded (the loader's message).
+    """
+    if agent.kind == "oracle":
+        return OracleAgent()
+    if agent.kind == "random":
+        return RandomAgent(agent.seed)
+    if agent.model is None:
+        raise ConfigError("--agent model needs --model DIR")
+    try:
+        if agent.endpoint is None:
+            return LLMAgent.from_pretrained(agent.model, backend=agent.backend)
+        if not agent.served_model:
+            raise ConfigError("--endpoint needs --served-model NAME")
+        return LLMAgent.from_endpoint(agent.endpoint, agent.served_model, agent.model)
+    except (FileNotFoundError, OSError, ValueError, ImportError) as e:  # ConfigError: message kept
+        raise ConfigError(str(e)) from None
+
+
+def _policy_name(agent: AgentConfig) -> str:
+    """What identifies the evaluated policy in saved episodes (the model folder, or the endpoint's model)."""
+    assert agent.model is not None
+    if agent.endpoint is None:
+        return str(Path(agent.model).resolve())
+    return f"{agent.endpoint} {agent.served_model}"
+
+
+def _env_evaluator(job: EvalJobConfig) -> Callable[[str, dict[str, Any], int], EvalResult]:
+    """`(env_id, kwargs, n) -> EvalResult` with the job's agent (built here, once)."""
+    agent = build_agent(job.agent)
+    if job.agent.kind != "model":
+        return lambda env_id, kwargs, n: evaluate_scripted(agent, env_id, kwargs, n=n)
+    out = None if job.out is None else Path(job.out)
+    params = SamplingParams(temperature=job.sampling.temperature, max_new_tokens=job.sampling.max_new_tokens)
+
+    def evaluate_env(env_id: str, kwargs: dict[str, Any], n: int) -> EvalResult:
+        return evaluate(
+            agent,
+            env_id,
+            kwargs,
+            n=n,
+            samples=job.samples,
+            params=params,
+            episodes_path=None if out is None else out / "episodes.jsonl",
+            policy=_policy_name(job.agent),
+            trajectory_store=out / "trajectories" if out is not None and job.log_trajectories else None,
+        )
+
+    return evaluate_env
+
+
+def run_eval(job: EvalJobConfig) -> EvalOutcome:
+    """Run `textgym eval`: one env or a suite, with the job's agent; a suite's report goes to `out`.
+
+    Returns:
+        `EvalOutcome`: the env's `EvalResult`, or the suite's report and the files written.
+
+    Raises:
+        ConfigError: without exactly one of `env` and `suite`, an unknown env or suite, kwargs
+            the env rejects, `n` above the env's task count, a sandbox that does not run here,
+            or an agent that cannot be built (see `build_agent`); also when an interrupted
+            evaluation's saved episodes do not match (`EvaluationInterruptedError`'s message).
+    """
+    if (job.env is None) == (job.suite is None):
+        raise ConfigError("give exactly one of --env or --suite")
+    try:
+        if job.env is not None:
+            probe = open_env(job.env, job.env_kwargs)
+            n_tasks = len(probe.unwrapped.tasks)  # type: ignore[attr-defined]
+            probe.close()
+            if job.n > n_tasks:
+                raise ConfigError(f"--n {job.n} exceeds the {n_tasks} tasks of {job.env} {job.env_kwargs}")
+            return EvalOutcome(result=_env_evaluator(job)(job.env, job.env_kwargs, job.n))
+        try:
+            suite = load_suite(job.suite)  # type: ignore[arg-type]
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        evaluate_env = _env_evaluator(job)
+        try:
+            rows = run_suite(suite, evaluate_env)
+        except SandboxUnavailableError as e:
+            raise ConfigError(f"suite {suite.name} needs a sandbox that does not run here: {e}") from None
+    except EvaluationInterruptedError as e:
+        raise ConfigError(str(e)) from None
+    policy = str(Path(job.agent.model or "")) if job.agent.kind == "model" else f"{job.agent.kind} agent"
+    report = {"suite": suite.name, "policy": policy, "samples": job.samples, "envs": rows}
+    written = write_report(report, Path(job.out)) if job.out is not None else {}
+    return EvalOutcome(report=report, written=written)

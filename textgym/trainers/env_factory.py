@@ -1,0 +1,25 @@
+"""Build a training environment from its `EnvConfig`: `gymnasium.make`, plus the reward model when set.
+
+This is the runtime half of `EnvConfig` (the schema in `textgym.config` stays free of runtime
+imports): the reward-model wrapper loads a trained model, so it lives with the trainers.
+"""
+
+from __future__ import annotations
+
+import gymnasium as gym
+
+from textgym.config import EnvConfig, validate_runtime
+from textgym.trainers.reward_model import RewardModelWrapper
+
+
+def make_env(cfg: EnvConfig) -> gym.Env:
+    """Build the env (wrapped with `RewardModelWrapper` when `cfg.reward_model` is set).
+
+    Raises:
+        ConfigError: when `cfg.reward_model` is not a trained reward model's folder (no config.json).
+    """
+    validate_runtime(cfg)
+    env = gym.make(cfg.id, **cfg.kwargs)
+    if cfg.reward_model is not None:
+        env = RewardModelWrapper(env, cfg.reward_model, cfg.reward_model_weight, cfg.reward_model_device)
+    return env
