@@ -59,7 +59,7 @@ class EnvConfig(_Strict):
         """Build the env (wrapped with `RewardModelWrapper` when `reward_model` is set)."""
         env = gym.make(self.id, **self.kwargs)
         if self.reward_model is not None:
-            from textgym.trainers.reward_model import RewardModelWrapper
+            from textgym.envs.reward_model import RewardModelWrapper
 
             env = RewardModelWrapper(
                 env, self.reward_model, self.reward_model_weight, self.reward_model_device
