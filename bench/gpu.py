@@ -44,7 +44,7 @@ def synthetic_batch(B: int, P: int, L: int, vocab: int, device: str = "cpu"):
     """A RolloutBatch of random token ids (every row full length)."""
     import torch
 
-    from textgym.agents import RolloutBatch
+    from textgym.trainers.batch import RolloutBatch
 
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(3, vocab, (B, P + L), generator=g)

@@ -207,7 +207,8 @@ def check_exact_sampling(generate: Any, model: Any, tokenizer: Any, eos_ids: lis
     on, every sampled token lies in the truncated set and its recorded log-prob is that of the
     truncated distribution renormalised (`truncated_logprobs`), to 1e-4.
     """
-    from textgym.agents import RolloutBatch, SamplingParams
+    from textgym.agents import SamplingParams
+    from textgym.trainers.batch import RolloutBatch
     from textgym.trainers.common import sequence_logprobs
 
     prompt = list(

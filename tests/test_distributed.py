@@ -484,7 +484,8 @@ def test_gradient_checkpointing_gives_the_same_gradients(tiny_model_dir):
     Under checkpointing HF drops the KV cache, so `sequence_logprobs` no longer shares a
     group's prompt; against the shared-prompt default the gradients then differ by rounding.
     """
-    from textgym.agents.trajectory import RolloutBatch, Trajectory
+    from textgym.agents.trajectory import Trajectory
+    from textgym.trainers.batch import RolloutBatch
     from textgym.trainers.common import sequence_logprobs
 
     def batch() -> RolloutBatch:

@@ -52,7 +52,9 @@ def _imports(module: str, path: Path, modules: dict[str, Path]) -> set[str]:
             else:
                 base = node.module or ""
             # `from pkg import name`: the submodule if `name` is one, else the package itself.
-            names = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base for alias in node.names]
+            names = [
+                f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base for alias in node.names
+            ]
         else:
             continue
         for name in names:
@@ -88,7 +90,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
         stack.append(node)
         for nxt in edges.get(node, []):
             if state.get(nxt) == 1:
-                return stack[stack.index(nxt) :] + [nxt]
+                return [*stack[stack.index(nxt) :], nxt]
             if nxt not in state:
                 cycle = visit(nxt)
                 if cycle:

@@ -8,10 +8,11 @@ import pytest
 import torch
 from conftest import WARM_ENV as ENV
 
-from textgym.agents import RolloutBatch, SamplingParams, rollout
+from textgym.agents import SamplingParams, rollout
 from textgym.config import GRPOConfig, SFTConfig
 from textgym.models import load_model
 from textgym.trainers.advantages import group_advantages
+from textgym.trainers.batch import RolloutBatch
 from textgym.trainers.common import latest_checkpoint, seed_everything
 from textgym.trainers.grpo import GRPOTrainer
 from textgym.trainers.sft import SFTTrainer

@@ -38,8 +38,8 @@ from torch.optim.lr_scheduler import LambdaLR
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from textgym import distributed
-from textgym.agents.trajectory import RolloutBatch
 from textgym.config import OptimConfig
+from textgym.trainers.batch import RolloutBatch
 from textgym.trainers.losses import entropy_from_logits
 
 

@@ -36,8 +36,9 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from textgym import distributed
-from textgym.agents.trajectory import RolloutBatch, Trajectory
+from textgym.agents.trajectory import Trajectory
 from textgym.config import ParallelConfig, PreferenceConfig
+from textgym.trainers.batch import RolloutBatch
 from textgym.trainers.common import (
     build_optimizer,
     latest_checkpoint,

@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 
 from textgym import distributed
-from textgym.agents.trajectory import RolloutBatch, Trajectory
+from textgym.agents.trajectory import Trajectory
 from textgym.config import GRPOConfig
 from textgym.trainers.advantages import (
     discounted_returns,
@@ -36,6 +36,7 @@ from textgym.trainers.advantages import (
     token_level_rewards,
     whiten,
 )
+from textgym.trainers.batch import RolloutBatch
 from textgym.trainers.on_policy import OnPolicyTrainer, rollout_metrics
 
 

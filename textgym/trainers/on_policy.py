@@ -42,9 +42,10 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from textgym import distributed
 from textgym.agents.llm_agent import LLMAgent, SamplingParams, derive_seed
 from textgym.agents.rollout import rollout
-from textgym.agents.trajectory import RolloutBatch, Trajectory
+from textgym.agents.trajectory import Trajectory
 from textgym.config import ConfigError, GRPOConfig, ParallelConfig, PPOConfig
 from textgym.trainers.advantages import overlong_penalty
+from textgym.trainers.batch import RolloutBatch
 from textgym.trainers.common import (
     TaskSampler,
     build_optimizer,

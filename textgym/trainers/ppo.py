@@ -46,7 +46,7 @@ import torch
 from transformers import AutoModelForTokenClassification, PreTrainedModel
 
 from textgym import distributed
-from textgym.agents.trajectory import RolloutBatch, Trajectory
+from textgym.agents.trajectory import Trajectory
 from textgym.config import PPOConfig
 from textgym.trainers.advantages import (
     explained_variance,
@@ -56,6 +56,7 @@ from textgym.trainers.advantages import (
     turn_end_value_targets,
     whiten,
 )
+from textgym.trainers.batch import RolloutBatch
 from textgym.trainers.common import (
     build_optimizer,
     load_optimizer,

@@ -33,9 +33,10 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from textgym import distributed
 from textgym.agents.llm_agent import LLMAgent, SamplingParams
 from textgym.agents.rollout import rollout
-from textgym.agents.trajectory import RolloutBatch, Trajectory
+from textgym.agents.trajectory import Trajectory
 from textgym.config import ConfigError, ParallelConfig, SFTConfig
 from textgym.evaluation import episode_correct
+from textgym.trainers.batch import RolloutBatch
 from textgym.trainers.common import (
     TaskSampler,
     build_optimizer,
