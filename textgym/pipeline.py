@@ -2,7 +2,7 @@
 
     runs/<name>/config.yaml      the resolved config
     runs/<name>/model_init/      the preset model, when the run builds one
-    runs/<name>/sft/, grpo/, ppo/  stage directories (see textgym.trainers.common)
+    runs/<name>/sft/, grpo/, ppo/  stage directories (see textgym.trainers.checkpoint)
     runs/<name>/eval_before.json, eval_after.json
     runs/<name>/summary.json     accuracy_before, accuracy_after, n_eval, wall_time_s, peak_rss_mb,
                                  sft_target (steps, probe accuracy, reached) when SFT has a target, ...
@@ -37,7 +37,7 @@ from textgym.agents.llm_agent import LLMAgent, SamplingParams
 from textgym.config import ConfigError, EnvConfig, EvalConfig, RunConfig
 from textgym.evaluation import EvalResult, evaluate
 from textgym.models import init_model, load_model
-from textgym.trainers.common import seed_everything
+from textgym.trainers.seeding import seed_everything
 
 
 def preflight(cfg: RunConfig) -> None:

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from textgym import distributed
 from textgym.agents.trajectory import Trajectory
 
 
@@ -115,3 +116,29 @@ class RolloutBatch:
             k: v.to(device) for k, v in self.__dict__.items() if isinstance(v, torch.Tensor)
         }
         return dataclasses.replace(self, **moved)
+
+
+def rank_micro_batches(rows: list[int], micro_batch_size: int) -> list[tuple[list[int], bool]]:
+    """This rank's contiguous slice of a global batch `rows`, cut into micro-batches.
+
+    The slice is rank r's `rows[r·s : (r+1)·s]` with `s = ceil(len(rows) / ranks)`, so the
+    slices concatenated in rank order are `rows` (what `distributed.all_gather_list` rebuilds).
+    A rank that needs fewer micro-batches than the fullest one (a ragged batch; possibly none
+    at all) gets filler micro-batches `([rows[0]], True)` to run with weight 0, so that every
+    rank makes the same forward and backward calls, as a sharded model requires. One process:
+    all of `rows`, never a filler.
+
+    Args:
+        rows: the global batch (example indices), the same list on every rank; not empty.
+        micro_batch_size: examples per forward pass.
+
+    Returns:
+        `(indices, is_filler)` pairs, the same number on every rank.
+    """
+    w = distributed.world()
+    per = -(-len(rows) // w.size)
+    mine = rows[w.rank * per : (w.rank + 1) * per]
+    out = [(mine[i : i + micro_batch_size], False) for i in range(0, len(mine), micro_batch_size)]
+    fullest = -(-per // micro_batch_size)
+    out += [([rows[0]], True)] * (fullest - len(out))
+    return out

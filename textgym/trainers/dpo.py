@@ -38,19 +38,18 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from textgym import distributed
 from textgym.agents.trajectory import Trajectory
 from textgym.config import ParallelConfig, PreferenceConfig
-from textgym.trainers.batch import RolloutBatch
-from textgym.trainers.common import (
-    build_optimizer,
+from textgym.trainers.batch import RolloutBatch, rank_micro_batches
+from textgym.trainers.checkpoint import (
     latest_checkpoint,
     load_checkpoint,
-    metrics_logger,
-    rank_micro_batches,
-    run_loop,
     save_checkpoint,
     save_final,
     save_lora_final,
-    sequence_logprobs,
 )
+from textgym.trainers.logging import metrics_logger
+from textgym.trainers.logprobs import sequence_logprobs
+from textgym.trainers.loop import run_loop
+from textgym.trainers.optim import build_optimizer
 from textgym.trainers.preference import dpo_loss, ipo_loss, kto_loss, orpo_loss, simpo_loss
 
 

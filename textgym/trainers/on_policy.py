@@ -46,19 +46,19 @@ from textgym.agents.trajectory import Trajectory
 from textgym.config import ConfigError, GRPOConfig, ParallelConfig, PPOConfig
 from textgym.trainers.advantages import overlong_penalty
 from textgym.trainers.batch import RolloutBatch
-from textgym.trainers.common import (
-    TaskSampler,
-    build_optimizer,
+from textgym.trainers.checkpoint import (
     latest_checkpoint,
     load_checkpoint,
-    metrics_logger,
-    run_loop,
     save_checkpoint,
     save_final,
     save_lora_final,
-    sequence_logprobs,
 )
+from textgym.trainers.logging import metrics_logger
+from textgym.trainers.logprobs import sequence_logprobs
+from textgym.trainers.loop import run_loop
 from textgym.trainers.losses import aggregate, clipped_policy_loss, kl_estimate, rollout_correction
+from textgym.trainers.optim import build_optimizer
+from textgym.trainers.sampler import TaskSampler
 
 EvalFn = Callable[[PreTrainedModel, PreTrainedTokenizerBase], dict[str, float]]
 

@@ -46,14 +46,10 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer, PreT
 from textgym import distributed
 from textgym.config import ParallelConfig, RewardModelConfig
 from textgym.envs.reward_model import RewardModelWrapper
-from textgym.trainers.common import (
-    build_optimizer,
-    latest_checkpoint,
-    load_checkpoint,
-    metrics_logger,
-    rank_micro_batches,
-    save_checkpoint,
-)
+from textgym.trainers.batch import rank_micro_batches
+from textgym.trainers.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from textgym.trainers.logging import metrics_logger
+from textgym.trainers.optim import build_optimizer
 from textgym.verifiers.reward_model import (
     RewardModelVerifier,
     last_token_reward,

@@ -37,19 +37,19 @@ from textgym.agents.trajectory import Trajectory
 from textgym.config import ConfigError, ParallelConfig, SFTConfig
 from textgym.evaluation import episode_correct
 from textgym.trainers.batch import RolloutBatch
-from textgym.trainers.common import (
-    TaskSampler,
-    build_optimizer,
+from textgym.trainers.checkpoint import (
     latest_checkpoint,
     load_checkpoint,
-    metrics_logger,
-    run_loop,
     save_checkpoint,
     save_final,
     save_lora_final,
-    sequence_logprobs,
 )
+from textgym.trainers.logging import metrics_logger
+from textgym.trainers.logprobs import sequence_logprobs
+from textgym.trainers.loop import run_loop
 from textgym.trainers.losses import sft_loss
+from textgym.trainers.optim import build_optimizer
+from textgym.trainers.sampler import TaskSampler
 
 
 class SFTTrainer:
