@@ -62,12 +62,12 @@ def test_a_name_cannot_be_registered_twice_unless_replaced(unregister):
     def first(x):
         return x.rewards, {}
 
+    def second(x):
+        return x.rewards, {}
+
     with pytest.raises(ValueError, match="already registered"):
-
-        @register_advantage("twice")
-        def second(x):
-            return x.rewards, {}
-
+        register_advantage("twice")(second)
+    assert get_advantage("twice") is first
     register_advantage("twice", replace=True)(second)
     assert get_advantage("twice") is second
 
