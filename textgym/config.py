@@ -326,7 +326,7 @@ class PreferenceConfig(_Strict):
     env: EnvConfig
     """Where rollouts are collected."""
     loss: Literal["dpo", "ipo", "kto", "simpo", "orpo"] = "dpo"
-    """The objective (`textgym.trainers.preference`)."""
+    """The objective (`textgym.trainers.preference_losses`)."""
     rounds: int = Field(1, ge=1)
     """collect → pair → train rounds."""
     collect: CollectConfig = Field(default_factory=CollectConfig)

@@ -285,7 +285,7 @@ def _preference_rounds(
     echo: Callable[[str], None],
 ) -> tuple[Path, list[dict[str, Any]]]:
     """Run `cfg.dpo.rounds` rounds of collect → pair → train; return the last model and per-round counts."""
-    from textgym.trainers.dpo import PreferenceTrainer
+    from textgym.trainers.preference import PreferenceTrainer
 
     pc = cfg.dpo
     assert pc is not None
