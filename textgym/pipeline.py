@@ -35,7 +35,7 @@ import yaml
 from textgym import distributed
 from textgym.agents.llm_agent import LLMAgent, SamplingParams
 from textgym.config import ConfigError, EnvConfig, EvalConfig, RunConfig
-from textgym.evaluation import EvalResult, evaluate
+from textgym.evaluation.core import EvalResult, evaluate
 from textgym.models import init_model, load_model
 from textgym.trainers.seeding import seed_everything
 

@@ -35,7 +35,7 @@ from textgym.agents.llm_agent import LLMAgent, SamplingParams
 from textgym.agents.rollout import rollout
 from textgym.agents.trajectory import Trajectory
 from textgym.config import ConfigError, ParallelConfig, SFTConfig
-from textgym.evaluation import episode_correct
+from textgym.evaluation.core import episode_correct
 from textgym.trainers.batch import RolloutBatch
 from textgym.trainers.checkpoint import (
     latest_checkpoint,
