@@ -331,7 +331,7 @@ def _collect_round(
 ) -> tuple[Any, Any, dict[str, Any]]:
     """Round `r` of the DPO stage: roll out the policy, build and write the pairs; return them and counts."""
     from textgym.offline import build_pairs, collect_rollouts, write_pairs
-    from textgym.store import read_trajectories
+    from textgym.offline.store import read_trajectories
 
     pc = cfg.dpo
     assert pc is not None

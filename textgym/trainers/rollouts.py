@@ -87,7 +87,7 @@ def log_trajectories(
         env_kwargs: the env's constructor arguments, recorded with each row.
         policy: what produced them (the stage folder).
     """
-    from textgym.store import TrajectoryWriter, trajectory_row
+    from textgym.offline.store import TrajectoryWriter, trajectory_row
 
     with TrajectoryWriter(trajectory_dir, prefix=f"step-{step + 1:06d}") as w:
         w.append(
