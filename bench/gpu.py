@@ -194,7 +194,7 @@ def main() -> None:
         return
     import torch
 
-    from textgym.models import init_model
+    from textgym.model_init import init_model
 
     name = torch.cuda.get_device_name() if args.device.startswith("cuda") else f"cpu ({os.cpu_count()} cores)"
     print(

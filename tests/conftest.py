@@ -49,7 +49,7 @@ TEST_DATA = Path(__file__).resolve().parent / "data"
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A randomly initialised tiny model folder (BPE tokenizer, chat template)."""
-    from textgym.models import init_model
+    from textgym.model_init import init_model
 
     return init_model("tiny", tmp_path_factory.mktemp("models") / "tiny", seed=0)
 
@@ -57,7 +57,7 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_byte_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The same architecture with the byte-level tokenizer."""
-    from textgym.models import init_model
+    from textgym.model_init import init_model
 
     return init_model("tiny", tmp_path_factory.mktemp("models") / "tiny_byte", seed=0, tokenizer="byte")
 

@@ -36,7 +36,8 @@ from textgym import distributed
 from textgym.agents.llm_agent import LLMAgent, SamplingParams
 from textgym.config import ConfigError, EnvConfig, EvalConfig, RunConfig
 from textgym.evaluation.core import EvalResult, evaluate
-from textgym.models import init_model, load_model
+from textgym.model_init import init_model
+from textgym.models import load_model
 from textgym.trainers.seeding import seed_everything
 
 
