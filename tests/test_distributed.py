@@ -392,7 +392,7 @@ def test_lora_grpo_on_two_ranks_matches_one_process(warm_model_dir, tmp_path):
 def two_rank_world(monkeypatch):
     """Pretend to be rank 0 of 2 (no process group: only checks that run before any collective)."""
     monkeypatch.setattr(
-        distributed, "_WORLD", distributed.World(rank=0, size=2, local_rank=0, backend="gloo")
+        distributed.process_group, "_WORLD", distributed.World(rank=0, size=2, local_rank=0, backend="gloo")
     )
 
 
