@@ -44,7 +44,7 @@ def synthetic_batch(B: int, P: int, L: int, vocab: int, device: str = "cpu"):
     """A RolloutBatch of random token ids (every row full length)."""
     import torch
 
-    from textgym.agents import RolloutBatch
+    from textgym.trainers.batch import RolloutBatch
 
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(3, vocab, (B, P + L), generator=g)
@@ -194,7 +194,7 @@ def main() -> None:
         return
     import torch
 
-    from textgym.models import init_model
+    from textgym.model_init import init_model
 
     name = torch.cuda.get_device_name() if args.device.startswith("cuda") else f"cpu ({os.cpu_count()} cores)"
     print(

@@ -32,7 +32,8 @@ ENV_KW = {"operators": "+", "digits": 2, "instruction": ""}
 def warm_model(out: Path) -> Path:
     """Tiny model + 60 SFT steps: the format is learnt and some sums are right."""
     from textgym.config import SFTConfig
-    from textgym.models import init_model, load_model
+    from textgym.model_init import init_model
+    from textgym.models import load_model
     from textgym.trainers.common import seed_everything
     from textgym.trainers.sft import SFTTrainer
 

@@ -159,7 +159,7 @@ def main() -> None:
     if args.mode is not None:
         child(args)
         return
-    from textgym.models import init_model
+    from textgym.model_init import init_model
 
     with tempfile.TemporaryDirectory() as d:
         model = init_model(args.preset, Path(d) / args.preset)

@@ -70,7 +70,8 @@ def main() -> None:
 
     import textgym  # noqa: F401
     from textgym.agents import LLMAgent, SamplingParams
-    from textgym.models import count_parameters, init_model, load_model
+    from textgym.model_init import init_model
+    from textgym.models import count_parameters, load_model
 
     params = SamplingParams(temperature=1.0, max_new_tokens=args.max_new_tokens)
     print(

@@ -49,7 +49,7 @@ TEST_DATA = Path(__file__).resolve().parent / "data"
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A randomly initialised tiny model folder (BPE tokenizer, chat template)."""
-    from textgym.models import init_model
+    from textgym.model_init import init_model
 
     return init_model("tiny", tmp_path_factory.mktemp("models") / "tiny", seed=0)
 
@@ -57,7 +57,7 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_byte_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The same architecture with the byte-level tokenizer."""
-    from textgym.models import init_model
+    from textgym.model_init import init_model
 
     return init_model("tiny", tmp_path_factory.mktemp("models") / "tiny_byte", seed=0, tokenizer="byte")
 
@@ -207,7 +207,8 @@ def check_exact_sampling(generate: Any, model: Any, tokenizer: Any, eos_ids: lis
     on, every sampled token lies in the truncated set and its recorded log-prob is that of the
     truncated distribution renormalised (`truncated_logprobs`), to 1e-4.
     """
-    from textgym.agents import RolloutBatch, SamplingParams
+    from textgym.agents import SamplingParams
+    from textgym.trainers.batch import RolloutBatch
     from textgym.trainers.common import sequence_logprobs
 
     prompt = list(

@@ -11,7 +11,8 @@ from conftest import (
 )
 
 import textgym  # noqa: F401
-from textgym.agents import LLMAgent, RolloutBatch, SamplingParams, rollout
+from textgym.agents import LLMAgent, SamplingParams, rollout
+from textgym.trainers.batch import RolloutBatch
 from textgym.trainers.common import sequence_logprobs
 
 

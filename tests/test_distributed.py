@@ -392,7 +392,7 @@ def test_lora_grpo_on_two_ranks_matches_one_process(warm_model_dir, tmp_path):
 def two_rank_world(monkeypatch):
     """Pretend to be rank 0 of 2 (no process group: only checks that run before any collective)."""
     monkeypatch.setattr(
-        distributed, "_WORLD", distributed.World(rank=0, size=2, local_rank=0, backend="gloo")
+        distributed.process_group, "_WORLD", distributed.World(rank=0, size=2, local_rank=0, backend="gloo")
     )
 
 
@@ -484,7 +484,8 @@ def test_gradient_checkpointing_gives_the_same_gradients(tiny_model_dir):
     Under checkpointing HF drops the KV cache, so `sequence_logprobs` no longer shares a
     group's prompt; against the shared-prompt default the gradients then differ by rounding.
     """
-    from textgym.agents.trajectory import RolloutBatch, Trajectory
+    from textgym.agents.trajectory import Trajectory
+    from textgym.trainers.batch import RolloutBatch
     from textgym.trainers.common import sequence_logprobs
 
     def batch() -> RolloutBatch:

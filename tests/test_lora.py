@@ -9,9 +9,9 @@ import pytest
 import torch
 from conftest import WARM_ENV as ENV
 
-from textgym.agents import RolloutBatch
 from textgym.config import GRPOConfig, LoraSettings, PPOConfig
 from textgym.models import load_model
+from textgym.trainers.batch import RolloutBatch
 from textgym.trainers.common import latest_checkpoint, seed_everything, sequence_logprobs
 from textgym.trainers.grpo import GRPOTrainer
 from textgym.trainers.lora import apply_lora, is_lora, merged_state_dict, reference_of

@@ -29,7 +29,7 @@ from textgym.store import (
     shard_paths,
     trajectory_row,
 )
-from textgym.trainers.dpo import PreferenceTrainer
+from textgym.trainers.preference import PreferenceTrainer
 
 
 def _traj(prompt: list[int], response: list[int], reward: float, task: int = 0) -> Trajectory:

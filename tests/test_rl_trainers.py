@@ -10,10 +10,11 @@ import torch
 from conftest import ECHO_ENV_ID
 from conftest import WARM_ENV as ENV
 
-from textgym.agents import RolloutBatch, Trajectory
+from textgym.agents import Trajectory
 from textgym.config import GRPOConfig, PPOConfig
 from textgym.models import load_model
 from textgym.trainers.advantages import explained_variance
+from textgym.trainers.batch import RolloutBatch
 from textgym.trainers.common import latest_checkpoint, seed_everything
 from textgym.trainers.grpo import GRPOTrainer, group_accuracy
 from textgym.trainers.ppo import PPOTrainer, sequence_values

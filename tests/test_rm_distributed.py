@@ -233,13 +233,17 @@ def test_rank_slices_and_filler_micro_batches(monkeypatch):
     rows = [7, 3, 9, 1, 4]
     slices = {}
     for rank in (0, 1):
-        monkeypatch.setattr(distributed, "_WORLD", distributed.World(rank=rank, size=2, backend="gloo"))
+        monkeypatch.setattr(
+            distributed.process_group, "_WORLD", distributed.World(rank=rank, size=2, backend="gloo")
+        )
         slices[rank] = rank_micro_batches(rows, 2)
     assert slices[0] == [([7, 3], False), ([9], False)]
     assert slices[1] == [([1, 4], False), ([7], True)]  # the same number of forward calls
-    monkeypatch.setattr(distributed, "_WORLD", distributed.World(rank=1, size=2, backend="gloo"))
+    monkeypatch.setattr(
+        distributed.process_group, "_WORLD", distributed.World(rank=1, size=2, backend="gloo")
+    )
     assert rank_micro_batches([5], 2) == [([5], True)]  # nothing left for rank 1: a filler only
-    monkeypatch.setattr(distributed, "_WORLD", distributed.World())
+    monkeypatch.setattr(distributed.process_group, "_WORLD", distributed.World())
     assert rank_micro_batches(rows, 2) == [([7, 3], False), ([9, 1], False), ([4], False)]
 
 

@@ -242,3 +242,41 @@ def test_trackio_local_storage_holds_the_logged_metrics_and_config(tmp_path):
         {"step": s, **m} for s, m in STEPS.items()
     ]
     assert {k: v for k, v in out["config"].items() if not k.startswith("_")} == CONFIG
+
+
+def test_a_run_config_names_its_trackers_and_refuses_unknown_ones():
+    from pydantic import ValidationError
+
+    from textgym.config import RunConfig
+
+    base = {"name": "t", "model": {"init_preset": "tiny"}, "sft": {"env": {"id": "textgym/Arithmetic-v0"}}}
+    assert RunConfig.model_validate(base).log_with == ["tensorboard"]
+    with pytest.raises(ValidationError, match="unknown tracker"):
+        RunConfig.model_validate({**base, "log_with": ["tensorboard", "neptune"]})
+
+
+@needs("mlflow")
+def test_an_sft_stage_logs_to_the_trackers_named_in_log_with(tmp_path, tiny_model_dir):
+    from mlflow.tracking import MlflowClient
+
+    from textgym.config import SFTConfig
+    from textgym.models import load_model
+    from textgym.trainers.sft import SFTTrainer
+
+    model, tok = load_model(tiny_model_dir)
+    cfg = SFTConfig.model_validate(
+        {
+            "env": {"id": "textgym/Arithmetic-v0", "kwargs": {"operators": "+", "digits": 2}},
+            "steps": 2,
+            "batch_size": 4,
+        }
+    )
+    stage = tmp_path / "run" / "sft"
+    SFTTrainer(cfg, model, tok, stage, log_with=["mlflow"]).train()
+    assert not (stage / "tb").exists()  # only the trackers named
+    jsonl = [json.loads(line) for line in (stage / "metrics.jsonl").read_text().splitlines()]
+    client = MlflowClient(tracking_uri=(stage / "mlruns").as_uri())
+    (run,) = client.search_runs([client.get_experiment_by_name("textgym").experiment_id])
+    assert run.info.run_name == "run/sft" and run.data.params["steps"] == "2"
+    losses = sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, "loss"))
+    assert losses == [(r["step"], pytest.approx(r["loss"])) for r in jsonl if "loss" in r]

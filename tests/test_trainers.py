@@ -8,10 +8,11 @@ import pytest
 import torch
 from conftest import WARM_ENV as ENV
 
-from textgym.agents import RolloutBatch, SamplingParams, rollout
+from textgym.agents import SamplingParams, rollout
 from textgym.config import GRPOConfig, SFTConfig
 from textgym.models import load_model
 from textgym.trainers.advantages import group_advantages
+from textgym.trainers.batch import RolloutBatch
 from textgym.trainers.common import latest_checkpoint, seed_everything
 from textgym.trainers.grpo import GRPOTrainer
 from textgym.trainers.sft import SFTTrainer
@@ -290,7 +291,7 @@ def test_rollout_k3_metric_is_never_negative(tiny_model_dir, tmp_path):
 def test_tis_on_the_transformers_backend(tiny_model_dir, tmp_path, monkeypatch, tis):
     """`rollout.tis: true` recomputes π_old with the trainer's forward and weights the loss by
     min(π_old/π_rollout, C); false or null (the default) recomputes nothing."""
-    import textgym.trainers.on_policy as on_policy
+    import textgym.trainers.update as update  # the policy update calls the loss
     from textgym.trainers.common import sequence_logprobs
 
     seed_everything(0)
@@ -299,7 +300,7 @@ def test_tis_on_the_transformers_backend(tiny_model_dir, tmp_path, monkeypatch, 
     cfg = grpo_cfg(steps=1, prompts_per_step=2, group_size=2, rollout={"tis": tis, "tis_cap": cap})
     trainer = GRPOTrainer(cfg, model, tok, tmp_path)
     seen: dict[str, object] = {"recomputed": 0, "is_weights": []}
-    sample, recompute, loss_fn = trainer.sample, trainer._trainer_logprobs, on_policy.clipped_policy_loss
+    sample, recompute, loss_fn = trainer.sample, trainer._trainer_logprobs, update.clipped_policy_loss
 
     def mismatched_sample(metrics):
         trajs = sample(metrics)
@@ -323,7 +324,7 @@ def test_tis_on_the_transformers_backend(tiny_model_dir, tmp_path, monkeypatch, 
 
     trainer.sample = mismatched_sample  # type: ignore[method-assign]
     trainer._trainer_logprobs = counted  # type: ignore[method-assign]
-    monkeypatch.setattr(on_policy, "clipped_policy_loss", recording_loss)
+    monkeypatch.setattr(update, "clipped_policy_loss", recording_loss)
     metrics = trainer.train_step()
     (passed,) = seen["is_weights"]  # type: ignore[misc]
     if not tis:

@@ -16,10 +16,10 @@ from test_serve import NEUTRAL_BODY, _capturing_app, _serve
 
 import textgym  # noqa: F401
 from textgym.agents import LLMAgent, SamplingParams, rollout
-from textgym.agents.trajectory import RolloutBatch
 from textgym.agents.vllm_backend import vllm_available
 from textgym.config import GRPOConfig
 from textgym.models import load_model
+from textgym.trainers.batch import RolloutBatch
 from textgym.trainers.common import sequence_logprobs
 from textgym.trainers.grpo import GRPOTrainer
 

@@ -2,7 +2,7 @@
 
     runs/<name>/config.yaml      the resolved config
     runs/<name>/model_init/      the preset model, when the run builds one
-    runs/<name>/sft/, grpo/, ppo/  stage directories (see textgym.trainers.common)
+    runs/<name>/sft/, grpo/, ppo/  stage directories (see textgym.trainers.checkpoint)
     runs/<name>/eval_before.json, eval_after.json
     runs/<name>/summary.json     accuracy_before, accuracy_after, n_eval, wall_time_s, peak_rss_mb,
                                  sft_target (steps, probe accuracy, reached) when SFT has a target, ...
@@ -35,9 +35,10 @@ import yaml
 from textgym import distributed
 from textgym.agents.llm_agent import LLMAgent, SamplingParams
 from textgym.config import ConfigError, EnvConfig, EvalConfig, RunConfig, validate_runtime
-from textgym.evaluation import EvalResult, evaluate
-from textgym.models import init_model, load_model
-from textgym.trainers.common import seed_everything
+from textgym.evaluation.core import EvalResult, evaluate
+from textgym.model_init import init_model
+from textgym.models import load_model
+from textgym.trainers.seeding import seed_everything
 
 
 def preflight(cfg: RunConfig) -> None:
@@ -51,6 +52,15 @@ def preflight(cfg: RunConfig) -> None:
             "this config has only a reward_model stage: train it with `textgym rm train CONFIG`"
         )
     validate_runtime(cfg)
+    if cfg.grpo is not None:
+        from textgym.trainers.advantages import available_advantages
+
+        names = available_advantages()
+        if cfg.grpo.advantage_estimator not in names:
+            raise ConfigError(
+                f"grpo.advantage_estimator: unknown estimator {cfg.grpo.advantage_estimator!r}; registered: "
+                f"{', '.join(names)} (add one with @textgym.trainers.registry.register_advantage)"
+            )
     envs: list[tuple[str, EnvConfig]] = []
     if cfg.sft:
         envs.append(("sft.env", cfg.sft.env))
@@ -212,7 +222,9 @@ def run(
         seed_everything(distributed.rank_seed(cfg.seed))
         model_path, secs = _run_stage(
             "sft", sft_cfg, run_dir, model_path, device, resume, echo,
-            lambda m, t, d: SFTTrainer(sft_cfg, m, t, d, seed=cfg.seed, resume=resume, parallel=cfg.parallel),
+            lambda m, t, d: SFTTrainer(
+                sft_cfg, m, t, d, seed=cfg.seed, resume=resume, parallel=cfg.parallel, log_with=cfg.log_with
+            ),
         )  # fmt: skip
         if secs is not None:
             stage_times["sft"] = secs
@@ -239,7 +251,15 @@ def run(
 
         def build(m: Any, t: Any, d: Path) -> Any:
             return trainer_cls(
-                rl_cfg, m, t, d, seed=cfg.seed, resume=resume, eval_fn=periodic, parallel=cfg.parallel
+                rl_cfg,
+                m,
+                t,
+                d,
+                seed=cfg.seed,
+                resume=resume,
+                eval_fn=periodic,
+                parallel=cfg.parallel,
+                log_with=cfg.log_with,
             )
 
         seed_everything(distributed.rank_seed(cfg.seed + 1))
@@ -312,7 +332,15 @@ def run_reward_model(
         torch.set_num_threads(cfg.threads)
     table = read_pairs(pairs / "pairs.parquet" if pairs.is_dir() else pairs)
     res = train_reward_model(
-        table, model_dir, out, rm, echo=echo, device=cfg.device, parallel=cfg.parallel, resume=resume
+        table,
+        model_dir,
+        out,
+        rm,
+        echo=echo,
+        device=cfg.device,
+        parallel=cfg.parallel,
+        resume=resume,
+        log_with=cfg.log_with,
     )
     return {**res, "out": str(out)}
 
@@ -330,7 +358,7 @@ def _preference_rounds(
     echo: Callable[[str], None],
 ) -> tuple[Path, list[dict[str, Any]]]:
     """Run `cfg.dpo.rounds` rounds of collect → pair → train; return the last model and per-round counts."""
-    from textgym.trainers.dpo import PreferenceTrainer
+    from textgym.trainers.preference import PreferenceTrainer
 
     pc = cfg.dpo
     assert pc is not None
@@ -359,6 +387,7 @@ def _preference_rounds(
             seed=cfg.seed + r,
             resume=resume,
             parallel=cfg.parallel,
+            log_with=cfg.log_with,
         )
         model_path = trainer.train(echo)
         info.append(counts)
@@ -376,7 +405,7 @@ def _collect_round(
 ) -> tuple[Any, Any, dict[str, Any]]:
     """Round `r` of the DPO stage: roll out the policy, build and write the pairs; return them and counts."""
     from textgym.offline import build_pairs, collect_rollouts, write_pairs
-    from textgym.store import read_trajectories
+    from textgym.offline.store import read_trajectories
 
     pc = cfg.dpo
     assert pc is not None

@@ -2,12 +2,11 @@
 
 from textgym.agents.llm_agent import Generation, LLMAgent, SamplingParams, TransformersBackend
 from textgym.agents.rollout import observation_tokens, rollout
-from textgym.agents.trajectory import RolloutBatch, Trajectory
+from textgym.agents.trajectory import Trajectory
 
 __all__ = [
     "Generation",
     "LLMAgent",
-    "RolloutBatch",
     "SamplingParams",
     "Trajectory",
     "TransformersBackend",

@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 import torch
 
-from textgym.agents.llm_agent import Generation, SamplingParams
+from textgym.agents.sampling import Generation, SamplingParams
 
 SAMPLING_FIELDS_SENT = (
     "temperature",

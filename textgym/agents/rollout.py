@@ -19,7 +19,8 @@ import gymnasium as gym
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from textgym.agents.llm_agent import LLMAgent, SamplingParams, derive_seed
+from textgym.agents.llm_agent import LLMAgent
+from textgym.agents.sampling import SamplingParams, derive_seed
 from textgym.agents.trajectory import Trajectory
 from textgym.types import Message
 

@@ -1,4 +1,7 @@
-"""Typed containers for rollouts: one `Trajectory` per episode, a padded `RolloutBatch` per update.
+"""The typed record of a rollout: one `Trajectory` per episode.
+
+The padded training tensors built from trajectories (`RolloutBatch`) live with the trainers
+(`textgym.trainers.batch`): rollouts do not know how they are trained on.
 
 Token-level arrays of a `Trajectory` are aligned with `token_ids`: index *t* describes
 token *t*. Prompt and environment tokens have `loss_mask == 0`; tokens the policy
@@ -8,7 +11,6 @@ Each turn's reward sits on the last token the policy generated in that turn.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,105 +64,3 @@ class Trajectory:
     def response_length(self) -> int:
         """Number of policy tokens (all turns)."""
         return int(self.loss_mask.sum().item())
-
-
-@dataclass
-class RolloutBatch:
-    """A batch of trajectories padded for one forward pass.
-
-    The prompts are left-padded to a common width P so that the first policy token of
-    every row sits in column P; everything after is right-padded to width P + L. The
-    policy's logits are then only needed for the last L + 1 positions
-    (`logits_to_keep`), and every per-token tensor below covers the L response columns.
-
-    Attributes:
-        input_ids: [B, P+L] int64, pad id where `attention_mask == 0`.
-        attention_mask: [B, P+L] int64.
-        position_ids: [B, P+L] int64, positions counted over real tokens only.
-        prompt_width: P.
-        loss_mask: [B, L] float32, 1.0 on policy tokens.
-        old_logprobs: [B, L] float32, sampling log-probabilities (0.0 off the mask).
-        token_rewards: [B, L] float32.
-        rewards: [B] float32, episode returns.
-        groups: [B] int64, group index of each row (-1 when ungrouped).
-    """
-
-    input_ids: torch.Tensor
-    attention_mask: torch.Tensor
-    position_ids: torch.Tensor
-    prompt_width: int
-    loss_mask: torch.Tensor
-    old_logprobs: torch.Tensor
-    token_rewards: torch.Tensor
-    rewards: torch.Tensor
-    groups: torch.Tensor
-
-    @classmethod
-    def from_trajectories(cls, trajs: list[Trajectory], pad_id: int) -> RolloutBatch:
-        """Pad `trajs` into one batch (see the class docstring for the layout).
-
-        Raises:
-            ValueError: if `trajs` is empty.
-        """
-        if not trajs:
-            raise ValueError("cannot build a RolloutBatch from zero trajectories")
-        P = max(t.prompt_length for t in trajs)
-        L = max(len(t.token_ids) - t.prompt_length for t in trajs)
-        B = len(trajs)
-        input_ids = torch.full((B, P + L), pad_id, dtype=torch.long)
-        attention_mask = torch.zeros((B, P + L), dtype=torch.long)
-        loss_mask = torch.zeros((B, L))
-        old_logprobs = torch.zeros((B, L))
-        token_rewards = torch.zeros((B, L))
-        for i, t in enumerate(trajs):
-            p, n = t.prompt_length, len(t.token_ids) - t.prompt_length
-            input_ids[i, P - p : P + n] = t.token_ids
-            attention_mask[i, P - p : P + n] = 1
-            loss_mask[i, :n] = t.loss_mask[p:]
-            old_logprobs[i, :n] = t.logprobs[p:]
-            token_rewards[i, :n] = t.token_rewards[p:]
-        position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-        return cls(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            prompt_width=P,
-            loss_mask=loss_mask,
-            old_logprobs=old_logprobs,
-            token_rewards=token_rewards,
-            rewards=torch.tensor([t.reward for t in trajs], dtype=torch.float32),
-            groups=torch.tensor([t.group for t in trajs], dtype=torch.long),
-        )
-
-    def __len__(self) -> int:
-        return int(self.input_ids.shape[0])
-
-    def select(self, idx: torch.Tensor | list[int]) -> RolloutBatch:
-        """Return the rows `idx` (a minibatch), trimmed of columns that are padding in every row."""
-        idx = torch.as_tensor(idx, dtype=torch.long)
-        am = self.attention_mask[idx]
-        used = am.any(0).nonzero()
-        lo = int(used.min()) if len(used) else 0
-        lo = min(lo, self.prompt_width)
-        hi = int(used.max()) + 1 if len(used) else self.prompt_width
-        hi = max(hi, self.prompt_width + 1)
-        P, L = self.prompt_width, self.loss_mask.shape[1]
-        hi = min(hi, P + L)
-        return RolloutBatch(
-            input_ids=self.input_ids[idx, lo:hi],
-            attention_mask=am[:, lo:hi],
-            position_ids=self.position_ids[idx, lo:hi],
-            prompt_width=P - lo,
-            loss_mask=self.loss_mask[idx, : hi - P],
-            old_logprobs=self.old_logprobs[idx, : hi - P],
-            token_rewards=self.token_rewards[idx, : hi - P],
-            rewards=self.rewards[idx],
-            groups=self.groups[idx],
-        )
-
-    def to(self, device: torch.device | str) -> RolloutBatch:
-        """Move every tensor to `device`."""
-        moved: dict[str, Any] = {
-            k: v.to(device) for k, v in self.__dict__.items() if isinstance(v, torch.Tensor)
-        }
-        return dataclasses.replace(self, **moved)

@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from textgym.agents.llm_agent import Generation, SamplingParams
+from textgym.agents.sampling import Generation, SamplingParams
 
 
 def vllm_available() -> bool:
@@ -141,10 +141,10 @@ class VLLMBackend:
             tokenizer.save_pretrained(d)
             kwargs.setdefault("dtype", str(next(policy.parameters()).dtype).removeprefix("torch."))
             engine = cls(d, eos_ids, load_format="dummy", **kwargs)
-        from textgym.trainers.lora import is_lora, merged_state_dict
+        from textgym.agents.weight_sync import rollout_weights
 
         # A LoRA policy is served merged (W + scale·BA under the base names vLLM expects).
-        engine.load_weights((merged_state_dict(policy) if is_lora(policy) else policy.state_dict()).items())
+        engine.load_weights(rollout_weights(policy))
         engine.weight_version = 0
         return engine
 

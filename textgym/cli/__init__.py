@@ -10,7 +10,7 @@ prints. The whole command tree is registered below:
 |---|---|---|
 | `envs`, `plot` | `envs` | `gymnasium.registry`, `textgym.plotting.plot_run` |
 | `train` | `train` | `textgym.pipeline.run` |
-| `eval`, `report compare` | `eval` | `textgym.eval_job.run_eval`, `textgym.suites.compare_reports` |
+| `eval`, `report compare` | `eval` | `textgym.evaluation.job.run_eval`, `textgym.suites.compare_reports` |
 | `score`, `verify math` | `score` | an env's verifier, `textgym.verifiers.math.MathVerifier` |
 | `model init`, `check-template`, `serve` | `models` | `init_model`, `check_template`, `serve.build_app` |
 | `rollouts collect`, `pairs build` | `data` | `textgym.offline.collect_rollouts`, `build_pairs` |

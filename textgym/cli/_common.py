@@ -63,7 +63,7 @@ def parse_kwargs(items: list[str] | None) -> dict[str, Any]:
 def make_env(env_id: str, kwargs: dict[str, Any]) -> Any:
     """Build a registered env, or exit with code 2 saying why not (unknown id, bad kwargs, no sandbox)."""
     from textgym.config import ConfigError
-    from textgym.eval_job import open_env
+    from textgym.evaluation.job import open_env
 
     try:
         return open_env(env_id, kwargs)
@@ -77,7 +77,7 @@ def load_agent(model: Path, endpoint: str | None, served_model: str | None, back
     With an endpoint, `model` is the folder of the served model's tokenizer.
     """
     from textgym.config import AgentConfig, ConfigError
-    from textgym.eval_job import build_agent
+    from textgym.evaluation.job import build_agent
 
     check_backend(backend)
     spec = AgentConfig(model=str(model), endpoint=endpoint, served_model=served_model, backend=backend)  # type: ignore[arg-type]

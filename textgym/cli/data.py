@@ -50,8 +50,8 @@ def rollouts_collect_cmd(
     """
     from textgym.agents import SamplingParams
     from textgym.offline import collect_rollouts
-    from textgym.store import TrajectoryStoreError
-    from textgym.trainers.common import seed_everything
+    from textgym.offline.store import TrajectoryStoreError
+    from textgym.trainers.seeding import seed_everything
 
     kwargs = parse_kwargs(env_kwargs)
     make_env(env, kwargs).close()
@@ -85,7 +85,7 @@ def pairs_build_cmd(
 ) -> None:
     """Build (prompt, chosen, rejected) pairs and KTO's unpaired examples from logged trajectories."""
     from textgym.offline import build_pairs, write_pairs
-    from textgym.store import TrajectoryStoreError, read_trajectories
+    from textgym.offline.store import TrajectoryStoreError, read_trajectories
 
     if mode not in ("best_vs_worst", "all"):
         fail(f"--mode must be best_vs_worst or all, got {mode!r}")

@@ -33,7 +33,7 @@ def plot_cmd(
     ],
 ) -> None:
     """Write PNG training curves (reward, accuracy, KL, response length, loss) for each stage."""
-    from textgym.plotting import plot_run
+    from textgym.evaluation.plotting import plot_run
 
     if not run_dir.is_dir():
         fail(f"run directory {str(run_dir)!r} not found")

@@ -73,7 +73,7 @@ def eval_cmd(
 ) -> None:
     """Evaluate a model, or the scripted oracle / random agent, on an env: accuracy, reward, pass@k."""
     from textgym.config import ConfigError
-    from textgym.eval_job import run_eval
+    from textgym.evaluation.job import run_eval
 
     if agent_kind not in ("model", "oracle", "random"):
         fail(f"--agent must be model, oracle or random, got {agent_kind!r}")
@@ -106,7 +106,7 @@ def eval_cmd(
 
 def _print_suite(report: dict[str, Any], written: dict[str, Path]) -> None:
     """The suite's markdown table, then the report files written."""
-    from textgym.suites import markdown_table
+    from textgym.evaluation.suites import markdown_table
 
     print(markdown_table(report))
     for kind, path in written.items():
@@ -139,7 +139,7 @@ def report_compare_cmd(
     as_json: AsJson = False,
 ) -> None:
     """Two policies side by side: accuracy per env, B − A, exact McNemar p-value on shared tasks."""
-    from textgym.suites import compare_reports
+    from textgym.evaluation.suites import compare_reports
 
     reports = [_read_report(path) for path in (a, b)]
     rows = compare_reports(reports[0], reports[1], alpha)

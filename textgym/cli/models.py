@@ -28,7 +28,8 @@ def model_init(
     ] = "bpe",
 ) -> None:
     """Build a Qwen2-style causal LM with a locally built tokenizer and chat template, and save it."""
-    from textgym.models import PRESETS, count_parameters, init_model, load_model
+    from textgym.model_init import init_model
+    from textgym.models import PRESETS, count_parameters, load_model
 
     if preset not in PRESETS:
         fail(f"unknown preset {preset!r}; choose one of {sorted(PRESETS)}")

@@ -181,9 +181,11 @@ class GRPOConfig(_PolicyGradientConfig):
 
     group_size: int = Field(8, ge=2)
     """Samples per task (G)."""
-    advantage_estimator: Literal["grpo", "rloo", "reinforce_pp"] = "grpo"
-    """Group-relative (GRPO), leave-one-out (RLOO), or token returns normalised over the batch
-    (REINFORCE++, whose KL belongs in the reward)."""
+    advantage_estimator: str = Field("grpo", min_length=1)
+    """A registered advantage estimator: group-relative ("grpo"), leave-one-out ("rloo"), token
+    returns normalised over the batch ("reinforce_pp", whose KL belongs in the reward), or one
+    registered with `@textgym.trainers.registry.register_advantage(name)`; the name is checked
+    against the registry before work starts (`textgym.pipeline.preflight`)."""
     scale_rewards: Literal["group", "batch", "none"] = "group"
     """GRPO advantage scaling: per-group std (GRPO), batch std, or none (Dr. GRPO)."""
     dynamic_sampling: bool = False

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from textgym.config.base import ConfigError, ModelConfig, ParallelConfig, _Strict
 from textgym.config.eval import EvalConfig
@@ -20,6 +20,7 @@ from textgym.config.preference import PreferenceConfig
 from textgym.config.reward_model import RewardModelConfig
 from textgym.config.rl import GRPOConfig
 from textgym.config.sft import SFTConfig
+from textgym.tracking import check_log_with
 
 
 class RunConfig(_Strict):
@@ -36,6 +37,17 @@ class RunConfig(_Strict):
     """Seed of torch, numpy and Python RNGs and of task sampling."""
     threads: int | None = Field(None, ge=1)
     """torch intra-op threads on CPU (default: torch's choice)."""
+    log_with: list[str] = Field(default_factory=lambda: ["tensorboard"])
+    """Experiment trackers every stage logs to beside `metrics.jsonl`: any of "tensorboard",
+    "wandb" (offline unless WANDB_MODE says otherwise), "mlflow" (a file store under the stage
+    unless MLFLOW_TRACKING_URI is set), "trackio" (`pip install 'textgym[trackers]'`)."""
+
+    @field_validator("log_with")
+    @classmethod
+    def _known_trackers(cls, v: list[str]) -> list[str]:
+        check_log_with(v)
+        return v
+
     device: str = "auto"
     """"auto" (cuda when available, else cpu), "cpu", or "cuda[:N]"."""
     model: ModelConfig

@@ -24,6 +24,8 @@ DEFAULT_MAX_FILE_BYTES = 16 * 1024 * 1024
 DEFAULT_MAX_OPEN_FILES = 256
 DEFAULT_WORKDIR_BYTES = 64 * 1024 * 1024
 DEFAULT_CMD = ("python3", "main.py")
+DEFAULT_IMAGE = "textgym-sandbox:latest"
+"""The Docker image tag `textgym sandbox build-image` writes and the Docker backend runs."""
 
 
 class SandboxError(RuntimeError):

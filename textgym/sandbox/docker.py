@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from textgym.sandbox.base import (
+    DEFAULT_IMAGE,
     DEFAULT_WORKDIR_BYTES,
     ExecRequest,
     ExecResult,
@@ -35,7 +36,6 @@ from textgym.sandbox.base import (
     SandboxError,
     SandboxUnavailableError,
 )
-from textgym.sandbox.image import DEFAULT_IMAGE
 
 LAUNCHER_SOURCE = (Path(__file__).parent / "_launcher.py").read_text(encoding="utf-8")
 _IDLE = (  # pid 1 of each container: reap orphans, otherwise sleep

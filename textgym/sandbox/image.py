@@ -24,9 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from textgym.sandbox._launcher import SANDBOX_UID
-from textgym.sandbox.base import SandboxError
+from textgym.sandbox.base import DEFAULT_IMAGE, SandboxError
 
-DEFAULT_IMAGE = "textgym-sandbox:latest"
+__all__ = ["DEFAULT_IMAGE", "build_image", "build_rootfs"]
 SKIP_DIRS = frozenset(
     {"site-packages", "dist-packages", "test", "idlelib", "tkinter", "turtledemo", "ensurepip", "lib2to3"}
 )

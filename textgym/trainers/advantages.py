@@ -2,6 +2,10 @@
 
 Shapes: B = sequences in the batch, G = samples per group (B = num_groups × G),
 L = response columns of a `RolloutBatch`.
+
+The estimators the GRPO trainer selects by name (`advantage_estimator: grpo | rloo |
+reinforce_pp`) are registered at the end of this module with `@register_advantage`
+(`textgym.trainers.registry`); a new one is one decorated function.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from typing import Literal
 import torch
 
 from textgym.trainers.losses import KLEstimator, kl_estimate
+from textgym.trainers.registry import AdvantageInputs, register_advantage, registered_advantages
 
 ScaleMode = Literal["group", "batch", "none"]
 Reduce = Callable[[torch.Tensor], torch.Tensor]
@@ -350,3 +355,33 @@ def explained_variance(
     if float(var_r) == 0.0:
         return float("nan")
     return float(1.0 - masked_var(returns - values, mask, reduce) / var_r)
+
+
+# --- the estimators the GRPO trainer selects by name (`advantage_estimator`) ---------------
+@register_advantage("grpo")
+def grpo_estimator(x: AdvantageInputs) -> tuple[torch.Tensor, dict[str, float]]:
+    """GRPO's group-relative advantages [N] (`group_advantages`, scaled by `x.scale_rewards`)."""
+    return group_advantages(x.rewards, x.group_size, x.scale_rewards)  # type: ignore[arg-type]
+
+
+@register_advantage("rloo")
+def rloo_estimator(x: AdvantageInputs) -> tuple[torch.Tensor, dict[str, float]]:
+    """RLOO's leave-one-out advantages [N] (`rloo_advantages`)."""
+    return rloo_advantages(x.rewards, x.group_size)
+
+
+@register_advantage("reinforce_pp")
+def reinforce_pp_estimator(x: AdvantageInputs) -> tuple[torch.Tensor, dict[str, float]]:
+    """REINFORCE++ (Hu 2025, arXiv:2501.03262): rewards-to-go (γ = 1) whitened over the batch, [B, L].
+
+    The per-token rewards carry −β·KL_t with `kl_placement: reward`; the mean and variance of
+    the whitening cover every rank's tokens (`x.reduce`). Stats: `adv/std` after whitening.
+    """
+    returns = discounted_returns(x.token_rewards, x.mask, gamma=1.0)
+    adv = whiten(returns, x.mask, reduce=x.reduce)
+    return adv, {"adv/std": float(masked_var(adv, x.mask, reduce=x.reduce).sqrt())}
+
+
+def available_advantages() -> list[str]:
+    """Every registered advantage estimator's name, the built-ins included (for config validation)."""
+    return registered_advantages()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import gymnasium as gym
 
 from textgym.config import EnvConfig, validate_runtime
-from textgym.trainers.reward_model import RewardModelWrapper
+from textgym.envs.reward_model import RewardModelWrapper
 
 
 def make_env(cfg: EnvConfig) -> gym.Env:

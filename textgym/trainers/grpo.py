@@ -26,17 +26,12 @@ from __future__ import annotations
 import torch
 
 from textgym import distributed
-from textgym.agents.trajectory import RolloutBatch, Trajectory
+from textgym.agents.trajectory import Trajectory
 from textgym.config import GRPOConfig
-from textgym.trainers.advantages import (
-    discounted_returns,
-    group_advantages,
-    masked_var,
-    rloo_advantages,
-    token_level_rewards,
-    whiten,
-)
+from textgym.trainers.advantages import token_level_rewards
+from textgym.trainers.batch import RolloutBatch
 from textgym.trainers.on_policy import OnPolicyTrainer, rollout_metrics
+from textgym.trainers.registry import AdvantageInputs, get_advantage
 
 
 def group_accuracy(group: list[Trajectory]) -> list[float]:
@@ -123,7 +118,13 @@ class GRPOTrainer(OnPolicyTrainer):
     def compute_advantages(
         self, batch: RolloutBatch, trajs: list[Trajectory], metrics: dict[str, float]
     ) -> torch.Tensor:
-        """[B] advantages (GRPO, RLOO) or [B, L] (REINFORCE++); see the module docstring."""
+        """[B] advantages (GRPO, RLOO) or [B, L] (REINFORCE++) from the registered estimator.
+
+        `cfg.advantage_estimator` names a function registered with `@register_advantage`
+        (`textgym.trainers.registry`; the built-ins are in `textgym.trainers.advantages`).
+        It gets the whole batch's sequence rewards and this rank's token rewards (both with
+        the KL penalty when it goes in the reward); see the module docstring.
+        """
         cfg = self.cfg
         in_reward = cfg.kl_placement == "reward" and cfg.kl_coef > 0
         token_rewards, kl_stats = token_level_rewards(
@@ -135,22 +136,23 @@ class GRPOTrainer(OnPolicyTrainer):
             estimator=cfg.kl_estimator,
         )
         metrics.update(kl_stats)
-        if cfg.advantage_estimator == "reinforce_pp":
-            mask, reduce = batch.loss_mask, distributed.all_reduce_sum
-            returns = discounted_returns(token_rewards, mask, gamma=1.0)
-            adv = whiten(returns, mask, reduce=reduce)
-            metrics["adv/std"] = float(masked_var(adv, mask, reduce=reduce).sqrt())
-            return adv
         rewards = batch.rewards
         if in_reward:
             kl_seq = (batch.token_rewards * batch.loss_mask).sum(-1) - token_rewards.sum(-1)
             rewards = rewards - kl_seq  # β·Σ_t KL_t
-        # Every rank computes the advantages of the whole batch and keeps its rows.
-        everyone = distributed.all_gather_tensor(rewards)
-        if cfg.advantage_estimator == "rloo":
-            adv, stats = rloo_advantages(everyone, cfg.group_size)
-        else:
-            adv, stats = group_advantages(everyone, cfg.group_size, cfg.scale_rewards)
+        estimator = get_advantage(cfg.advantage_estimator)  # `@register_advantage` functions
+        adv, stats = estimator(
+            AdvantageInputs(
+                rewards=distributed.all_gather_tensor(rewards),  # the whole batch's, every rank's rows
+                token_rewards=token_rewards,
+                mask=batch.loss_mask,
+                group_size=cfg.group_size,
+                scale_rewards=cfg.scale_rewards,
+                reduce=distributed.all_reduce_sum,
+            )
+        )
         metrics.update(stats)
-        first = self.world.rank * len(batch)
+        if adv.ndim == 2:  # per-token advantages of this rank's rows
+            return adv
+        first = self.world.rank * len(batch)  # per-sequence advantages of the whole batch
         return adv[first : first + len(batch)]

@@ -9,11 +9,12 @@ What the trainers build on it:
 - `apply_lora` wraps a policy in a `peft.PeftModel` (the base weights frozen).
 - The reference policy is the same module with its adapters disabled
   (`PeftModel.disable_adapter()`), so a KL penalty costs no second copy of the model.
-- `merged_state_dict` gives the weights W + (α / r)·BA under the base model's own names,
-  without touching the module: what the vLLM engine is sent after each update, and what
-  `save_merged` writes as a plain Hugging Face folder (any loader, vLLM included, reads it).
+- `merged_state_dict` (`textgym.agents.weight_sync`, re-exported here) gives the weights
+  W + (α / r)·BA under the base model's own names, without touching the module: what the
+  vLLM engine is sent after each update, and what `save_merged` writes as a plain Hugging Face
+  folder (any loader, vLLM included, reads it).
 - Checkpoints hold the adapter only (`adapter_model.safetensors`, `adapter_config.json`);
-  `textgym.trainers.common.load_weights` restores it into a wrapped policy.
+  `textgym.trainers.checkpoint.load_weights` restores it into a wrapped policy.
 """
 
 from __future__ import annotations
@@ -26,20 +27,23 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from textgym import distributed
+from textgym.agents.weight_sync import is_lora, merge_state, merged_state_dict
+
+__all__ = [
+    "adapter_state_for_model",
+    "apply_lora",
+    "is_lora",
+    "merge_state",
+    "merged_state_dict",
+    "reference_of",
+    "save_merged",
+    "write_merged",
+]
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
     from textgym.config import LoraSettings
-
-
-def is_lora(model: Any) -> bool:
-    """True when `model` is a `peft.PeftModel` (a policy with adapters)."""
-    try:
-        from peft import PeftModel
-    except ImportError:  # pragma: no cover - peft is a dependency
-        return False
-    return isinstance(model, PeftModel)
 
 
 def apply_lora(model: PreTrainedModel, settings: LoraSettings, seed: int = 0) -> Any:
@@ -87,61 +91,6 @@ def reference_of(model: Any) -> Iterator[Any]:
         raise TypeError("reference_of needs a LoRA policy (a peft.PeftModel)")
     with model.disable_adapter():
         yield model
-
-
-def merge_state(model: Any, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """W + (α / r)·B A for every LoRA layer of `model`, from `state` (a full `model.state_dict()`).
-
-    Keys are the base model's own parameter names (peft's `base_model.model.` prefix and the
-    `.base_layer.` / adapter entries removed). Tensors LoRA does not touch are passed through.
-    """
-    from peft.tuners.lora import LoraLayer
-
-    prefix = "base_model.model."
-    base_state = {k.removeprefix(prefix): v for k, v in state.items()}
-    out: dict[str, torch.Tensor] = {}
-    for key, value in base_state.items():
-        if ".lora_" in key:
-            continue
-        out[key.replace(".base_layer.", ".")] = value
-    for name, module in model.get_base_model().named_modules():
-        if not isinstance(module, LoraLayer):
-            continue
-        layer: Any = module  # a peft lora.Linear
-        weight = base_state[f"{name}.base_layer.weight"]
-        merged = weight.clone()
-        for adapter in layer.active_adapters:
-            if adapter not in layer.lora_A:
-                continue
-            a = base_state[f"{name}.lora_A.{adapter}.weight"].float()
-            b = base_state[f"{name}.lora_B.{adapter}.weight"].float()
-            delta = b @ a  # [out, r] @ [r, in] (Hu et al. 2021, eq. 3)
-            if layer.fan_in_fan_out:  # GPT-2's Conv1D keeps W as [in, out]
-                delta = delta.T
-            merged += (delta * layer.scaling[adapter]).to(merged.dtype)
-        out[f"{name}.weight"] = merged
-    return out
-
-
-@torch.no_grad()
-def merged_state_dict(model: Any) -> dict[str, torch.Tensor]:
-    """Weights of the merged model, W + (α / r)·B A, keyed by the base model's parameter names.
-
-    The module is not modified (no merge/unmerge round trip, so no rounding drift across
-    steps). Tensors that LoRA does not touch are returned as they are (shared, not copied).
-    For a model sharded over several ranks (FSDP2) this is collective: every rank calls it,
-    the full weights are gathered to rank 0's CPU, and rank 0 gets the merged weights while
-    the other ranks get `{}`.
-
-    Raises:
-        TypeError: if `model` has no adapters.
-    """
-    if not is_lora(model):
-        raise TypeError("merged_state_dict needs a LoRA policy (a peft.PeftModel)")
-    if distributed.is_sharded(model):
-        state = distributed.model_state(model)
-        return merge_state(model, state) if distributed.is_main() else {}
-    return merge_state(model, model.state_dict())
 
 
 def adapter_state_for_model(model: Any, saved: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

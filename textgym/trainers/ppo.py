@@ -46,7 +46,7 @@ import torch
 from transformers import AutoModelForTokenClassification, PreTrainedModel
 
 from textgym import distributed
-from textgym.agents.trajectory import RolloutBatch, Trajectory
+from textgym.agents.trajectory import Trajectory
 from textgym.config import PPOConfig
 from textgym.trainers.advantages import (
     explained_variance,
@@ -56,16 +56,12 @@ from textgym.trainers.advantages import (
     turn_end_value_targets,
     whiten,
 )
-from textgym.trainers.common import (
-    build_optimizer,
-    load_optimizer,
-    load_weights,
-    save_model_folder,
-    save_optimizer,
-)
+from textgym.trainers.batch import RolloutBatch
+from textgym.trainers.checkpoint import load_weights, save_model_folder
 from textgym.trainers.kl_control import AdaptiveKLController, FixedKLController
 from textgym.trainers.losses import value_loss
 from textgym.trainers.on_policy import OnPolicyTrainer
+from textgym.trainers.optim import build_optimizer, load_optimizer, save_optimizer
 
 _VALUE_HEAD: dict[str, Any] = {"id2label": {0: "value"}, "label2id": {"value": 0}, "classifier_dropout": 0.0}
 

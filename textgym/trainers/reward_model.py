@@ -22,9 +22,10 @@ ranks that FSDP averages over, so the gradient is the one-process gradient of th
 The held-out pairs are scored the same way, one slice per rank, and the verdicts gathered.
 Rank 0 alone writes the output folder, which is the same as a one-process run's.
 
-`RewardModelVerifier` scores completions with a trained model; `RewardModelWrapper` puts it
-into any single- or multi-turn env, so PPO trains against the learned reward while the
-env's own verifier terms (`reward/correct`, ...) stay in `info` as the true measure.
+`RewardModelVerifier` (`textgym.verifiers.reward_model`) scores completions with a trained
+model; `RewardModelWrapper` (`textgym.envs.reward_model`) puts it into any single- or
+multi-turn env, so PPO trains against the learned reward while the env's own verifier terms
+(`reward/correct`, ...) stay in `info` as the true measure. Both are re-exported here.
 """
 
 from __future__ import annotations
@@ -34,68 +35,43 @@ import math
 import random
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, SupportsFloat
+from typing import Any
 
-import gymnasium as gym
 import pyarrow as pa
 import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer, PreTrainedModel
 
 from textgym import distributed
 from textgym.config import ParallelConfig, RewardModelConfig
-from textgym.trainers.common import (
-    build_optimizer,
-    latest_checkpoint,
-    load_checkpoint,
-    metrics_logger,
-    rank_micro_batches,
-    save_checkpoint,
+from textgym.envs.reward_model import RewardModelWrapper
+from textgym.trainers.batch import rank_micro_batches
+from textgym.trainers.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from textgym.trainers.logging import metrics_logger
+from textgym.trainers.optim import build_optimizer
+from textgym.verifiers.reward_model import (
+    RewardModelVerifier,
+    last_token_reward,
+    pad_rows,
+    score_sequences,
 )
-from textgym.types import Message, Task
-from textgym.verifiers.base import Score
+
+__all__ = [
+    "RewardModelTrainer",
+    "RewardModelVerifier",
+    "RewardModelWrapper",
+    "RewardNet",
+    "nll_targets",
+    "score_sequences",
+    "split_by_prompt",
+    "train_reward_model",
+]
+
+_pad = pad_rows  # the old private name (tests)
 
 EVAL_PAIRS = 32
 """Held-out pairs per forward pass when no `micro_batch_size` is set."""
-
-
-def _pad(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-pad token rows into ids [n, T] and attention mask [n, T]."""
-    T = max(len(r) for r in rows)
-    ids = torch.full((len(rows), T), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), T), dtype=torch.long)
-    for i, r in enumerate(rows):
-        ids[i, : len(r)] = torch.tensor(r, dtype=torch.long)
-        mask[i, : len(r)] = 1
-    return ids, mask
-
-
-def _hidden(model: Any, rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Last hidden states [n, T, H] of right-padded `rows` and their attention mask [n, T]."""
-    device = next(model.parameters()).device
-    ids, mask = _pad(rows, pad_id)
-    ids, mask = ids.to(device), mask.to(device)
-    return model.model(input_ids=ids, attention_mask=mask).last_hidden_state, mask
-
-
-def _last_token_reward(model: Any, hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """The score head at each row's last real token: [n, T, H] -> [n]."""
-    last = mask.sum(-1) - 1
-    return model.score(hidden[torch.arange(len(hidden), device=hidden.device), last])[:, 0]
-
-
-def score_sequences(model: Any, rows: list[list[int]], pad_id: int, batch_size: int = 64) -> torch.Tensor:
-    """Reward of each token sequence [n] (the head's output at its last real token).
-
-    The last real token is found from the attention mask, so a pad id that also occurs
-    inside a sequence does not confuse it. For an unsharded model (the verifier).
-    """
-    out = []
-    for i in range(0, len(rows), batch_size):
-        hidden, mask = _hidden(model, rows[i : i + batch_size], pad_id)
-        out.append(_last_token_reward(model, hidden, mask))
-    return torch.cat(out)
 
 
 def _output_embeddings(model_dir: str | Path, model: Any) -> torch.nn.Parameter:
@@ -201,7 +177,7 @@ class RewardNet(torch.nn.Module):
             summed over the target tokens in nats (fp32 scalar), or None.
         """
         hidden = self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-        rewards = _last_token_reward(self, hidden, attention_mask).float()
+        rewards = last_token_reward(self, hidden, attention_mask).float()
         if targets is None or not self.regularised:
             return rewards, None
         head = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
@@ -256,6 +232,8 @@ class RewardModelTrainer:
         device: "auto", "cpu" or "cuda[:N]" (under NCCL every rank uses its own GPU).
         parallel: bf16 compute under torchrun (`mixed_precision`) and gradient checkpointing.
         resume: continue from the newest checkpoint in `out/checkpoints` (none: start afresh).
+        log_with: trackers beside `metrics.jsonl` ("tensorboard", "wandb", "mlflow", "trackio";
+            `textgym.tracking`).
 
     Raises:
         ValueError: if there are no training pairs, or `lm_coef > 0` with an untied model
@@ -272,6 +250,7 @@ class RewardModelTrainer:
         device: str = "auto",
         parallel: ParallelConfig | None = None,
         resume: bool = False,
+        log_with: Sequence[str] = ("tensorboard",),
     ):
         self.t0 = time.perf_counter()
         self.cfg = cfg = cfg or RewardModelConfig()
@@ -317,7 +296,9 @@ class RewardModelTrainer:
             state = load_checkpoint(ckpt, self.net, self.optimizer, self.scheduler)
             self.step, self.resumed = int(state["step"]), True
             self.before, self.train_loss = float(state["heldout_accuracy_before"]), float(state["train_loss"])
-        self.logger = metrics_logger(self.out, resume_step=self.step if ckpt is not None else None)
+        self.logger = metrics_logger(
+            self.out, resume_step=self.step if ckpt is not None else None, log_with=log_with, config=cfg
+        )
 
     def _prepare_out(self, clear: bool) -> None:
         """Create `out`; on a fresh start remove an earlier run's checkpoints and metrics there."""
@@ -336,7 +317,7 @@ class RewardModelTrainer:
         self, idx: list[int], with_nll: bool
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """Rewards [k] of the chosen and [k] of the rejected responses of pairs `idx`, and the NLL sum."""
-        ids, mask = _pad([self.chosen[i] for i in idx] + [self.rejected[i] for i in idx], self.pad_id)
+        ids, mask = pad_rows([self.chosen[i] for i in idx] + [self.rejected[i] for i in idx], self.pad_id)
         targets = None
         if with_nll and self.net.regularised:
             rows = [self.chosen[i] for i in idx]
@@ -495,6 +476,7 @@ def train_reward_model(
     device: str = "auto",
     parallel: ParallelConfig | None = None,
     resume: bool = False,
+    log_with: Sequence[str] = ("tensorboard",),
 ) -> dict[str, Any]:
     """Train a reward model on `pairs` (`textgym.offline.PAIR_SCHEMA`) from `model_dir`; save it to `out`.
 
@@ -510,92 +492,7 @@ def train_reward_model(
     Raises:
         ValueError: if there are no training pairs (or no LM head for `lm_coef > 0`).
     """
-    trainer = RewardModelTrainer(pairs, model_dir, out, cfg, device=device, parallel=parallel, resume=resume)
+    trainer = RewardModelTrainer(
+        pairs, model_dir, out, cfg, device=device, parallel=parallel, resume=resume, log_with=log_with
+    )
     return trainer.train(echo)
-
-
-class RewardModelVerifier:
-    """Scores completions with a trained reward model (a `Verifier`: total, never raises on text).
-
-    Args:
-        model_dir: a folder written by `train_reward_model` (sequence-classification model,
-            tokenizer with the chat template).
-        device: where the model runs.
-
-    `__call__(completion, task)` renders `[user: task.prompt, assistant: completion]`;
-    `score_messages(messages)` scores a whole conversation whose last message is the
-    assistant's. The score is the model's scalar (unbounded; a log-odds scale).
-
-    Raises:
-        OSError: when the folder cannot be loaded.
-    """
-
-    def __init__(self, model_dir: str | Path, device: str = "cpu"):
-        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        self.model = AutoModelForSequenceClassification.from_pretrained(model_dir, dtype=torch.float32)
-        self.model.to(device).eval()  # type: ignore[arg-type]
-        self.pad_id = int(self.model.config.pad_token_id or 0)
-
-    def encode(self, messages: list[Message]) -> list[int]:
-        """Token ids of a conversation ending with the assistant's turn (prompt + response + end-of-turn)."""
-        prompt = self.tokenizer.apply_chat_template(
-            messages[:-1], add_generation_prompt=True, tokenize=True, return_dict=False
-        )
-        response = self.tokenizer(str(messages[-1]["content"]), add_special_tokens=False)["input_ids"]
-        return list(prompt) + list(response) + [int(self.tokenizer.eos_token_id)]  # type: ignore[arg-type]
-
-    @torch.no_grad()
-    def score_messages(self, conversations: list[list[Message]]) -> list[float]:
-        """Reward of each conversation (its last message is the scored assistant turn)."""
-        rows = [self.encode(m) for m in conversations]
-        return score_sequences(self.model, rows, self.pad_id).tolist()
-
-    def __call__(self, completion: str, task: Task) -> Score:
-        """Score `completion` as the answer to `task.prompt`."""
-        (r,) = self.score_messages(
-            [[{"role": "user", "content": task.prompt}, {"role": "assistant", "content": completion}]]
-        )
-        return Score(reward=float(r), details={"reward_model": float(r)})
-
-
-_VERIFIERS: dict[str, RewardModelVerifier] = {}
-
-
-class RewardModelWrapper(gym.Wrapper):
-    """Replaces an env's reward by a reward model's score of the agent's turn.
-
-    The wrapped env's own reward terms stay in `info` (so `reward/correct` still measures
-    true accuracy); the learned score goes in `info["reward/rm"]` and becomes the reward.
-    One model per folder is shared by all wrapped envs of the process.
-
-    Args:
-        env: a textgym env (its `messages` hold the conversation so far).
-        model_dir: the reward model folder.
-        weight: scale of the learned reward.
-        device: where the reward model runs.
-    """
-
-    def __init__(self, env: gym.Env, model_dir: str | Path, weight: float = 1.0, device: str = "cpu"):
-        super().__init__(env)
-        key = f"{Path(model_dir).resolve()}@{device}"
-        if key not in _VERIFIERS:
-            _VERIFIERS[key] = RewardModelVerifier(model_dir, device=device)
-        self.verifier = _VERIFIERS[key]
-        self.weight = float(weight)
-        self._history: list[Message] = []
-
-    def reset(self, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
-        """Reset the env and remember the conversation."""
-        obs, info = self.env.reset(**kwargs)
-        self._history = list(obs)
-        return obs, info
-
-    def step(self, action: Any) -> tuple[Any, SupportsFloat, bool, bool, dict[str, Any]]:
-        """Step the env; the reward becomes `weight · RM(conversation + action)`."""
-        obs, _, terminated, truncated, info = self.env.step(action)
-        conv = [*self._history, {"role": "assistant", "content": str(action)}]
-        (r,) = self.verifier.score_messages([conv])
-        self._history = conv + list(obs)
-        info = dict(info)
-        info["reward/rm"] = float(r)
-        return obs, self.weight * float(r), terminated, truncated, info

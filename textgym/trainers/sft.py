@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import gymnasium as gym
@@ -33,23 +33,24 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from textgym import distributed
 from textgym.agents.llm_agent import LLMAgent, SamplingParams
 from textgym.agents.rollout import rollout
-from textgym.agents.trajectory import RolloutBatch, Trajectory
+from textgym.agents.trajectory import Trajectory
 from textgym.config import ConfigError, ParallelConfig, SFTConfig
-from textgym.evaluation import episode_correct
-from textgym.trainers.common import (
-    TaskSampler,
-    build_optimizer,
+from textgym.evaluation.core import episode_correct
+from textgym.trainers.batch import RolloutBatch
+from textgym.trainers.checkpoint import (
     latest_checkpoint,
     load_checkpoint,
-    metrics_logger,
-    run_loop,
     save_checkpoint,
     save_final,
     save_lora_final,
-    sequence_logprobs,
 )
 from textgym.trainers.env_factory import make_env
+from textgym.trainers.logging import metrics_logger
+from textgym.trainers.logprobs import sequence_logprobs
+from textgym.trainers.loop import run_loop
 from textgym.trainers.losses import sft_loss
+from textgym.trainers.optim import build_optimizer
+from textgym.trainers.sampler import TaskSampler
 
 
 class SFTTrainer:
@@ -63,6 +64,8 @@ class SFTTrainer:
         seed: seed of task sampling.
         resume: continue from the newest checkpoint in `stage_dir`.
         parallel: sharding, mixed precision and gradient checkpointing.
+        log_with: trackers beside `metrics.jsonl` ("tensorboard", "wandb", "mlflow", "trackio";
+            `textgym.tracking`).
 
     Attributes:
         probe_accuracy: the last probe's greedy accuracy (None before the first probe or
@@ -84,6 +87,7 @@ class SFTTrainer:
         seed: int = 0,
         resume: bool = False,
         parallel: ParallelConfig | None = None,
+        log_with: Sequence[str] = ("tensorboard",),
     ):
         self.cfg, self.model, self.tokenizer, self.stage_dir = cfg, model, tokenizer, Path(stage_dir)
         self.world = distributed.world()
@@ -119,7 +123,9 @@ class SFTTrainer:
         if ckpt is not None:
             state = load_checkpoint(ckpt, model, self.optimizer, self.scheduler)
             self.step, self.sampler.cursor = int(state["step"]), int(state["cursor"])
-        self.logger = metrics_logger(self.stage_dir, resume_step=self.step if ckpt is not None else None)
+        self.logger = metrics_logger(
+            self.stage_dir, resume_step=self.step if ckpt is not None else None, log_with=log_with, config=cfg
+        )
 
     def example(self, task_index: int) -> Trajectory:
         """The supervised sequence of one task: prompt (mask 0) + solution + end-of-turn (mask 1)."""

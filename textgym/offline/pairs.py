@@ -1,7 +1,7 @@
 """Offline data from rollouts: fill a trajectory store, and build preference pairs from it.
 
 `collect_rollouts` runs a policy on an env and appends the episodes to a store
-(`textgym.store`), one atomically published shard per chunk of tasks; a rerun skips the
+(`textgym.offline.store`), one atomically published shard per chunk of tasks; a rerun skips the
 tasks whose samples are already there, so a killed collection resumes without duplicates.
 `build_pairs` turns a store into (prompt, chosen, rejected) pairs for DPO and its family,
 and into unpaired desirable/undesirable examples for KTO.
@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 
 from textgym.agents.llm_agent import LLMAgent, SamplingParams
 from textgym.agents.rollout import rollout
-from textgym.store import TrajectoryWriter, read_trajectories, shard_paths, trajectory_row
+from textgym.offline.store import TrajectoryWriter, read_trajectories, shard_paths, trajectory_row
 
 
 @dataclass

@@ -15,11 +15,11 @@ from typing import Any
 import gymnasium as gym
 
 from textgym.agents import LLMAgent, SamplingParams
-from textgym.agents.scripted import OracleAgent, RandomAgent, evaluate_scripted
 from textgym.config import AgentConfig, ConfigError, EvalJobConfig
-from textgym.evaluation import EvalResult, EvaluationInterruptedError, evaluate
+from textgym.evaluation.core import EvalResult, EvaluationInterruptedError, evaluate
+from textgym.evaluation.scripted import OracleAgent, RandomAgent, evaluate_scripted
+from textgym.evaluation.suites import load_suite, run_suite, write_report
 from textgym.sandbox import SandboxUnavailableError
-from textgym.suites import load_suite, run_suite, write_report
 
 
 @dataclass

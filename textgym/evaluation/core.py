@@ -130,7 +130,7 @@ def evaluate(
     of one uninterrupted run (wall time summed over the calls). Rows are reused only when
     env, kwargs, samples, sampling parameters and `policy` (a name of the policy) all match.
     With `trajectory_store`, each chunk's full trajectories are also appended to that store
-    (`textgym.store`, one shard per chunk, `source="eval"`).
+    (`textgym.offline.store`, one shard per chunk, `source="eval"`).
 
     Raises:
         ValueError: if the environment has fewer than `n` tasks.
@@ -193,7 +193,7 @@ def evaluate(
             for r in rows:
                 records.setdefault(int(r["task_index"]), []).append(r)
             if trajectory_store is not None:
-                from textgym.store import TrajectoryWriter, trajectory_row
+                from textgym.offline.store import TrajectoryWriter, trajectory_row
 
                 with TrajectoryWriter(trajectory_store) as w:
                     w.append(

@@ -1,0 +1,147 @@
+"""The package's shape: no import cycles, no module over 500 lines, rollouts that do not know the trainer.
+
+The import graph is read with `ast` from the source files, so imports inside functions (the lazy
+ones that keep `import textgym` light) count as edges too. `from pkg import name` is an edge to
+`pkg.name` when that is a module, else to `pkg` (its `__init__`).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import textgym
+
+PACKAGE_DIR = Path(textgym.__file__).resolve().parent
+MAX_LINES = 500
+
+
+def _modules() -> dict[str, Path]:
+    """Every module of the package: dotted name -> source path (`pkg/__init__.py` is `pkg`)."""
+    modules = {}
+    for path in sorted(PACKAGE_DIR.rglob("*.py")):
+        parts = list(path.relative_to(PACKAGE_DIR.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        modules[".".join(parts)] = path
+    return modules
+
+
+def _resolve(name: str, modules: dict[str, Path]) -> str | None:
+    """The innermost textgym module that `name` names, or None if outside the package."""
+    while name:
+        if name in modules:
+            return name
+        name = name.rpartition(".")[0]
+    return None
+
+
+def _imports(module: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """The textgym modules `module` imports anywhere in its file (function bodies included)."""
+    is_package = path.name == "__init__.py"
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base_parts = module.split(".")
+                drop = node.level - 1 if is_package else node.level
+                base = ".".join(base_parts[: len(base_parts) - drop])
+                base = f"{base}.{node.module}" if node.module else base
+            else:
+                base = node.module or ""
+            # `from pkg import name`: the submodule if `name` is one, else the package itself.
+            names = [
+                f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base for alias in node.names
+            ]
+        else:
+            continue
+        for name in names:
+            target = _resolve(name, modules)
+            if target is not None and target != module:
+                found.add(target)
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    """The package's import graph: module -> the textgym modules it imports."""
+    modules = _modules()
+    return {module: _imports(module, path, modules) for module, path in modules.items()}
+
+
+def _is_parent_package(importer: str, imported: str) -> bool:
+    """`a.b.c` importing `a.b` runs `a/b/__init__.py` first anyway: that edge is not a cycle of ours."""
+    return importer.startswith(imported + ".")
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle as a list of modules (first == last), or None if the graph is acyclic.
+
+    Edges from a submodule to one of its parent packages are left out: Python imports a package's
+    `__init__` before any of its submodules, so such an edge adds no ordering constraint.
+    """
+    edges = {m: sorted(t for t in targets if not _is_parent_package(m, t)) for m, targets in graph.items()}
+    state: dict[str, int] = {}  # 1 = on the stack, 2 = done
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in edges.get(node, []):
+            if state.get(nxt) == 1:
+                return [*stack[stack.index(nxt) :], nxt]
+            if nxt not in state:
+                cycle = visit(nxt)
+                if cycle:
+                    return cycle
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for start in sorted(edges):
+        if start not in state:
+            cycle = visit(start)
+            if cycle:
+                return cycle
+    return None
+
+
+def test_the_import_graph_reader_resolves_relative_and_from_imports():
+    graph = import_graph()
+    assert "textgym.envs" in graph["textgym"]
+    assert "textgym.trainers.losses" in graph["textgym.trainers.grpo"] or any(
+        t.startswith("textgym.trainers.") for t in graph["textgym.trainers.grpo"]
+    )
+
+
+def test_the_cycle_finder_reports_the_cycle_it_finds():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert find_cycle(graph) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+    assert find_cycle({"p.x": {"p"}, "p": {"p.x"}}) is None
+
+
+def test_textgym_has_no_import_cycles():
+    cycle = find_cycle(import_graph())
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+def test_no_module_in_textgym_is_over_500_lines():
+    too_long = {
+        str(path.relative_to(PACKAGE_DIR.parent)): n
+        for path in PACKAGE_DIR.rglob("*.py")
+        if (n := len(path.read_text().splitlines())) > MAX_LINES
+    }
+    assert not too_long, f"modules over {MAX_LINES} lines: {too_long}"
+
+
+def test_agents_do_not_import_the_trainers():
+    graph = import_graph()
+    offenders = {
+        module: sorted(t for t in targets if t == "textgym.trainers" or t.startswith("textgym.trainers."))
+        for module, targets in graph.items()
+        if module == "textgym.agents" or module.startswith("textgym.agents.")
+    }
+    offenders = {m: t for m, t in offenders.items() if t}
+    assert not offenders, f"rollouts import the trainers: {offenders}"

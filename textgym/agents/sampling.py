@@ -1,0 +1,82 @@
+"""What a generation backend is asked for and what it returns: `SamplingParams` in, `Generation` out.
+
+Shared by every backend (transformers, vLLM, OpenAI-compatible endpoints) and by the rollout
+loop; nothing here imports a backend.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+import torch
+
+if TYPE_CHECKING:
+    from transformers import GenerationConfig, PreTrainedTokenizerBase
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample a response.
+
+    These are all the sampling there is, on every backend: nothing comes from a model
+    folder's `generation_config.json` (no top-k, top-p, min-p, repetition penalty, ... of its
+    own), and the recorded log-probs are those of the distribution sampled from.
+
+    Attributes:
+        temperature: softmax temperature; 0 means greedy decoding.
+        top_p: nucleus sampling mass in (0, 1]; 1 disables it.
+        top_k: keep the k most likely tokens; 0 disables it.
+        max_new_tokens: response budget per turn, in tokens.
+    """
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_new_tokens: int = 256
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0 or self.max_new_tokens < 1:
+            raise ValueError("top_k must be >= 0 and max_new_tokens >= 1")
+
+
+@dataclass
+class Generation:
+    """One sampled response.
+
+    Attributes:
+        token_ids: [N] the sampled ids, ending with the end-of-turn id when `finish_reason == "stop"`.
+        logprobs: [N] float32, natural-log probability of each sampled id under the distribution
+            it was drawn from: `log_softmax(logits / T)` (T = 1 when greedy); with top-k / top-p
+            on, the truncated distribution renormalised over the kept tokens.
+        finish_reason: "stop" (end-of-turn token sampled) or "length" (hit max_new_tokens).
+    """
+
+    token_ids: list[int]
+    logprobs: torch.Tensor
+    finish_reason: Literal["stop", "length"]
+
+
+def eos_token_ids(
+    tokenizer: PreTrainedTokenizerBase, generation_config: GenerationConfig | None
+) -> list[int]:
+    """End-of-turn ids: the tokenizer's EOS plus any the generation config lists (sorted)."""
+    eos = generation_config.eos_token_id if generation_config is not None else None
+    ids = set([eos] if isinstance(eos, int) else (eos or []))
+    ids.add(int(tokenizer.eos_token_id))  # type: ignore[arg-type]
+    return sorted(ids)
+
+
+def derive_seed(*words: int) -> int:
+    """A 64-bit seed derived from a tuple of non-negative integers (numpy's `SeedSequence` hash).
+
+    Distinct tuples give unrelated seeds, e.g. `(run seed, step, task slot, sample, turn)`.
+    """
+    import numpy as np
+
+    hi, lo = np.random.SeedSequence([int(w) for w in words]).generate_state(2, dtype=np.uint32)
+    return (int(hi) << 32) | int(lo)

@@ -1,0 +1,347 @@
+"""`TransformersBackend`: generation with a Hugging Face causal LM that reports exact tokens.
+
+The transformers backend batches token-id prompts (left-padded), samples with
+`model.generate`, and returns for each prompt the sampled token ids (through the
+end-of-turn token, inclusive) and their sampling log-probabilities. Repeated prompts
+(the G samples of a group) are prefilled once. Nothing on this path re-tokenizes
+generated text.
+
+Sampling is exactly what `SamplingParams` says: `generate` runs in greedy-search mode with
+a neutral generation config (the model folder's `generation_config.json` is swapped out for
+the call, keeping only its special-token ids), and textgym's own logits processors do all
+the work — temperature, top-k, top-p, recording the sampled token's log-probability, and
+drawing the token. Nothing a folder sets (top_k, repetition_penalty, min_p, ...) applies.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from transformers import (
+    GenerationConfig,
+    LogitsProcessor,
+    LogitsProcessorList,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
+
+from textgym.agents.sampling import Generation, SamplingParams, eos_token_ids
+
+
+class SeededGumbelNoise(LogitsProcessor):
+    """Adds Gumbel noise from one generator per row, so that greedy decoding draws a sample.
+
+    The Gumbel-max trick (Gumbel 1954; Maddison et al. 2014, arXiv:1411.0030, §2):
+    `argmax_v(s_v + g_v)` with `g_v = −log(−log U_v)`, `U_v ~ Uniform(0, 1)` i.i.d., is
+    distributed as `softmax(s)`. Row i's noise comes from its own `torch.Generator` seeded
+    with `seeds[i]`, so its t-th token depends only on its seed and its own logits, not on
+    which other rows share the batch or on the global RNG. Filtered logits (−inf) stay −inf.
+
+    Args:
+        seeds: one seed per row of the generation batch.
+        device: where the generators (and the noise) live.
+    """
+
+    def __init__(self, seeds: list[int], device: torch.device):
+        self.generators = [torch.Generator(device=device).manual_seed(int(s)) for s in seeds]
+        self.device = device
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        """Return `scores + Gumbel noise`, [B, V] (float32)."""
+        V = scores.shape[-1]
+        u = torch.stack([torch.rand(V, generator=g, device=self.device) for g in self.generators])
+        tiny = torch.finfo(u.dtype).tiny
+        u = u.clamp_(min=tiny, max=1.0 - torch.finfo(u.dtype).eps)
+        noise = -torch.log(-torch.log(u))
+        return scores.float() + noise.to(scores.device)  # type: ignore[return-value]
+
+
+class SampledLogprobs(LogitsProcessor):
+    """Records the log-probability of each sampled token, holding one step's [B, V] at most.
+
+    Placed after the warpers and before the processor that draws the token: at step t it
+    keeps `log_softmax(scores_t)` ([B, V], float32) until step t + 1, whose `input_ids`
+    end with the token drawn at step t, and then keeps only that token's entry ([B]).
+    `finish` gathers the last step from the returned sequences. Scores pass through unchanged.
+    """
+
+    def __init__(self) -> None:
+        self.steps: list[torch.Tensor] = []  # [B] per finished step
+        self.pending: torch.Tensor | None = None  # [B, V]: the latest step's log-softmax
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        """Record the previous step's token, keep this step's log-softmax; return `scores`."""
+        if self.pending is not None:
+            self.steps.append(self.pending.gather(-1, input_ids[:, -1:].to(self.pending.device))[:, 0])
+        self.pending = torch.log_softmax(scores.float(), dim=-1)
+        return scores
+
+    def finish(self, new_tokens: torch.Tensor) -> torch.Tensor:
+        """The log-probabilities of `new_tokens` ([B, N], the generated columns), as [B, N] float32.
+
+        Steps that `generate` ran and then undid (a deferred stop check) are dropped.
+
+        Raises:
+            RuntimeError: if fewer than N - 1 steps were recorded (the processor did not see
+                every step of this generation).
+        """
+        n = new_tokens.shape[1]
+        if n == 0:
+            return torch.zeros(new_tokens.shape, dtype=torch.float32)
+        if len(self.steps) < n - 1:
+            raise RuntimeError(f"recorded {len(self.steps)} steps for {n} generated tokens")
+        steps = self.steps[:n]
+        if len(steps) < n:
+            assert self.pending is not None
+            last = new_tokens[:, -1:].to(self.pending.device)
+            steps = [*steps, self.pending.gather(-1, last)[:, 0]]
+        self.pending = None
+        return torch.stack(steps, dim=1).float()
+
+
+class MultinomialSample(LogitsProcessor):
+    """Draws each row's next token from `softmax(scores)` with the global torch RNG.
+
+    Returns scores that are 0 at the drawn token and −inf elsewhere, so the argmax that
+    greedy search takes is the draw (the same `torch.multinomial` call that
+    `do_sample=True` makes, here under textgym's control).
+    """
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        """Return the one-hot (0 / −inf) scores of one draw per row, [B, V] float32."""
+        probs = torch.softmax(scores.float(), dim=-1)
+        drawn = torch.multinomial(probs, num_samples=1)  # [B, 1]
+        out = torch.full_like(probs, float("-inf"))
+        return out.scatter_(-1, drawn, 0.0)  # type: ignore[return-value]
+
+
+_SPECIAL_TOKEN_FIELDS = ("eos_token_id", "pad_token_id", "bos_token_id", "decoder_start_token_id")
+
+
+def neutral_generation_config(source: GenerationConfig | None) -> GenerationConfig:
+    """A generation config that sets nothing but `source`'s special-token ids.
+
+    Transformers fills every field a `generate` call leaves unset (None) from
+    `model.generation_config` (`GenerationMixin._prepare_generation_config`), and many
+    fields are only "off" when None (`min_p`, `bad_words_ids`, `suppress_tokens`,
+    `sequence_bias`, `forced_bos_token_id`, ...). Swapped in for the call, this config leaves
+    them None, so nothing from a folder's `generation_config.json` reaches sampling.
+    """
+    ids = {k: getattr(source, k, None) for k in _SPECIAL_TOKEN_FIELDS} if source is not None else {}
+    return GenerationConfig(**{k: v for k, v in ids.items() if v is not None})
+
+
+def _generation_owners(model: Any) -> list[Any]:
+    """The objects whose `generation_config` `model.generate` reads.
+
+    The model itself, the base model of a peft wrapper (`get_base_model()`, whose config
+    peft's `generate` copies), the module inside `torch.compile` (`_orig_mod`): those among
+    them that hold a `generation_config` attribute of their own.
+
+    Raises:
+        TypeError: when none does (its generation config could not be neutralised).
+    """
+    owners: list[Any] = []
+    todo = [model]
+    while todo:
+        m = todo.pop()
+        if any(m is o for o in owners):
+            continue
+        owners.append(m)
+        get_base = getattr(m, "get_base_model", None)
+        if callable(get_base):
+            todo.append(get_base())
+        if isinstance(getattr(m, "_orig_mod", None), torch.nn.Module):
+            todo.append(m._orig_mod)
+    found = [m for m in owners if "generation_config" in vars(m)]
+    if not found:
+        raise TypeError(f"{type(model).__name__} holds no generation_config to neutralise for generate()")
+    return found
+
+
+@contextmanager
+def neutral_generation(model: Any) -> Iterator[None]:
+    """Swap `model`'s generation config for `neutral_generation_config(...)` inside the block.
+
+    The model's own config object is put back afterwards, untouched (what a user saves with
+    the model is what they loaded or set).
+
+    Raises:
+        TypeError: see `_generation_owners`.
+    """
+    owners = _generation_owners(model)
+    saved = [m.generation_config for m in owners]
+    try:
+        for m, cfg in zip(owners, saved, strict=True):
+            m.generation_config = neutral_generation_config(cfg)
+        yield
+    finally:
+        for m, cfg in zip(owners, saved, strict=True):
+            m.generation_config = cfg
+
+
+class TransformersBackend:
+    """In-process generation with a Hugging Face causal LM (the trainable policy itself).
+
+    `model.generate` runs as greedy search (`do_sample=False`, one beam) under
+    `neutral_generation`, with explicit neutral values for the processing fields, and the
+    sampling is textgym's processors: `TemperatureLogitsWarper`, `TopKLogitsWarper`,
+    `TopPLogitsWarper` (when on), `SampledLogprobs`, then the draw (`MultinomialSample`
+    from the global RNG, or `SeededGumbelNoise` with per-row seeds). Greedy decoding runs
+    `SampledLogprobs` alone (T = 1). No per-step logits are kept beyond one step.
+
+    Args:
+        model: the policy; generation runs under `torch.no_grad()` in eval mode.
+        tokenizer: its tokenizer (pad and EOS ids are taken from it).
+        batch_size: prompts per `generate` call (bounds activation memory).
+    """
+
+    def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, batch_size: int = 64):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.batch_size = batch_size
+        self.eos_ids = eos_token_ids(tokenizer, model.generation_config)
+        self.pad_id = int(tokenizer.pad_token_id)  # type: ignore[arg-type]
+
+    def _shared_prefix_cache(self, prompts: list[list[int]], ids: torch.Tensor, mask: torch.Tensor) -> Any:
+        """Prefill each distinct prompt once (all but its last token) and gather the KV cache per row.
+
+        A group of G samples of one task repeats its prompt G times; `generate` then only
+        processes the last prompt token of each row. Returns None when no prompt repeats.
+        """
+        keys: dict[tuple[int, ...], int] = {}
+        inverse = [keys.setdefault(tuple(p), len(keys)) for p in prompts]
+        if len(keys) == len(prompts) or ids.shape[1] < 2:
+            return None
+        first = torch.tensor([inverse.index(k) for k in range(len(keys))], device=ids.device)
+        position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
+        out = self.model(
+            input_ids=ids[first, :-1],
+            attention_mask=mask[first, :-1],
+            position_ids=position_ids[first, :-1],
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        cache = out.past_key_values
+        cache.batch_select_indices(torch.tensor(inverse, device=ids.device))
+        return cache
+
+    @torch.no_grad()
+    def generate(
+        self, prompts: list[list[int]], params: SamplingParams, seeds: list[int] | None = None
+    ) -> list[Generation]:
+        """Sample one response per prompt (prompts given as token ids).
+
+        Args:
+            prompts: token ids of each prompt.
+            params: sampling parameters.
+            seeds: one seed per prompt: each response is then sampled from its own generator
+                (`SeededGumbelNoise`), independent of batching and of the global RNG. None
+                samples from the global torch RNG. Ignored when decoding greedily.
+
+        Returns:
+            One `Generation` per prompt, in order; its log-probs are those of the distribution
+            each token was drawn from (`SampledLogprobs`).
+
+        Raises:
+            ValueError: if `seeds` is not one per prompt.
+            TypeError: if the model's generation config cannot be swapped out (see
+                `neutral_generation`).
+        """
+        if seeds is not None and len(seeds) != len(prompts):
+            raise ValueError(f"got {len(seeds)} seeds for {len(prompts)} prompts")
+        out: list[Generation] = []
+        for i in range(0, len(prompts), self.batch_size):
+            chunk_seeds = None if seeds is None else seeds[i : i + self.batch_size]
+            out += self._generate_batch(prompts[i : i + self.batch_size], params, chunk_seeds)
+        return out
+
+    def _generate_batch(
+        self, prompts: list[list[int]], params: SamplingParams, seeds: list[int] | None = None
+    ) -> list[Generation]:
+        device = next(self.model.parameters()).device
+        P = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), P), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(prompts), P), dtype=torch.long)
+        for i, p in enumerate(prompts):
+            ids[i, P - len(p) :] = torch.tensor(p, dtype=torch.long)
+            mask[i, P - len(p) :] = 1
+        greedy = params.temperature == 0
+        recorder = SampledLogprobs()
+        processors = LogitsProcessorList()
+        if not greedy:
+            # HF's warper order (temperature, top-k, top-p); the recorder sees what is drawn from.
+            processors.append(TemperatureLogitsWarper(params.temperature))
+            if params.top_k > 0:
+                processors.append(TopKLogitsWarper(params.top_k))
+            if params.top_p < 1:
+                processors.append(TopPLogitsWarper(params.top_p))
+        processors.append(recorder)
+        if not greedy:
+            processors.append(MultinomialSample() if seeds is None else SeededGumbelNoise(seeds, device))
+        # Greedy search over textgym's processors. Every processing field is explicit and
+        # neutral; those whose neutral value is None (min_p, bad_words_ids, suppress_tokens,
+        # sequence_bias, forced_bos/eos_token_id, ...) stay None because the model's own config
+        # is swapped for a neutral one (`neutral_generation`). HF's warpers (top_k, top_p,
+        # min_p, typical_p, epsilon/eta cutoff) only run with do_sample=True, which is never set.
+        config = GenerationConfig(
+            do_sample=False,
+            num_beams=1,
+            num_return_sequences=1,
+            temperature=1.0,
+            top_p=1.0,
+            typical_p=1.0,
+            epsilon_cutoff=0.0,
+            eta_cutoff=0.0,
+            repetition_penalty=1.0,
+            encoder_repetition_penalty=1.0,
+            length_penalty=1.0,
+            no_repeat_ngram_size=0,
+            encoder_no_repeat_ngram_size=0,
+            min_new_tokens=0,
+            renormalize_logits=False,
+            remove_invalid_values=False,
+            guidance_scale=1.0,
+            use_cache=True,
+            max_new_tokens=params.max_new_tokens,
+            eos_token_id=self.eos_ids,
+            pad_token_id=self.pad_id,
+            output_logits=False,
+            output_scores=False,
+            return_dict_in_generate=False,
+        )
+        ids, mask = ids.to(device), mask.to(device)
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            cache = self._shared_prefix_cache(prompts, ids, mask)
+            with neutral_generation(self.model):
+                sequences = self.model.generate(  # type: ignore[operator]
+                    input_ids=ids,
+                    attention_mask=mask,
+                    past_key_values=cache,
+                    generation_config=config,
+                    logits_processor=processors,
+                    synced_gpus=False,  # sharded models generate inside `distributed.full_params`
+                )
+        finally:
+            self.model.train(was_training)
+        new = sequences[:, P:]  # [B, N]
+        lp = recorder.finish(new).cpu()  # [B, N]
+        new = new.cpu()
+        gens = []
+        eos = torch.tensor(self.eos_ids)
+        for i in range(new.shape[0]):
+            is_eos = torch.isin(new[i], eos).nonzero()
+            if len(is_eos):
+                n, reason = int(is_eos[0]) + 1, "stop"
+            else:
+                n, reason = new.shape[1], "length"
+            gens.append(Generation(new[i, :n].tolist(), lp[i, :n].clone(), reason))  # type: ignore[arg-type]
+        return gens

@@ -1,0 +1,69 @@
+"""PNG training curves from a run directory's `metrics.jsonl` files (matplotlib, no display needed)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+PANELS: list[tuple[str, list[str]]] = [
+    ("reward", ["rollout/reward_mean"]),
+    ("accuracy", ["rollout/accuracy", "eval/accuracy"]),
+    ("KL (to reference; sampler vs trainer)", ["kl/ref", "kl/old_approx"]),
+    ("response length (tokens)", ["rollout/response_length_mean"]),
+    ("loss", ["loss/total", "loss/policy", "loss/sft"]),
+    ("entropy (nats/token)", ["entropy"]),
+]
+
+
+def _read(path: Path) -> list[dict[str, float]]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def plot_metrics(metrics_path: Path, out_path: Path, title: str) -> Path | None:
+    """Draw every panel of `PANELS` that has data into one PNG; None when there is nothing to plot."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    records = _read(metrics_path)
+    panels = [(name, [k for k in keys if any(k in r for r in records)]) for name, keys in PANELS]
+    panels = [(name, keys) for name, keys in panels if keys]
+    if not records or not panels:
+        return None
+    cols = min(3, len(panels))
+    rows = (len(panels) + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(4.5 * cols, 3.2 * rows), squeeze=False)
+    for ax, (name, keys) in zip(axes.flat, panels, strict=False):
+        for k in keys:
+            pts = [(r["step"], r[k]) for r in records if k in r]
+            ax.plot(
+                [p[0] for p in pts], [p[1] for p in pts], marker="o" if len(pts) < 30 else None, ms=3, label=k
+            )
+        ax.set_title(name)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    for ax in list(axes.flat)[len(panels) :]:
+        ax.axis("off")
+    fig.suptitle(title)
+    fig.tight_layout()
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out_path, dpi=100)
+    plt.close(fig)
+    return out_path
+
+
+def plot_run(run_dir: Path) -> list[Path]:
+    """Plot `run_dir/metrics.jsonl` or each `run_dir/<stage>/metrics.jsonl` to `<dir>/plots/curves.png`."""
+    found = (
+        [run_dir / "metrics.jsonl"]
+        if (run_dir / "metrics.jsonl").is_file()
+        else sorted(run_dir.glob("*/metrics.jsonl"))
+    )
+    written = []
+    for m in found:
+        p = plot_metrics(m, m.parent / "plots" / "curves.png", f"{m.parent.parent.name}/{m.parent.name}")
+        if p is not None:
+            written.append(p)
+    return written

@@ -1,0 +1,144 @@
+"""`RolloutBatch`: trajectories padded into the tensors of one training forward pass.
+
+Built by the trainers from the `Trajectory`s a rollout recorded (`textgym.agents.trajectory`);
+prompt columns are left-padded to a shared width P and response columns right-padded to L.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from textgym import distributed
+from textgym.agents.trajectory import Trajectory
+
+
+@dataclass
+class RolloutBatch:
+    """A batch of trajectories padded for one forward pass.
+
+    The prompts are left-padded to a common width P so that the first policy token of
+    every row sits in column P; everything after is right-padded to width P + L. The
+    policy's logits are then only needed for the last L + 1 positions
+    (`logits_to_keep`), and every per-token tensor below covers the L response columns.
+
+    Attributes:
+        input_ids: [B, P+L] int64, pad id where `attention_mask == 0`.
+        attention_mask: [B, P+L] int64.
+        position_ids: [B, P+L] int64, positions counted over real tokens only.
+        prompt_width: P.
+        loss_mask: [B, L] float32, 1.0 on policy tokens.
+        old_logprobs: [B, L] float32, sampling log-probabilities (0.0 off the mask).
+        token_rewards: [B, L] float32.
+        rewards: [B] float32, episode returns.
+        groups: [B] int64, group index of each row (-1 when ungrouped).
+    """
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    position_ids: torch.Tensor
+    prompt_width: int
+    loss_mask: torch.Tensor
+    old_logprobs: torch.Tensor
+    token_rewards: torch.Tensor
+    rewards: torch.Tensor
+    groups: torch.Tensor
+
+    @classmethod
+    def from_trajectories(cls, trajs: list[Trajectory], pad_id: int) -> RolloutBatch:
+        """Pad `trajs` into one batch (see the class docstring for the layout).
+
+        Raises:
+            ValueError: if `trajs` is empty.
+        """
+        if not trajs:
+            raise ValueError("cannot build a RolloutBatch from zero trajectories")
+        P = max(t.prompt_length for t in trajs)
+        L = max(len(t.token_ids) - t.prompt_length for t in trajs)
+        B = len(trajs)
+        input_ids = torch.full((B, P + L), pad_id, dtype=torch.long)
+        attention_mask = torch.zeros((B, P + L), dtype=torch.long)
+        loss_mask = torch.zeros((B, L))
+        old_logprobs = torch.zeros((B, L))
+        token_rewards = torch.zeros((B, L))
+        for i, t in enumerate(trajs):
+            p, n = t.prompt_length, len(t.token_ids) - t.prompt_length
+            input_ids[i, P - p : P + n] = t.token_ids
+            attention_mask[i, P - p : P + n] = 1
+            loss_mask[i, :n] = t.loss_mask[p:]
+            old_logprobs[i, :n] = t.logprobs[p:]
+            token_rewards[i, :n] = t.token_rewards[p:]
+        position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+        return cls(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            prompt_width=P,
+            loss_mask=loss_mask,
+            old_logprobs=old_logprobs,
+            token_rewards=token_rewards,
+            rewards=torch.tensor([t.reward for t in trajs], dtype=torch.float32),
+            groups=torch.tensor([t.group for t in trajs], dtype=torch.long),
+        )
+
+    def __len__(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    def select(self, idx: torch.Tensor | list[int]) -> RolloutBatch:
+        """Return the rows `idx` (a minibatch), trimmed of columns that are padding in every row."""
+        idx = torch.as_tensor(idx, dtype=torch.long)
+        am = self.attention_mask[idx]
+        used = am.any(0).nonzero()
+        lo = int(used.min()) if len(used) else 0
+        lo = min(lo, self.prompt_width)
+        hi = int(used.max()) + 1 if len(used) else self.prompt_width
+        hi = max(hi, self.prompt_width + 1)
+        P, L = self.prompt_width, self.loss_mask.shape[1]
+        hi = min(hi, P + L)
+        return RolloutBatch(
+            input_ids=self.input_ids[idx, lo:hi],
+            attention_mask=am[:, lo:hi],
+            position_ids=self.position_ids[idx, lo:hi],
+            prompt_width=P - lo,
+            loss_mask=self.loss_mask[idx, : hi - P],
+            old_logprobs=self.old_logprobs[idx, : hi - P],
+            token_rewards=self.token_rewards[idx, : hi - P],
+            rewards=self.rewards[idx],
+            groups=self.groups[idx],
+        )
+
+    def to(self, device: torch.device | str) -> RolloutBatch:
+        """Move every tensor to `device`."""
+        moved: dict[str, Any] = {
+            k: v.to(device) for k, v in self.__dict__.items() if isinstance(v, torch.Tensor)
+        }
+        return dataclasses.replace(self, **moved)
+
+
+def rank_micro_batches(rows: list[int], micro_batch_size: int) -> list[tuple[list[int], bool]]:
+    """This rank's contiguous slice of a global batch `rows`, cut into micro-batches.
+
+    The slice is rank r's `rows[r·s : (r+1)·s]` with `s = ceil(len(rows) / ranks)`, so the
+    slices concatenated in rank order are `rows` (what `distributed.all_gather_list` rebuilds).
+    A rank that needs fewer micro-batches than the fullest one (a ragged batch; possibly none
+    at all) gets filler micro-batches `([rows[0]], True)` to run with weight 0, so that every
+    rank makes the same forward and backward calls, as a sharded model requires. One process:
+    all of `rows`, never a filler.
+
+    Args:
+        rows: the global batch (example indices), the same list on every rank; not empty.
+        micro_batch_size: examples per forward pass.
+
+    Returns:
+        `(indices, is_filler)` pairs, the same number on every rank.
+    """
+    w = distributed.world()
+    per = -(-len(rows) // w.size)
+    mine = rows[w.rank * per : (w.rank + 1) * per]
+    out = [(mine[i : i + micro_batch_size], False) for i in range(0, len(mine), micro_batch_size)]
+    fullest = -(-per // micro_batch_size)
+    out += [([rows[0]], True)] * (fullest - len(out))
+    return out

@@ -1,0 +1,80 @@
+"""`run_loop`: step a trainer to its last step, logging, checkpointing and reporting progress."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Protocol
+
+from textgym import distributed
+from textgym.trainers.logging import MetricsLogger, NullLogger, progress_bar
+
+
+class Trainable(Protocol):
+    """What `run_loop` needs of a trainer."""
+
+    step: int
+
+    @property
+    def logger(self) -> MetricsLogger | NullLogger:
+        """Where metrics go."""
+        ...
+
+    def train_step(self) -> dict[str, float]:
+        """Do one iteration and return its metrics."""
+        ...
+
+    def save(self) -> Path:
+        """Checkpoint the current step."""
+        ...
+
+
+def run_loop(
+    trainer: Trainable,
+    *,
+    name: str,
+    steps: int,
+    log_every: int,
+    checkpoint_every: int,
+    describe: Callable[[dict[str, float]], str],
+    echo: Callable[[str], None] | None = None,
+    after_step: Callable[[dict[str, float]], None] | None = None,
+    lines: int = 20,
+    stop: Callable[[], bool] | None = None,
+) -> None:
+    """Call `trainer.train_step()` until `steps`, logging, checkpointing and reporting progress.
+
+    Metrics are logged every `log_every` steps and at the last; a checkpoint is written
+    every `checkpoint_every` steps (0: only at the end) and always at the end. About
+    `lines` progress lines (`describe(metrics)`) go above a live progress bar on a
+    terminal, or through `echo` otherwise. `after_step(metrics)` may add metrics (e.g. a
+    periodic evaluation) before they are logged. `stop()`, asked after each step (after
+    `after_step`), ends the loop early: that step is logged, reported and checkpointed as the
+    last. Distributed, every rank runs the loop (the steps and checkpoints are collective) and
+    rank 0 alone logs and reports; `stop()` must give the same answer on every rank.
+    """
+    if not distributed.is_main():
+        echo = None
+    bar = progress_bar(steps, trainer.step, name, disable=not distributed.is_main())
+    write = (lambda line: bar.write(line)) if not bar.disable and echo is not None else echo
+    every = max(1, steps // lines)
+    try:
+        while trainer.step < steps:
+            metrics = trainer.train_step()
+            if after_step is not None:
+                after_step(metrics)
+            last = trainer.step == steps or (stop is not None and stop())
+            if trainer.step % log_every == 0 or last:
+                trainer.logger.log(trainer.step, metrics)
+            if checkpoint_every and trainer.step % checkpoint_every == 0:
+                trainer.save()
+            bar.update(1)
+            if write is not None and (trainer.step % every == 0 or last):
+                write(f"{name} step {trainer.step}/{steps}  {describe(metrics)}")
+            if last:
+                break
+        if not checkpoint_every or trainer.step % checkpoint_every:
+            trainer.save()
+    finally:
+        bar.close()
+        trainer.logger.close()

@@ -1,0 +1,110 @@
+"""Named advantage estimators: `@register_advantage("name")` makes one selectable by the GRPO trainer.
+
+A registered estimator is a function `fn(inputs: AdvantageInputs) -> (advantages, stats)`:
+
+- a per-sequence estimator returns advantages [N] for `inputs.rewards` (the rewards of the
+  whole batch, every rank's rows in rank order); the trainer keeps this rank's rows;
+- a per-token estimator returns advantages [B, L] for this rank's rows (`inputs.token_rewards`,
+  `inputs.mask`), using `inputs.reduce` for any statistic over the whole batch.
+
+`stats` are detached floats, logged with the step's metrics (keys like `adv/std`). The
+built-in estimators (`grpo`, `rloo`, `reinforce_pp`) are registered in
+`textgym.trainers.advantages`; `available_advantages()` there lists every name after they are.
+Adding one:
+
+    from textgym.trainers.registry import AdvantageInputs, register_advantage
+
+    @register_advantage("mean_baseline")
+    def mean_baseline(x: AdvantageInputs):
+        adv = x.rewards - x.rewards.mean()
+        return adv, {"adv/std": float(adv.std())}
+
+then `grpo.advantage_estimator: mean_baseline` selects it. This module imports nothing heavy,
+so the config can validate names against it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+
+@dataclass(frozen=True)
+class AdvantageInputs:
+    """What an advantage estimator gets from the GRPO trainer at one step.
+
+    Attributes:
+        rewards: [N] float, each sequence's reward over the whole batch (all ranks' rows,
+            grouped contiguously by task, N = num_groups × G); with `kl_placement: reward`,
+            already minus β·Σ_t KL_t.
+        token_rewards: [B, L] this rank's per-token rewards (the reward on each turn's last
+            policy token; −β·KL_t on every token with `kl_placement: reward`).
+        mask: [B, L] 1 on this rank's policy tokens that count in the loss, else 0.
+        group_size: G, samples per task.
+        scale_rewards: the config's `scale_rewards` ("group", "batch" or "none").
+        reduce: sums a tensor over data-parallel ranks (identity on one process), for
+            statistics of the whole batch from per-rank tensors; None: the local batch alone.
+    """
+
+    rewards: torch.Tensor
+    token_rewards: torch.Tensor
+    mask: torch.Tensor
+    group_size: int
+    scale_rewards: str = "group"
+    reduce: Callable[[torch.Tensor], torch.Tensor] | None = None
+
+
+AdvantageFn = Callable[[AdvantageInputs], "tuple[torch.Tensor, dict[str, float]]"]
+"""An advantage estimator: `AdvantageInputs` in, `(advantages [N] or [B, L], stats)` out."""
+
+_ADVANTAGES: dict[str, AdvantageFn] = {}
+
+
+def register_advantage(name: str, *, replace: bool = False) -> Callable[[AdvantageFn], AdvantageFn]:
+    """Decorator: register an advantage estimator under `name` (returns the function unchanged).
+
+    Args:
+        name: the value of `advantage_estimator` that selects it.
+        replace: allow replacing an estimator already registered under `name`.
+
+    Raises:
+        ValueError: if `name` is empty or taken (and `replace` is False).
+    """
+    if not name:
+        raise ValueError("an advantage estimator needs a name")
+
+    def decorate(fn: AdvantageFn) -> AdvantageFn:
+        taken = _ADVANTAGES.get(name)
+        if taken is not None and taken is not fn and not replace:
+            raise ValueError(f"advantage estimator {name!r} is already registered ({_qualname(taken)})")
+        _ADVANTAGES[name] = fn
+        return fn
+
+    return decorate
+
+
+def get_advantage(name: str) -> AdvantageFn:
+    """The estimator registered under `name`.
+
+    Raises:
+        ValueError: if none is, listing the registered names.
+    """
+    try:
+        return _ADVANTAGES[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown advantage estimator {name!r}; registered: {', '.join(sorted(_ADVANTAGES))}"
+        ) from None
+
+
+def registered_advantages() -> list[str]:
+    """The names registered so far, sorted (the built-ins once `textgym.trainers.advantages` is imported)."""
+    return sorted(_ADVANTAGES)
+
+
+def _qualname(fn: Any) -> str:
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
