@@ -1,4 +1,6 @@
-"""KL estimator × placement sweep: the table of ../shared/reference/004 on one seed, as curves.
+"""KL estimator × placement sweep, as curves on one seed.
+
+The table it measures: docs/maths.md#kl-estimators-and-where-they-go.
 
 Runs GRPO from one SFT checkpoint (the one `bench/algorithms.py` builds, or `--model`)
 six times with the same seed and β, changing only the KL estimator (k1, k2, k3) and where

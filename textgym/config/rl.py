@@ -114,7 +114,7 @@ class _PolicyGradientConfig(_Strict):
     kl_placement: Literal["loss", "reward"] = "loss"
     """Where β·KL goes: differentiated in the loss (GRPO) or subtracted from the reward (RLHF PPO,
     REINFORCE++, no gradient through it). Gold standard: k1 in the reward; k1 in the loss has zero
-    expected gradient; k3 in the reward is biased (../shared/reference/004)."""
+    expected gradient; k3 in the reward is biased (docs/maths.md, "KL estimators and where they go")."""
     entropy_coef: float = Field(0.0, ge=0.0)
     """Entropy bonus: the loss gets −coef·H (token mean over policy tokens)."""
     overlong_filter: bool = False

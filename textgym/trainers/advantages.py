@@ -122,7 +122,7 @@ def token_level_rewards(
     RLHF (Ziegler et al. 2019, arXiv:1909.08593, eq. 2; Ouyang et al. 2022, eq. 2). In the
     reward, k1 = log π/π_ref gives an unbiased estimate of the KL-regularised objective's
     gradient; k3 in the reward is biased and has been seen to collapse training (Shah et al.
-    2026, table in ../shared/reference/004); k2 sits between.
+    2026, table in docs/maths.md, "KL estimators and where they go"); k2 sits between.
 
     Args:
         token_rewards: [B, L] turn rewards on each turn's last policy token.

@@ -1,6 +1,6 @@
 """Checkpoints and final models: atomic writes, RNG states, LoRA adapters, resume.
 
-Run directory of one stage (DESIGN.md, "Run directory"):
+Run directory of one stage (docs/design.md, "Run directory"):
 
     <stage_dir>/config.yaml        the resolved stage config
     <stage_dir>/metrics.jsonl      one JSON object per logged step

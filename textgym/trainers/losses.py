@@ -102,8 +102,9 @@ def kl_estimate(
     computed by `k3` (expm1, no clamp below, a linear continuation above log_ratio = 20, so
     its gradient never vanishes).
 
-    Expected gradients for on-policy samples (see ../shared/reference/004; checked exactly in
-    tests/test_advantages.py): differentiated in the loss, k1 gives 0 (noise only), k2 gives
+    Expected gradients for on-policy samples (see
+    docs/maths.md#kl-estimators-and-where-they-go; checked exactly in tests/test_advantages.py):
+    differentiated in the loss, k1 gives 0 (noise only), k2 gives
     ∇KL(π_θ‖π_ref), and k3 (GRPO, DeepSeekMath eq. 4) gives ∇KL(π_ref‖π_θ) — the forward KL,
     biased as a gradient of the reverse one. Subtracted from the reward (no gradient through
     it), k1 gives exactly ∇KL(π_θ‖π_ref); k3 there is biased.
@@ -163,8 +164,9 @@ def clipped_policy_loss(
     An Â > 0 token there is clipped anyway; an Â < 0 one is what `dual_clip` bounds.
 
     KL in the loss: what the gradient of `β·KL_est` does depends on the estimator (Shah et
-    al. 2026, table in ../shared/reference/004): k3 (GRPO) is stable but its expected gradient
-    is that of the forward KL(π_ref‖π_θ); k2's is that of the reverse KL(π_θ‖π_ref) for
+    al. 2026, table in docs/maths.md#kl-estimators-and-where-they-go): k3 (GRPO) is stable
+    but its expected gradient is that of the forward KL(π_ref‖π_θ); k2's is that of the
+    reverse KL(π_θ‖π_ref) for
     on-policy samples; k1 has zero expected gradient (noise only) — put k1 in the reward
     instead (`textgym.trainers.advantages.token_level_rewards`).
 
