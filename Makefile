@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 # pulls a multi-GB CUDA build on a CPU machine. On a GPU machine: make TORCH_SPEC=torch install
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: install install-vllm quickstart test test-learning-portable test-fast lint typecheck bench sandbox-image docs clean
+.PHONY: install install-vllm install-trackers quickstart test test-learning-portable test-fast lint typecheck bench sandbox-image docs clean
 
 install: $(VENV)/.installed
 
@@ -18,6 +18,14 @@ install-vllm: $(VENV)/.vllm-installed
 $(VENV)/.vllm-installed: $(VENV)/.installed
 	$(BIN)/pip install --quiet -e ".[dev,vllm]"
 	$(BIN)/pip uninstall --quiet --yes torchvision torchaudio torchcodec
+	touch $@
+
+# The experiment trackers (W&B, MLflow, trackio), so that their tests run rather than skip;
+# pip moves pillow to 12.x and cachetools to 7.x for them (checked with the vLLM tests).
+install-trackers: $(VENV)/.trackers-installed
+
+$(VENV)/.trackers-installed: $(VENV)/.vllm-installed
+	$(BIN)/pip install --quiet -e ".[dev,vllm,trackers]"
 	touch $@
 
 $(VENV)/.installed: pyproject.toml
@@ -35,8 +43,8 @@ sandbox-image: install
 	$(BIN)/textgym sandbox build-image
 
 lint: install
-	$(BIN)/ruff check textgym tests bench
-	$(BIN)/ruff format --check textgym tests bench
+	$(BIN)/ruff check textgym tests bench examples
+	$(BIN)/ruff format --check textgym tests bench examples
 
 typecheck: install
 	$(BIN)/mypy
@@ -44,7 +52,7 @@ typecheck: install
 # Tests run against the real sandboxes: tools/with_sandbox_services.sh installs bubblewrap and
 # docker.io when missing (as root), starts a Docker engine when none answers (and stops it after),
 # and builds the sandbox image.
-test: install-vllm lint typecheck
+test: install-vllm install-trackers lint typecheck
 	tools/with_sandbox_services.sh $(BIN) $(BIN)/python -m pytest -q
 	$(MAKE) test-learning-portable
 
@@ -55,7 +63,7 @@ test: install-vllm lint typecheck
 test-learning-portable: install
 	ATEN_CPU_CAPABILITY=default TEXTGYM_TEST_THREADS=1 $(BIN)/python -m pytest -q -m "learning and not slow"
 
-test-fast: install-vllm
+test-fast: install-vllm install-trackers
 	tools/with_sandbox_services.sh $(BIN) $(BIN)/python -m pytest -q -m "not slow"
 
 # The docs site (docs/, mkdocs.yml): any warning fails the build (a broken link or anchor, a

@@ -41,7 +41,8 @@ import torch
 
 import textgym.envs  # noqa: F401  (registers the textgym/... environment ids)
 from textgym.agents import LLMAgent, SamplingParams, Trajectory, rollout
-from textgym.models import init_model, load_model
+from textgym.model_init import init_model
+from textgym.models import load_model
 from textgym.trainers.advantages import group_advantages
 from textgym.trainers.losses import clipped_policy_loss
 
