@@ -21,11 +21,13 @@ $(VENV)/.vllm-installed: $(VENV)/.installed
 	touch $@
 
 # The experiment trackers (W&B, MLflow, trackio), so that their tests run rather than skip;
-# pip moves pillow to 12.x and cachetools to 7.x for them (checked with the vLLM tests).
+# pip moves pillow to 12.x and cachetools to 7.x for them (checked with the vLLM tests). Naming
+# the vllm extra here would bring torchvision & co. back, so only `trackers`, and they go again.
 install-trackers: $(VENV)/.trackers-installed
 
 $(VENV)/.trackers-installed: $(VENV)/.vllm-installed
-	$(BIN)/pip install --quiet -e ".[dev,vllm,trackers]"
+	$(BIN)/pip install --quiet -e ".[trackers]"
+	$(BIN)/pip uninstall --quiet --yes torchvision torchaudio torchcodec
 	touch $@
 
 $(VENV)/.installed: pyproject.toml
