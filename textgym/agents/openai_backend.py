@@ -144,12 +144,20 @@ class OpenAIBackend:
     async def _all(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
         sem = asyncio.Semaphore(self.concurrency)
         async with httpx.AsyncClient() as client:
-            return list(await asyncio.gather(*(self._one(client, sem, p, params) for p in prompts)))
+            try:
+                # A TaskGroup cancels and awaits every sibling on the first failure, so no
+                # request (or retry) is still being sent after `generate` has raised.
+                async with asyncio.TaskGroup() as group:
+                    tasks = [group.create_task(self._one(client, sem, p, params)) for p in prompts]
+            except BaseExceptionGroup as eg:
+                raise eg.exceptions[0] from None
+        return [t.result() for t in tasks]
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
         """One response per token-id prompt, in order.
 
         Raises:
-            EndpointError: on a 4xx, or when a request still fails after `max_retries` retries.
+            EndpointError: on a 4xx, or when a request still fails after `max_retries` retries
+                (the first failure; the requests still in flight are cancelled first).
         """
         return asyncio.run(self._all(prompts, params))
