@@ -97,16 +97,25 @@ def records(stage_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (stage_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-def assert_same_metrics(one: list[dict], two: list[dict], keys: tuple[str, ...]) -> None:
+# Shares of tokens past a threshold (a clip range): a token whose ratio or value lies on the
+# boundary can fall either side under another reduction order, so these may differ by one token.
+TOKEN_SHARES = ("clip/frac", "value/clip_frac", "mismatch/tis_clip_frac")
+
+
+def assert_same_metrics(one: list[dict], two: list[dict], keys: tuple[str, ...], rows: int = 0) -> None:
+    """Equal steps and metrics; `rows` (sequences per step), when given, lets the token shares
+    differ by one token of the step's responses."""
     assert [r["step"] for r in one] == [r["step"] for r in two]
     for a, b in zip(one, two, strict=True):
         assert set(a) == set(b)
         for k in keys:
             assert a[k] == pytest.approx(b[k], rel=METRIC_RTOL, abs=1e-7), (a["step"], k, a[k], b[k])
+        one_token = 1.0 / (rows * a["rollout/response_length_mean"]) if rows else 0.0
         for k in a:
             if k.startswith(("time", "throughput")) or k in NOT_COMPARABLE or not math.isfinite(a[k]):
                 continue
-            assert a[k] == pytest.approx(b[k], rel=METRIC_RTOL, abs=1e-6), (a["step"], k, a[k], b[k])
+            tol = 1.01 * one_token if k.startswith(TOKEN_SHARES) else 1e-6
+            assert a[k] == pytest.approx(b[k], rel=METRIC_RTOL, abs=tol), (a["step"], k, a[k], b[k])
 
 
 SAMPLING = {"temperature": 1.0, "max_new_tokens": 8}
@@ -264,7 +273,7 @@ def test_ppo_on_two_ranks_matches_one_process(warm_model_dir, tmp_path):
         "kl/coef",
         "rollout/reward_mean",
     )
-    assert_same_metrics(records(one), records(two), keys)
+    assert_same_metrics(records(one), records(two), keys, rows=4 * 2)
     assert set(json.loads((two / "memory.json").read_text())) == {"policy", "reference", "critic"}
 
 
@@ -339,9 +348,13 @@ def test_kto_on_two_ranks_matches_one_process(warm_model_dir, tmp_path):
 def test_lora_grpo_on_two_ranks_matches_one_process(warm_model_dir, tmp_path):
     """LoRA adapters sharded with their frozen base; the KL reference is the policy with its
     adapters off (no copy). The merged final and the adapter agree with one process, and the
-    2-rank adapter checkpoint resumes on one process where the 1-process one does."""
+    2-rank adapter checkpoint resumes on one process where the 1-process one does.
+
+    Partial credit (digit match) gives the first step a gradient on every kernel: with all
+    advantages zero, the only gradient is the KL's rounding noise (policy = reference), which
+    Adam scales up to real steps that differ between any two reduction orders."""
     grpo = {
-        "env": WARM_ENV,
+        "env": {**WARM_ENV, "kwargs": {**WARM_ENV["kwargs"], "digit_match_weight": 1.0}},
         "steps": 2,
         "prompts_per_step": 4,
         "group_size": 4,
@@ -366,6 +379,7 @@ def test_lora_grpo_on_two_ranks_matches_one_process(warm_model_dir, tmp_path):
     rel_b = float((b_one - b_two).norm() / b_one.norm())
     print(f"LoRA GRPO 1 vs 2 ranks: merged ‖Δθ‖/‖θ−θ0‖ = {rel:.2e} (‖θ−θ0‖ = {moved:.3f}), B: {rel_b:.2e}")
     assert moved > 1.0 and rel < PARAM_RTOL and rel_b < PARAM_RTOL  # moved 4.3
+    assert records(one)[0]["rollout/reward_std"] > 0  # a real first step (see the docstring)
     keys = ("loss/policy", "grad_norm", "kl/ref", "rollout/reward_mean")
     assert_same_metrics(records(one), records(two), keys)
     assert records(one)[-1]["kl/ref"] > 0  # the adapters-off reference differs from the policy

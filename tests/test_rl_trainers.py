@@ -130,14 +130,22 @@ def test_the_critic_fits_the_returns_of_a_batch(warm_model_dir, tmp_path):
         group_size=1,
     )
     trainer = PPOTrainer(cfg, model, tok, tmp_path)
+
     # A batch with both outcomes: the warm model is right on >= 25% of greedy probes (its fixture
     # checks it), but 8 samples can all be wrong; draw the next 8 tasks until they are not.
+    # The prompts must differ too: "Compute 5+8." drawn twice, answered right once and wrong
+    # once, gives the tokens both responses share one value and two returns, which caps the
+    # explained variance below 1 (0.634 with AVX2 kernels).
+    def fittable(trajs: list[Trajectory]) -> bool:
+        prompts = {tuple(t.token_ids[: t.prompt_length].tolist()) for t in trajs}
+        return len(prompts) == len(trajs) and 0 < sum(t.reward for t in trajs) < len(trajs)
+
     for _ in range(20):
         trajs = trainer.collect(cfg.prompts_per_step)
-        batch = RolloutBatch.from_trajectories(trajs, tok.pad_token_id)
-        if 0 < float(batch.rewards.mean()) < 1:
+        if fittable(trajs):
             break
-    assert 0 < float(batch.rewards.mean()) < 1
+    assert fittable(trajs)
+    batch = RolloutBatch.from_trajectories(trajs, tok.pad_token_id)
     metrics: dict[str, float] = {}
     adv = trainer.compute_advantages(batch, trajs, metrics)
     returns, mask = trainer._returns.clone(), batch.loss_mask

@@ -146,9 +146,12 @@ def test_multiple_epochs_and_minibatches_engage_the_clip(warm_model_dir, tmp_pat
     batch, adv = _batch_and_advantages(model, tok)
     trainer = GRPOTrainer(grpo_cfg(epochs=3, minibatch_size=4, optim={"lr": 1e-2}), model, tok, tmp_path)
     stats = trainer.update(batch, adv)
-    # 3 epochs × 2 minibatches: later updates are off-policy, so the ratio moves away from 1
+    # 3 epochs × 2 minibatches: later updates are off-policy, so the ratio moves away from 1 and
+    # the clip engages (which side depends on the kernels: at this learning rate the ratio of
+    # every token fell under AVX2, ratio/max 0.85; it rose past 1 + ε for some with AVX-512).
     assert trainer.scheduler.last_epoch == 6
-    assert stats["ratio/max"] > 1.0 and stats["kl/old_approx"] > 0
+    assert stats["clip/frac"] > 0.05 and abs(stats["ratio/mean"] - 1) > 0.05
+    assert stats["kl/old_approx"] > 0.1
 
 
 @pytest.mark.learning
