@@ -9,6 +9,7 @@ import os
 import struct
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -52,18 +53,20 @@ def log_steps(logger) -> None:
 
 
 def test_tensorboard_loggers_write_what_the_trainers_metrics_logger_writes(tmp_path):
+    """`metrics.jsonl` and `tb/` as textgym 0.1's trainers wrote them (its `MetricsLogger` name
+    is kept, now built by `make_loggers`)."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     from textgym.trainers.common import MetricsLogger
 
-    old = MetricsLogger(tmp_path / "old")
-    log_steps(old)
+    log_steps(MetricsLogger(tmp_path / "old"))
     log_steps(make_loggers(["tensorboard"], tmp_path / "new", "run/stage", CONFIG, main_process=True))
     for d in ("old", "new"):
         rows = [json.loads(line) for line in (tmp_path / d / "metrics.jsonl").read_text().splitlines()]
         assert [{k: v for k, v in r.items() if k != "time"} for r in rows] == [
             {"step": s, **m} for s, m in STEPS.items()
         ]
+        assert all(abs(r["time"] - time.time()) < 600 for r in rows)
         events = EventAccumulator(str(tmp_path / d / "tb"))
         events.Reload()
         assert [(e.step, e.value) for e in events.Scalars("loss/policy")] == [(1, 0.5), (2, 0.25)]

@@ -61,6 +61,16 @@ def preflight(cfg: RunConfig) -> None:
                 f"grpo.advantage_estimator: unknown estimator {cfg.grpo.advantage_estimator!r}; registered: "
                 f"{', '.join(names)} (add one with @textgym.trainers.registry.register_advantage)"
             )
+    for stage_name, stage in (("grpo", cfg.grpo), ("ppo", cfg.ppo)):
+        if stage is not None:
+            from textgym.trainers.losses import available_policy_losses
+
+            losses = available_policy_losses()
+            if stage.policy_loss not in losses:
+                raise ConfigError(
+                    f"{stage_name}.policy_loss: unknown policy loss {stage.policy_loss!r}; registered: "
+                    f"{', '.join(losses)} (add one with @textgym.trainers.registry.register_policy_loss)"
+                )
     envs: list[tuple[str, EnvConfig]] = []
     if cfg.sft:
         envs.append(("sft.env", cfg.sft.env))

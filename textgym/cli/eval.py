@@ -75,18 +75,10 @@ def eval_cmd(
     from textgym.config import ConfigError
     from textgym.evaluation.job import run_eval
 
-    if agent_kind not in ("model", "oracle", "random"):
-        fail(f"--agent must be model, oracle or random, got {agent_kind!r}")
-    if agent_kind == "model":
-        check_backend(backend)
-    if env is not None and suite is None and agent_kind == "model" and samples > 1 and temperature == 0.0:
-        typer.echo(
-            "note: --samples > 1 with greedy decoding gives identical samples; set --temperature", err=True
-        )
     agent = {"kind": agent_kind, "seed": seed, "endpoint": endpoint, "served_model": served_model}
     if agent_kind == "model":
         agent.update(model=None if model is None else str(model), backend=backend)
-    job = EvalJobConfig.model_validate(
+    job = _job(
         {"env": env, "suite": suite, "env_kwargs": parse_kwargs(env_kwargs), "n": n, "samples": samples,
          "sampling": {"temperature": temperature, "max_new_tokens": max_new_tokens}, "agent": agent,
          "out": None if out is None else str(out), "log_trajectories": log_trajectories}
@@ -102,6 +94,21 @@ def eval_cmd(
     else:
         who = str(model) if agent_kind == "model" else f"{agent_kind} agent"
         console.print(_result_table(outcome.result, f"{env} {job.env_kwargs or ''} · {who}"))
+
+
+def _job(options: dict[str, Any]) -> EvalJobConfig:
+    """The eval job of the command's options; exits with code 2 on a bad agent or backend."""
+    agent = options["agent"]
+    if agent["kind"] not in ("model", "oracle", "random"):
+        fail(f"--agent must be model, oracle or random, got {agent['kind']!r}")
+    if agent["kind"] == "model":
+        check_backend(agent["backend"])
+    one_env = options["env"] is not None and options["suite"] is None
+    greedy = options["sampling"]["temperature"] == 0.0
+    if one_env and agent["kind"] == "model" and options["samples"] > 1 and greedy:
+        note = "note: --samples > 1 with greedy decoding gives identical samples; set --temperature"
+        typer.echo(note, err=True)
+    return EvalJobConfig.model_validate(options)
 
 
 def _print_suite(report: dict[str, Any], written: dict[str, Path]) -> None:

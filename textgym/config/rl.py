@@ -107,6 +107,11 @@ class _PolicyGradientConfig(_Strict):
         "seq_mean_token_mean"
     )
     """How per-token losses are reduced (see `textgym.trainers.losses.aggregate`)."""
+    policy_loss: str = Field("ppo_clip", min_length=1)
+    """A registered policy loss: PPO's clipped surrogate ("ppo_clip", with `clip_low`,
+    `clip_high`, `dual_clip`), or one registered with
+    `@textgym.trainers.registry.register_policy_loss(name)`; the name is checked against the
+    registry before work starts (`textgym.pipeline.preflight`)."""
     kl_coef: float = Field(0.0, ge=0.0)
     """β of the KL-to-reference term; 0 skips loading the reference model."""
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"

@@ -161,7 +161,7 @@ def _cached_tasks(
 
 
 class ArithmeticEnv(SingleTurnEnv):
-    """Generated arithmetic, one question per episode.
+    r"""Generated arithmetic, one question per episode.
 
     ## Description
     "Compute 37+58." with a configurable operator set, operand size and number of
@@ -178,7 +178,7 @@ class ArithmeticEnv(SingleTurnEnv):
 
     ## Rewards
     `correct_weight · correct + format_weight · format + digit_match_weight · digit_match`
-    where `correct` is 1.0 when the final answer (`\\boxed{}`, `<answer>`, ... see
+    where `correct` is 1.0 when the final answer (`\boxed{}`, `<answer>`, ... see
     `textgym.verifiers.math`) equals the gold integer by math-verify, `format` is 1.0 when a
     final-answer marker is present, and `digit_match` is the share of the answer's digit
     places that are right (`textgym.verifiers.math.DigitMatchVerifier`: partial credit, 1.0
@@ -190,6 +190,26 @@ class ArithmeticEnv(SingleTurnEnv):
 
     ## Version History
     - v0: initial version.
+
+    Examples:
+        >>> import gymnasium as gym
+        >>> import textgym
+        >>> env = gym.make("textgym/Arithmetic-v0", split="test", operators="+", digits=1)
+        >>> obs, info = env.reset(options={"task_index": 0})
+        >>> print(obs[0]["content"])
+        Compute 8+6. Put the final answer in \boxed{}.
+        >>> obs, reward, terminated, truncated, info = env.step(r"8 + 6 = \boxed{14}")
+        >>> reward, terminated, info["reward/correct"], info["reward/format"]
+        (1.0, True, 1.0, 1.0)
+
+        Partial credit for a wrong sum, with the digit-match term weighted in:
+
+        >>> env = gym.make("textgym/Arithmetic-v0", split="test", operators="+", digits=1,
+        ...                digit_match_weight=0.5)
+        >>> _ = env.reset(options={"task_index": 0})
+        >>> obs, reward, terminated, truncated, info = env.step(r"\boxed{15}")
+        >>> reward, info["reward/correct"], info["reward/digit_match"]
+        (0.25, 0.0, 0.5)
     """
 
     def __init__(

@@ -167,11 +167,29 @@ class TextEnv(gym.Env[list[Message], str]):
 
 
 class SingleTurnEnv(TextEnv):
-    """One question, one answer: the action is scored by a `Rubric` and the episode terminates.
+    r"""One question, one answer: the action is scored by a `Rubric` and the episode terminates.
 
     `info` after `step` holds every rubric term as `"reward/<name>"` and the terms'
     details under `"details"`; an unusable action scores `invalid_action_reward` with
     every term 0.0 and the reason in `info["error"]`.
+
+    Examples:
+        A new single-turn env is a list of tasks and a rubric:
+
+        >>> from textgym.envs import SingleTurnEnv
+        >>> from textgym.types import Task
+        >>> from textgym.verifiers import Rubric, RubricTerm, Score
+        >>> def exact(completion, task):
+        ...     return Score(float(completion.strip() == task.answer))
+        >>> tasks = [Task(task_id="reverse/0", prompt="Reverse 'abc'.", answer="cba")]
+        >>> rubric = Rubric([RubricTerm("correct", exact)])
+        >>> env = SingleTurnEnv(tasks, rubric, instruction="Reply with the word only.")
+        >>> obs, info = env.reset(options={"task_index": 0})
+        >>> obs
+        [{'role': 'user', 'content': "Reverse 'abc'. Reply with the word only."}]
+        >>> obs, reward, terminated, truncated, info = env.step("cba")
+        >>> reward, terminated, info["reward/correct"]
+        (1.0, True, 1.0)
     """
 
     def __init__(self, tasks: Sequence[Task], rubric: Rubric, *, instruction: str = "", **kwargs: Any):

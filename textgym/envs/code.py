@@ -226,10 +226,25 @@ class CodeEnv(TextEnv):
 
 
 class HumanEvalEnv(CodeEnv):
-    """HumanEval (164 problems): complete a Python function from its signature and docstring.
+    r"""HumanEval (164 problems): complete a Python function from its signature and docstring.
 
     See `CodeEnv` for spaces, rewards and arguments. The agent may reply with the whole
     function (recommended) or with the body alone (HumanEval's original completion format).
+
+    Examples:
+        >>> import gymnasium as gym
+        >>> import textgym
+        >>> env = gym.make("textgym/HumanEval-v0")   # sandbox="process": bubblewrap
+        >>> obs, info = env.reset(options={"task_index": 0})
+        >>> info["task_id"]
+        'HumanEval/0'
+        >>> env.step(env.unwrapped.task.solution)[1]   # the canonical solution passes
+        1.0
+        >>> _ = env.reset(options={"task_index": 0})
+        >>> obs, reward, terminated, truncated, info = env.step(
+        ...     "def has_close_elements(numbers, threshold):\n    return False")
+        >>> reward, info["error"], info["details"]["failed_test"]
+        (0.0, 'AssertionError', 'check(has_close_elements)')
     """
 
     def __init__(self, instruction: str = HUMANEVAL_INSTRUCTION, mode: str = "binary", **kwargs: Any):
@@ -239,10 +254,23 @@ class HumanEvalEnv(CodeEnv):
 
 
 class MBPPEnv(CodeEnv):
-    """MBPP: write a Python function from a one-line description and three test asserts.
+    r"""MBPP: write a Python function from a one-line description and three test asserts.
 
     `subset="sanitized"` (427 rows, default) or `"full"` (974); `split="all"` (default),
     "train", "test", "validation" or "prompt" (see `mbpp_tasks`). See `CodeEnv`.
+
+    Examples:
+        >>> import gymnasium as gym
+        >>> import textgym
+        >>> env = gym.make("textgym/MBPP-v0", mode="fraction")
+        >>> obs, info = env.reset(options={"task_index": 0})
+        >>> info["task_id"]
+        'mbpp/2'
+        >>> env.step("def similar_elements(a, b):\n    return tuple(set(a) & set(b))")[1]
+        1.0
+        >>> _ = env.reset(options={"task_index": 0})
+        >>> env.step("def similar_elements(a, b):\n    return (4, 5)")[1]  # one of the 3 asserts passes
+        0.3333333333333333
     """
 
     def __init__(

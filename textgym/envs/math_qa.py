@@ -70,7 +70,7 @@ def math500_tasks() -> tuple[Task, ...]:
 
 
 class GSM8KEnv(SingleTurnEnv):
-    """Grade-school math word problems (Cobbe et al. 2021, arXiv:2110.14168).
+    r"""Grade-school math word problems (Cobbe et al. 2021, arXiv:2110.14168).
 
     ## Description
     One GSM8K question per episode, followed by `instruction`; `split="train"`
@@ -91,6 +91,17 @@ class GSM8KEnv(SingleTurnEnv):
 
     ## Version History
     - v0: initial version.
+
+    Examples:
+        >>> import gymnasium as gym
+        >>> import textgym
+        >>> env = gym.make("textgym/GSM8K-v0", split="test")
+        >>> obs, info = env.reset(options={"task_index": 0})
+        >>> obs[0]["content"][:34], info["answer"]
+        ('Janet’s ducks lay 16 eggs per day.', '18')
+        >>> obs, reward, terminated, truncated, info = env.step("9 eggs at $2 each. The answer is 18.")
+        >>> reward, info["reward/correct"], info["reward/format"]  # format: no \boxed{}, logged only
+        (1.0, 1.0, 0.0)
     """
 
     def __init__(
@@ -107,7 +118,7 @@ class GSM8KEnv(SingleTurnEnv):
 
 
 class MATH500Env(SingleTurnEnv):
-    """The 500-problem MATH test subset of Lightman et al. 2023 (arXiv:2305.20050).
+    r"""The 500-problem MATH test subset of Lightman et al. 2023 (arXiv:2305.20050).
 
     ## Description
     One competition problem per episode, followed by `instruction`. Gold answers
@@ -128,6 +139,16 @@ class MATH500Env(SingleTurnEnv):
 
     ## Version History
     - v0: initial version.
+
+    Examples:
+        >>> import gymnasium as gym
+        >>> import textgym
+        >>> env = gym.make("textgym/MATH500-v0")
+        >>> obs, info = env.reset(options={"task_index": 0})
+        >>> info["answer"]
+        '\\left( 3, \\frac{\\pi}{2} \\right)'
+        >>> env.step(r"$r = 3$ and $\theta = \pi/2$, so \boxed{(3, \frac{\pi}{2})}.")[1]
+        1.0
     """
 
     def __init__(

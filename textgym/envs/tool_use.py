@@ -28,7 +28,7 @@ MAX_CALLS_PER_TURN = 4
 
 
 class ToolUseWrapper(gym.Wrapper[list[Message], str, list[Message], str]):
-    """Let the agent call `tools` before it answers the wrapped env (see the module docstring).
+    r"""Let the agent call `tools` before it answers the wrapped env (see the module docstring).
 
     Args:
         env: any textgym env (single-turn or multi-turn).
@@ -41,6 +41,20 @@ class ToolUseWrapper(gym.Wrapper[list[Message], str, list[Message], str]):
 
     Raises:
         ValueError: on duplicate tool names.
+
+    Examples:
+        >>> import gymnasium as gym
+        >>> import textgym
+        >>> from textgym.tools import calculator_tool
+        >>> env = ToolUseWrapper(gym.make("textgym/Arithmetic-v0").unwrapped, [calculator_tool()])
+        >>> obs, info = env.reset(options={"task_index": 0})
+        >>> call = '<tool_call>{"name": "calculator", "arguments": {"expression": "52-88"}}</tool_call>'
+        >>> env.step(call)[:3]
+        ([{'role': 'tool', 'content': '-36'}], 0.0, False)
+        >>> env.step('<tool_call>{"name": "calculator", "arguments": {}}</tool_call>')[0][0]["role"]
+        'tool'
+        >>> env.step(r"\boxed{-36}")[1:3]   # no tool call: the answer goes to the env
+        (1.0, True)
     """
 
     def __init__(
@@ -138,13 +152,29 @@ def make_tool_math(
     error_penalty: float = 0.0,
     **kwargs: Any,
 ) -> ToolUseWrapper:
-    """`textgym/ToolMath-v0`: Arithmetic (`source="arithmetic"`, default) or GSM8K (`"gsm8k"`) with tools.
+    r"""`textgym/ToolMath-v0`: Arithmetic (`source="arithmetic"`, default) or GSM8K (`"gsm8k"`) with tools.
 
     The tools are `calculator` and `python` (run in `sandbox`). Other kwargs go to the math
     env (e.g. `split`, `digits`, `n_terms`). The answer turn is scored by the math rubric.
 
     Raises:
         ValueError: on an unknown source.
+
+    Examples:
+        >>> import gymnasium as gym
+        >>> import textgym
+        >>> env = gym.make("textgym/ToolMath-v0")
+        >>> obs, info = env.reset(options={"task_index": 0})
+        >>> print(obs[0]["content"][:14])
+        Compute 52-88.
+        >>> [t["function"]["name"] for t in info["tools"]]
+        ['calculator', 'python']
+        >>> call = '<tool_call>{"name": "calculator", "arguments": {"expression": "52-88"}}</tool_call>'
+        >>> obs, reward, terminated, truncated, info = env.step(call)
+        >>> obs, reward, terminated
+        ([{'role': 'tool', 'content': '-36'}], 0.0, False)
+        >>> env.step(r"\boxed{-36}")[1:3]
+        (1.0, True)
     """
     kwargs.setdefault("instruction", TOOLMATH_INSTRUCTION)
     if source == "arithmetic":

@@ -59,10 +59,16 @@ INSTRUCTION = (
 
 
 def score_guess(guess: str, target: str) -> str:
-    """Wordle's feedback for `guess` against `target`: one of "G", "Y", "-" per letter.
+    r"""Wordle's feedback for `guess` against `target`: one of "G", "Y", "-" per letter.
 
     Repeated letters follow the game's rule: greens first, then yellows left to right, each
     target letter matched at most once.
+
+    Examples:
+        >>> score_guess("crane", "about")
+        '--Y--'
+        >>> score_guess("eerie", "there")   # green first; the target's other "e" marks one more
+        'Y-Y-G'
     """
     marks = ["-"] * 5
     left: dict[str, int] = {}
@@ -79,9 +85,15 @@ def score_guess(guess: str, target: str) -> str:
 
 
 def parse_guess(action: str) -> str | None:
-    """The guess in a reply: its last `\\boxed{xxxxx}` or `<guess>xxxxx</guess>`, else the reply itself.
+    r"""The guess in a reply: its last `\boxed{xxxxx}` or `<guess>xxxxx</guess>`, else the reply itself.
 
     Returns None unless the result is five letters.
+
+    Examples:
+        >>> parse_guess(r"My guess is \boxed{Crane}.")
+        'crane'
+        >>> parse_guess("crane!"), parse_guess("I think it is crane") is None
+        ('crane', True)
     """
     found = _GUESS_RE.findall(action)
     if found:
@@ -92,14 +104,14 @@ def parse_guess(action: str) -> str | None:
 
 
 class WordleEnv(TextEnv):
-    """Wordle: find the hidden word in six guesses from per-letter feedback.
+    r"""Wordle: find the hidden word in six guesses from per-letter feedback.
 
     ## Description
     Task *i* hides `WORDS[i]` (a list of common English five-letter words). Any five
     letters are a valid guess.
 
     ## Action Space
-    `UnicodeText`: the reply; the guess is its last `\\boxed{word}` (or `<guess>word</guess>`,
+    `UnicodeText`: the reply; the guess is its last `\boxed{word}` (or `<guess>word</guess>`,
     or a reply that is just the word).
 
     ## Observation Space
@@ -115,6 +127,20 @@ class WordleEnv(TextEnv):
 
     ## Version History
     - v0: initial version.
+
+    Examples:
+        >>> import gymnasium as gym
+        >>> import textgym
+        >>> env = gym.make("textgym/Wordle-v0")
+        >>> obs, info = env.reset(options={"task_index": 0})   # the hidden word is "about"
+        >>> obs, reward, terminated, truncated, info = env.step(r"\boxed{crane}")
+        >>> print(obs[0]["content"])
+        crane: - - Y - -
+        5 guesses left.
+        >>> reward, terminated
+        (0.0, False)
+        >>> env.step("<guess>about</guess>")[1:3]
+        (1.0, True)
     """
 
     def __init__(self, **kwargs: Any):

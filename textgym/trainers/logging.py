@@ -5,60 +5,30 @@ Keys are slash-namespaced (`rollout/reward_mean`, `loss/policy`, `time/step_s`).
 
 from __future__ import annotations
 
-import json
 import os
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from textgym import distributed
+from textgym.tracking import CompositeLogger, make_loggers
 
 
-class MetricsLogger:
-    """Append metrics to `metrics.jsonl` and TensorBoard; on resume, drop records past the checkpoint.
+def MetricsLogger(stage_dir: Path, resume_step: int | None = None) -> CompositeLogger:  # noqa: N802
+    """`metrics.jsonl` and TensorBoard for a stage, on any rank (the name of textgym 0.1's class).
 
-    Keys are slash-namespaced (`rollout/reward_mean`, `loss/policy`, `time/step_s`).
+    Same as `textgym.tracking.make_loggers(["tensorboard"], stage_dir, ..., main_process=True)`;
+    trainers call `metrics_logger`, which adds the other trackers and writes on rank 0 only.
     """
-
-    def __init__(self, stage_dir: Path, resume_step: int | None = None):
-        self.path = stage_dir / "metrics.jsonl"
-        if resume_step is not None and self.path.exists():
-            kept = [
-                line
-                for line in self.path.read_text(encoding="utf-8").splitlines()
-                if line.strip() and json.loads(line).get("step", 0) <= resume_step
-            ]
-            self.path.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
-        from torch.utils.tensorboard import SummaryWriter
-
-        self.tb = SummaryWriter(
-            log_dir=str(stage_dir / "tb"), purge_step=None if resume_step is None else resume_step + 1
-        )
-
-    def log(self, step: int, metrics: dict[str, float]) -> None:
-        """Write one record (`{"step": step, **metrics}`)."""
-        record = {"step": step, "time": time.time(), **{k: float(v) for k, v in metrics.items()}}
-        with self.path.open("a", encoding="utf-8") as f:
-            f.write(json.dumps(record) + "\n")
-        for k, v in metrics.items():
-            self.tb.add_scalar(k, float(v), step)
-        self.tb.flush()
-
-    def close(self) -> None:
-        """Close the TensorBoard writer."""
-        self.tb.close()
+    return make_loggers(
+        ["tensorboard"], stage_dir, Path(stage_dir).name, resume_step=resume_step, main_process=True
+    )
 
 
-class NullLogger:
-    """The metrics logger of ranks other than 0: drops everything."""
-
-    def log(self, step: int, metrics: dict[str, float]) -> None:
-        """Do nothing."""
-
-    def close(self) -> None:
-        """Do nothing."""
+def NullLogger() -> CompositeLogger:  # noqa: N802
+    """A logger that drops everything (what ranks other than 0 get from `metrics_logger`)."""
+    return CompositeLogger([])
 
 
 def metrics_logger(
@@ -66,7 +36,7 @@ def metrics_logger(
     resume_step: int | None = None,
     log_with: Sequence[str] = ("tensorboard",),
     config: Any = None,
-) -> Any:
+) -> CompositeLogger:
     """The stage's loggers on rank 0 (rank 0 alone writes the run directory), nothing elsewhere.
 
     `metrics.jsonl` always, then one tracker per name in `log_with` ("tensorboard", "wandb",
@@ -78,8 +48,6 @@ def metrics_logger(
         ValueError: an unknown or repeated tracker name.
         textgym.tracking.TrackerUnavailableError: a named tracker's package is not installed.
     """
-    from textgym.tracking import make_loggers
-
     stage_dir = Path(stage_dir)
     config_dict = config.model_dump(mode="json") if hasattr(config, "model_dump") else None
     return make_loggers(

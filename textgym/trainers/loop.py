@@ -7,7 +7,8 @@ from pathlib import Path
 from typing import Protocol
 
 from textgym import distributed
-from textgym.trainers.logging import MetricsLogger, NullLogger, progress_bar
+from textgym.tracking import Logger
+from textgym.trainers.logging import progress_bar
 
 
 class Trainable(Protocol):
@@ -16,7 +17,7 @@ class Trainable(Protocol):
     step: int
 
     @property
-    def logger(self) -> MetricsLogger | NullLogger:
+    def logger(self) -> Logger:
         """Where metrics go."""
         ...
 

@@ -12,6 +12,8 @@ from typing import Literal
 
 import torch
 
+from textgym.trainers.registry import PolicyLossInputs, register_policy_loss, registered_policy_losses
+
 Aggregation = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"]
 KLEstimator = Literal["k1", "k2", "k3"]
 
@@ -390,3 +392,36 @@ def rollout_correction(
             else 0.0,
         }
     return weights, stats
+
+
+# --- the policy losses the on-policy trainers select by name (`policy_loss`) ---------------
+@register_policy_loss("ppo_clip")
+def ppo_clip_loss(x: PolicyLossInputs) -> tuple[torch.Tensor, dict[str, float]]:
+    """PPO's clipped surrogate (`clipped_policy_loss`) with the stage config's settings.
+
+    The clip range, dual-clip, aggregation and KL estimator come from `x.config`; the default
+    loss of GRPO, its family and PPO (Schulman et al. 2017, arXiv:1707.06347, eq. 7).
+    """
+    c = x.config
+    return clipped_policy_loss(
+        x.logprobs,
+        x.old_logprobs,
+        x.advantages,
+        x.mask,
+        clip_low=c.clip_low,
+        clip_high=c.clip_high,
+        dual_clip=c.dual_clip,
+        aggregation=c.loss_aggregation,
+        ref_logprobs=x.ref_logprobs,
+        kl_coef=x.kl_coef,
+        kl_estimator=c.kl_estimator,
+        num_seqs=x.num_seqs,
+        num_tokens=x.num_tokens,
+        norm_len=c.sampling.max_new_tokens,
+        is_weights=x.is_weights,
+    )
+
+
+def available_policy_losses() -> list[str]:
+    """Every registered policy loss's name, the built-ins included (for config validation)."""
+    return registered_policy_losses()

@@ -1,4 +1,10 @@
-"""Named advantage estimators: `@register_advantage("name")` makes one selectable by the GRPO trainer.
+"""Named advantage estimators and policy losses, selectable from the config by name.
+
+`@register_advantage("name")` makes an advantage estimator selectable by the GRPO trainer
+(`grpo.advantage_estimator`); `@register_policy_loss("name")` makes a policy loss selectable
+by every on-policy trainer (`grpo.policy_loss`, `ppo.policy_loss`).
+
+## Advantage estimators
 
 A registered estimator is a function `fn(inputs: AdvantageInputs) -> (advantages, stats)`:
 
@@ -19,8 +25,17 @@ Adding one:
         adv = x.rewards - x.rewards.mean()
         return adv, {"adv/std": float(adv.std())}
 
-then `grpo.advantage_estimator: mean_baseline` selects it. This module imports nothing heavy,
-so the config can validate names against it.
+then `grpo.advantage_estimator: mean_baseline` selects it.
+
+## Policy losses
+A registered policy loss is a function `fn(inputs: PolicyLossInputs) -> (loss, stats)`: the
+scalar loss of one micro-batch (reduced with `textgym.trainers.losses.aggregate` so that
+micro-batch losses add up to the minibatch's) and detached float stats (`loss/policy`,
+`clip/frac`, ...). The built-in `ppo_clip` (PPO's clipped surrogate with the config's clip
+range, dual-clip, KL in the loss and importance weights) is registered in
+`textgym.trainers.losses`; `available_policy_losses()` there lists every name.
+
+This module imports nothing heavy, so the config can validate names against it.
 """
 
 from __future__ import annotations
@@ -64,6 +79,42 @@ AdvantageFn = Callable[[AdvantageInputs], "tuple[torch.Tensor, dict[str, float]]
 _ADVANTAGES: dict[str, AdvantageFn] = {}
 
 
+@dataclass(frozen=True)
+class PolicyLossInputs:
+    """What a policy loss gets from the on-policy update for one micro-batch.
+
+    Attributes:
+        logprobs: [B, L] log π_θ of the taken tokens (requires grad).
+        old_logprobs: [B, L] log π_old, the sampling log-probs (no grad).
+        advantages: [B, L] per-token or [B] per-sequence advantages.
+        mask: [B, L] 1.0 on the policy tokens that count in the loss.
+        config: the stage's config (`GRPOConfig` or `PPOConfig`): `clip_low`, `clip_high`,
+            `dual_clip`, `loss_aggregation`, `kl_estimator`, `sampling.max_new_tokens`, ...
+        ref_logprobs: [B, L] log π_ref when the KL is in the loss, else None.
+        kl_coef: β of the KL in the loss (0.0: none; the controller's current value for PPO).
+        is_weights: [B, L] truncated importance weights of the rollout correction, or None.
+        num_seqs: sequences in the minibatch this micro-batch belongs to (see `aggregate`).
+        num_tokens: policy tokens in that minibatch (see `aggregate`).
+    """
+
+    logprobs: torch.Tensor
+    old_logprobs: torch.Tensor
+    advantages: torch.Tensor
+    mask: torch.Tensor
+    config: Any
+    ref_logprobs: torch.Tensor | None = None
+    kl_coef: float = 0.0
+    is_weights: torch.Tensor | None = None
+    num_seqs: float | None = None
+    num_tokens: float | None = None
+
+
+PolicyLossFn = Callable[[PolicyLossInputs], "tuple[torch.Tensor, dict[str, float]]"]
+"""A policy loss: `PolicyLossInputs` in, `(scalar loss, stats)` out."""
+
+_POLICY_LOSSES: dict[str, PolicyLossFn] = {}
+
+
 def register_advantage(name: str, *, replace: bool = False) -> Callable[[AdvantageFn], AdvantageFn]:
     """Decorator: register an advantage estimator under `name` (returns the function unchanged).
 
@@ -85,6 +136,48 @@ def register_advantage(name: str, *, replace: bool = False) -> Callable[[Advanta
         return fn
 
     return decorate
+
+
+def register_policy_loss(name: str, *, replace: bool = False) -> Callable[[PolicyLossFn], PolicyLossFn]:
+    """Decorator: register a policy loss under `name` (returns the function unchanged).
+
+    Args:
+        name: the value of `policy_loss` that selects it.
+        replace: allow replacing a loss already registered under `name`.
+
+    Raises:
+        ValueError: if `name` is empty or taken (and `replace` is False).
+    """
+    if not name:
+        raise ValueError("a policy loss needs a name")
+
+    def decorate(fn: PolicyLossFn) -> PolicyLossFn:
+        taken = _POLICY_LOSSES.get(name)
+        if taken is not None and taken is not fn and not replace:
+            raise ValueError(f"policy loss {name!r} is already registered ({_qualname(taken)})")
+        _POLICY_LOSSES[name] = fn
+        return fn
+
+    return decorate
+
+
+def get_policy_loss(name: str) -> PolicyLossFn:
+    """The policy loss registered under `name`.
+
+    Raises:
+        ValueError: if none is, listing the registered names.
+    """
+    try:
+        return _POLICY_LOSSES[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown policy loss {name!r}; registered: {', '.join(sorted(_POLICY_LOSSES))}"
+        ) from None
+
+
+def registered_policy_losses() -> list[str]:
+    """The names registered so far, sorted (the built-ins once `textgym.trainers.losses` is imported)."""
+    return sorted(_POLICY_LOSSES)
 
 
 def get_advantage(name: str) -> AdvantageFn:

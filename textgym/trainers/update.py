@@ -6,8 +6,10 @@ loss with its KL and entropy terms, the critic's loss through hooks, clipping an
 optimizer step, metrics reduced over ranks) and the no-grad log-probability passes the
 iteration needs (π_old recomputed by the trainer, π_ref of the reference).
 
-The loss (`textgym.trainers.losses.clipped_policy_loss`) is PPO's clipped surrogate
-(Schulman et al. 2017, arXiv:1707.06347, eq. 7) with the options of the GRPO family.
+The loss is the one the config's `policy_loss` names in the registry
+(`textgym.trainers.registry.register_policy_loss`); the default, "ppo_clip"
+(`textgym.trainers.losses.clipped_policy_loss`), is PPO's clipped surrogate (Schulman et al.
+2017, arXiv:1707.06347, eq. 7) with the options of the GRPO family.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ from textgym.config import GRPOConfig, PPOConfig
 from textgym.distributed.process_group import World
 from textgym.trainers.batch import RolloutBatch
 from textgym.trainers.logprobs import sequence_logprobs
-from textgym.trainers.losses import aggregate, clipped_policy_loss
+from textgym.trainers.losses import aggregate
+from textgym.trainers.registry import PolicyLossInputs, get_policy_loss
 from textgym.trainers.rollouts import chunks
 
 
@@ -118,6 +121,7 @@ class PolicyUpdate:
         sums: dict[str, float] = defaultdict(float)
         weights: dict[str, float] = defaultdict(float)
         updates = 0
+        policy_loss = get_policy_loss(cfg.policy_loss)  # `@register_policy_loss` functions
         self.policy.train(step_policy)
         for _ in range(cfg.epochs if epochs is None else epochs):
             for mb in chunks(torch.randperm(len(batch)), self.minibatch_size):
@@ -148,22 +152,19 @@ class PolicyUpdate:
                     logprobs, entropy, logits_entropy = self._policy_forward(sub)
                     adv = advantages[micro_d] if advantages.ndim == 1 else advantages[micro_d, :Lm]
                     is_w = None if self._is_weights is None else self._is_weights[micro_d, :Lm]
-                    loss, stats = clipped_policy_loss(
-                        logprobs,
-                        sub.old_logprobs,
-                        adv,
-                        sub.loss_mask,
-                        clip_low=cfg.clip_low,
-                        clip_high=cfg.clip_high,
-                        dual_clip=cfg.dual_clip,
-                        aggregation=cfg.loss_aggregation,
-                        ref_logprobs=None if ref_logprobs is None else ref_logprobs[micro_d, :Lm],
-                        kl_coef=kl_coef,
-                        kl_estimator=cfg.kl_estimator,
-                        num_seqs=num_seqs,
-                        num_tokens=num_tokens,
-                        norm_len=cfg.sampling.max_new_tokens,
-                        is_weights=is_w,
+                    loss, stats = policy_loss(
+                        PolicyLossInputs(
+                            logprobs,
+                            sub.old_logprobs,
+                            adv,
+                            sub.loss_mask,
+                            cfg,
+                            ref_logprobs=None if ref_logprobs is None else ref_logprobs[micro_d, :Lm],
+                            kl_coef=kl_coef,
+                            is_weights=is_w,
+                            num_seqs=num_seqs,
+                            num_tokens=num_tokens,
+                        )
                     )
                     if logits_entropy is not None:
                         bonus = aggregate(logits_entropy, sub.loss_mask, "token_mean", num_tokens=num_tokens)

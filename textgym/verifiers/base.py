@@ -46,11 +46,22 @@ class RubricTerm:
 
 
 class Rubric:
-    """Weighted sum of verifier rewards: `reward = Σ_i weight_i · verifier_i(completion, task).reward`.
+    r"""Weighted sum of verifier rewards: `reward = Σ_i weight_i · verifier_i(completion, task).reward`.
 
     The returned `Score.details` holds every term's raw reward under `"reward/<name>"`
     (weight-0 terms included, so they are logged as metrics) and each term's own
     details under `"<name>"`.
+
+    Examples:
+        >>> from textgym.types import Task
+        >>> from textgym.verifiers import FormatVerifier, MathVerifier
+        >>> rubric = Rubric(
+        ...     [RubricTerm("correct", MathVerifier()), RubricTerm("format", FormatVerifier(), 0.0)]
+        ... )
+        >>> task = Task(task_id="t", prompt="Compute 3+4.", answer="7")
+        >>> score = rubric("the answer is 7", task)
+        >>> score.reward, score.details["reward/correct"], score.details["reward/format"]
+        (1.0, 1.0, 0.0)
     """
 
     def __init__(self, terms: list[RubricTerm]):

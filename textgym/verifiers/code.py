@@ -38,10 +38,16 @@ STDERR_TAIL_CHARS = 1500
 
 
 def extract_code(completion: str) -> str:
-    """The code in a completion: last ```python block, else last bare ``` block, else all of it.
+    r"""The code in a completion: last ```python block, else last bare ``` block, else all of it.
 
-    Line endings are normalised to "\\n"; leading indentation is kept (HumanEval bodies
+    Line endings are normalised to "\n"; leading indentation is kept (HumanEval bodies
     continue the prompt's function).
+
+    Examples:
+        >>> extract_code("Here it is:\n```python\nprint(1)\n```\nDone.")
+        'print(1)\n'
+        >>> extract_code("print(2)")   # no code block: all of it
+        'print(2)'
     """
     text = completion.replace("\r\n", "\n")
     blocks = [(m.group(1).lower(), m.group(2)) for m in _FENCE_RE.finditer(text)]
@@ -123,7 +129,7 @@ def build_program(completion: str, task: Task) -> tuple[str, list[str]]:
 
 
 class CodeVerifier:
-    """Reward a completion by running the task's tests on its code in a sandbox.
+    r"""Reward a completion by running the task's tests on its code in a sandbox.
 
     Args:
         sandbox: backend name ("process", "docker", "unsafe_local") or a backend instance.
@@ -134,6 +140,18 @@ class CodeVerifier:
     Raises:
         ValueError: on an unknown mode or backend.
         SandboxUnavailableError: when the backend cannot run on this machine.
+
+    Examples:
+        >>> from textgym.types import Task
+        >>> task = Task(task_id="add", prompt="Write add(a, b).", answer="",
+        ...             metadata={"tests": ["assert add(1, 2) == 3", "assert add(-1, 1) == 0"]})
+        >>> verifier = CodeVerifier("process", mode="fraction")   # bubblewrap
+        >>> verifier("def add(a, b):\n    return a + b", task).reward
+        1.0
+        >>> verifier("def add(a, b):\n    return 3", task).reward   # the second assert fails
+        0.5
+        >>> verifier("while True: pass", task).details["error"][:9]
+        'timed out'
     """
 
     def __init__(

@@ -10,11 +10,19 @@ DEFAULT_MARKERS = ("boxed", "answer_tag")
 
 
 class FormatVerifier:
-    """Reward 1.0 when the completion carries a final-answer marker of an accepted kind, else 0.0.
+    r"""Reward 1.0 when the completion carries a final-answer marker of an accepted kind, else 0.0.
 
     Marker kinds are those of `textgym.verifiers.math.extract_answer`: "boxed"
-    (`\\boxed{...}`), "answer_tag" (`<answer>...</answer>`), "hashes" (`#### N`),
+    (`\boxed{...}`), "answer_tag" (`<answer>...</answer>`), "hashes" (`#### N`),
     "answer_is" ("the answer is ..."). The marker must hold a non-empty answer.
+
+    Examples:
+        >>> from textgym.types import Task
+        >>> task = Task(task_id="t", prompt="Compute 3+4.", answer="7")
+        >>> FormatVerifier()(r"so \boxed{7}", task).reward, FormatVerifier()("the answer is 7", task).reward
+        (1.0, 0.0)
+        >>> FormatVerifier(markers=("answer_is",))("the answer is 7", task).reward
+        1.0
     """
 
     def __init__(self, markers: tuple[str, ...] = DEFAULT_MARKERS):

@@ -107,7 +107,7 @@ def _last_answer_is(text: str, lower: str) -> str | None:
 
 
 def extract_answer(completion: str) -> Extracted | None:
-    """Extract the final answer from model output by the marker priority in the module docstring.
+    r"""Extract the final answer from model output by the marker priority in the module docstring.
 
     Runs in time linear in `len(completion)` (capped at `MAX_SCAN_CHARS`).
 
@@ -116,6 +116,16 @@ def extract_answer(completion: str) -> Extracted | None:
 
     Returns:
         The extracted answer (stripped) and its marker kind, or None when no marker is present.
+
+    Examples:
+        >>> extract_answer(r"first \boxed{1}, then \boxed{2}")
+        Extracted(text='2', kind='boxed')
+        >>> extract_answer("<answer> 42 </answer>")
+        Extracted(text='42', kind='answer_tag')
+        >>> extract_answer("So the answer is 7. Done.")
+        Extracted(text='7', kind='answer_is')
+        >>> extract_answer("no marker here") is None
+        True
     """
     text = completion[-MAX_SCAN_CHARS:]
     boxed = _last_boxed(text)
@@ -249,11 +259,11 @@ def math_equal(
     allow_set_relation_comp: bool = False,
     timeout_s: float = 10.0,
 ) -> dict[str, Any]:
-    """Decide whether `pred` is mathematically equivalent to `gold` with math-verify.
+    r"""Decide whether `pred` is mathematically equivalent to `gold` with math-verify.
 
     Args:
         gold: the reference, as a string or a list of candidate renderings tried in order
-            until math-verify parses one (e.g. `["\\boxed{x}", "x"]`).
+            until math-verify parses one (e.g. `["\boxed{x}", "x"]`).
         pred: the prediction, likewise.
         gold_match: math-verify extraction configs for gold ("latex", "latex_default", "expr").
         pred_match: the same for the prediction.
@@ -265,6 +275,12 @@ def math_equal(
     Returns:
         `{"equal": bool, "gold_parsed": str|None, "pred_parsed": str|None}`, plus
         `"error"` when the comparison timed out or failed (then `equal` is False).
+
+    Examples:
+        >>> math_equal("0.5", r"\frac{1}{2}")["equal"]
+        True
+        >>> math_equal("1000", "1,000")["equal"], math_equal("2", "3")["equal"]
+        (True, False)
     """
     req = {
         "gold": [gold] if isinstance(gold, str) else list(gold),
@@ -302,7 +318,7 @@ def answer_candidates(answer: str) -> list[str]:
 
 
 class MathVerifier:
-    """Reward 1.0 when the completion's final answer is equivalent to the task's gold answer, else 0.0.
+    r"""Reward 1.0 when the completion's final answer is equivalent to the task's gold answer, else 0.0.
 
     The answer is extracted by `extract_answer`; with no marker, math-verify's own
     extraction reads the completion's last `FALLBACK_CHARS` characters (set
@@ -314,6 +330,17 @@ class MathVerifier:
 
     Raises:
         ValueError: (when called) the task has no gold answer, a programming error.
+
+    Examples:
+        >>> from textgym.types import Task
+        >>> task = Task(task_id="half", prompt="What is 1/2 as a decimal?", answer="0.5")
+        >>> score = MathVerifier()(r"Half is \boxed{\frac{1}{2}}.", task)
+        >>> score.reward, score.details["extracted"], score.details["marker"]
+        (1.0, '\\frac{1}{2}', 'boxed')
+        >>> MathVerifier()(r"\boxed{0.25}", task).reward
+        0.0
+        >>> MathVerifier(require_marker=True)("It is 0.5", task).details["error"]
+        'no final answer found'
     """
 
     def __init__(self, timeout_s: float = 10.0, require_marker: bool = False, float_rounding: int = 6):
@@ -362,13 +389,13 @@ _INTEGER_RE = re.compile(r"^[+-]?\d+$")
 
 
 class DigitMatchVerifier:
-    """Partial credit for an integer answer: the share of its digit places that are right.
+    r"""Partial credit for an integer answer: the share of its digit places that are right.
 
     Outcome supervision scores only the final answer (1 or 0); process supervision scores
     the steps that lead to it (Lightman et al. 2023, "Let's Verify Step by Step",
     arXiv:2305.20050; Uesato et al. 2022, arXiv:2211.14275). For an integer answer the digit
     places are the smallest such steps that can be checked without a trace: with the final
-    answer `p` (extracted by `extract_answer`, so `\\boxed{}` etc.) and the gold integer `g`,
+    answer `p` (extracted by `extract_answer`, so `\boxed{}` etc.) and the gold integer `g`,
     both read as digit strings and aligned at the units place,
 
         reward = #{k : p_k = g_k} / max(len(p), len(g))
@@ -384,6 +411,16 @@ class DigitMatchVerifier:
     Raises:
         ValueError: if the task's gold answer is not an integer (a configuration error, not
             model output).
+
+    Examples:
+        >>> from textgym.types import Task
+        >>> task = Task(task_id="sum", prompt="Compute 37+58.", answer="95")
+        >>> DigitMatchVerifier()(r"\boxed{85}", task).reward   # units right, tens wrong
+        0.5
+        >>> DigitMatchVerifier()(r"\boxed{195}", task).details   # an extra digit costs a share
+        {'extracted': '195', 'right': 2, 'places': 3}
+        >>> DigitMatchVerifier()(r"\boxed{95}", task).reward
+        1.0
     """
 
     def __call__(self, completion: str, task: Task) -> Score:

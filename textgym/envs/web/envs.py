@@ -89,7 +89,7 @@ class _SiteEnv(TextEnv):
 
 
 class WebShopCore(_SiteEnv):
-    """Buy the item an instruction describes on a local shop web site.
+    r"""Buy the item an instruction describes on a local shop web site.
 
     ## Description
     Task *i* is a generated instruction ("Buy a red cotton shirt in size L for at most $27.").
@@ -110,6 +110,18 @@ class WebShopCore(_SiteEnv):
 
     ## Episode End
     Terminates on the first reply without a tool call; `TimeLimit` (15 turns) truncates.
+
+    Examples:
+        >>> import gymnasium as gym
+        >>> import textgym
+        >>> env = gym.make("textgym/WebShop-v0")   # starts the local shop on 127.0.0.1
+        >>> obs, info = env.reset(options={"task_index": 0})
+        >>> obs[0]["content"][:53]
+        'Buy a red polyester jacket in size L for at most $21.'
+        >>> obs, reward, terminated, truncated, info = env.step("I give up.")   # no order placed
+        >>> reward, terminated
+        (0.0, True)
+        >>> env.close()
     """
 
     def __init__(self, **kwargs: Any):
@@ -234,7 +246,7 @@ def wiki_index() -> SearchIndex:
 
 
 class WikiSearchCore(_SiteEnv):
-    """Answer multi-hop questions by searching a local wiki and following its links.
+    r"""Answer multi-hop questions by searching a local wiki and following its links.
 
     ## Description
     "In which country was Kalo Mirave born?" — a person's page names the birth city, the
@@ -242,11 +254,25 @@ class WikiSearchCore(_SiteEnv):
     over the wiki) and the browser.
 
     ## Rewards
-    `correct`: 1.0 when the final reply's answer (its last `\\boxed{}`) equals the gold
+    `correct`: 1.0 when the final reply's answer (its last `\boxed{}`) equals the gold
     answer after SQuAD-style normalisation, else 0.0.
 
     ## Episode End
     Terminates on the first reply without a tool call; `TimeLimit` (10 turns) truncates.
+
+    Examples:
+        >>> import gymnasium as gym
+        >>> import textgym
+        >>> env = gym.make("textgym/WikiSearch-v0")   # starts the local wiki on 127.0.0.1
+        >>> obs, info = env.reset(options={"task_index": 0})
+        >>> obs[0]["content"][:38]
+        'In which country was Nilo Famini born?'
+        >>> call = '<tool_call>{"name": "search", "arguments": {"query": "Nilo Famini"}}</tool_call>'
+        >>> print(env.step(call)[0][0]["content"].splitlines()[0])
+        Nilo Famini: /wiki/nilo_famini: Nilo Famini (born 1863) is a historian. Nilo was born in Rimika.
+        >>> env.step(r"\boxed{Venido}")[1:3]   # Rimika's page names the country
+        (1.0, True)
+        >>> env.close()
     """
 
     def __init__(self, **kwargs: Any):
