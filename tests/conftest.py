@@ -1,10 +1,14 @@
-"""Shared fixtures: a real tiny Qwen2 model built locally once per session."""
+"""Shared fixtures: a real tiny Qwen2 model built locally once per session; helpers shared by several
+test files (imported as `from conftest import ...`: tests/ is on sys.path, pytest's rootdir conftest).
+
+The tests mirror the package (tests/envs, tests/trainers, ...); docs/development.md lists the folders
+and the markers (`slow`, `learning`, `sandbox`, `vllm`, `multiproc`)."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
 import pytest
@@ -12,6 +16,9 @@ import torch
 
 from textgym.envs.base import TextEnv
 from textgym.types import Task
+
+if TYPE_CHECKING:
+    from textgym.agents.trajectory import Trajectory
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 THREADS = int(os.environ.get("TEXTGYM_TEST_THREADS", "2"))
@@ -44,6 +51,39 @@ if ECHO_ENV_ID not in gym.registry:
 
 TEST_DATA = Path(__file__).resolve().parent / "data"
 """Test-only data: Math-Verify's equivalence cases (Apache-2.0), copied from ../shared/data."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The `vllm` tests run after every other test (the order is otherwise kept): an in-process
+    vLLM engine has process-wide side effects (see DEVELOPERS.md)."""
+    items.sort(key=lambda item: item.get_closest_marker("vllm") is not None)
+
+
+def _traj(prompt: list[int], response: list[int], reward: float, task: int = 0) -> Trajectory:
+    """A single-turn trajectory of `task` with a flat sampling log-prob (the store and pair tests)."""
+    from textgym.agents.trajectory import Trajectory
+
+    ids = prompt + response
+    return Trajectory(
+        token_ids=torch.tensor(ids),
+        loss_mask=torch.tensor([0.0] * len(prompt) + [1.0] * len(response)),
+        logprobs=torch.tensor([0.0] * len(prompt) + [-0.5] * len(response)),
+        token_rewards=torch.zeros(len(ids)),
+        prompt_length=len(prompt),
+        messages=[{"role": "user", "content": f"task {task}"}],
+        reward=reward,
+        reward_terms={"reward/correct": reward},
+        task_index=task,
+        task_id=f"t/{task}",
+        env_id="textgym/Arithmetic-v0",
+    )
+
+
+FIRST_TEST_ONLY = (  # mbpp/2: right on its first test only
+    "```python\ndef similar_elements(a, b):\n    if a == (3, 4, 5, 6):\n        return (4, 5)\n"
+    "    return None\n```"
+)
+"""An MBPP solution that passes the first of its task's 3 tests (the code verifier and code env tests)."""
 
 
 @pytest.fixture(scope="session")

@@ -105,7 +105,7 @@ def kl_estimate(
     its gradient never vanishes).
 
     Expected gradients for on-policy samples (see
-    docs/maths.md#kl-estimators-and-where-they-go; checked exactly in tests/test_advantages.py):
+    docs/maths.md#kl-estimators-and-where-they-go; checked exactly in tests/trainers/test_advantages.py):
     differentiated in the loss, k1 gives 0 (noise only), k2 gives
     ∇KL(π_θ‖π_ref), and k3 (GRPO, DeepSeekMath eq. 4) gives ∇KL(π_ref‖π_θ) — the forward KL,
     biased as a gradient of the reverse one. Subtracted from the reward (no gradient through

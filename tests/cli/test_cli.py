@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from textgym.cli import app
 from textgym.envs.math_qa import gsm8k_tasks, math500_tasks
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 runner = CliRunner()
 
 
@@ -262,6 +262,7 @@ def test_gsm8k_config_runs_end_to_end_with_the_tiny_model(tmp_path, tiny_model_d
     assert len(rows) == 2 and rows[-1]["rollout/response_length_mean"] > 0
 
 
+@pytest.mark.sandbox
 @pytest.mark.parametrize("sandbox", ["process", "docker"])
 def test_mbpp_config_trains_against_the_sandbox(tmp_path, tiny_model_dir, sandbox):
     if sandbox == "docker":

@@ -113,7 +113,7 @@ def test_eval_needs_exactly_one_of_env_and_suite():
 def test_shipped_suite_files_load():
     from pathlib import Path
 
-    root = Path(__file__).resolve().parent.parent / "configs" / "suites"
+    root = Path(__file__).resolve().parents[2] / "configs" / "suites"
     files = sorted(root.glob("*.yaml"))
     assert files
     for path in files:

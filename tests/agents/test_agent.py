@@ -188,6 +188,7 @@ def test_shared_prefill_generation_matches_unshared(agent):
         torch.testing.assert_close(gen.logprobs, ref.logprobs, rtol=0, atol=1e-4)
 
 
+@pytest.mark.sandbox
 def test_tool_env_prompt_carries_the_tool_schemas(agent):
     envs = [gym.make("textgym/ToolMath-v0") for _ in range(2)]
     trajs = rollout(agent, envs, [0], SamplingParams(max_new_tokens=8), group_size=2)

@@ -1,3 +1,6 @@
+"""The GRPO trainer on a real tiny model: steps, the update (micro-batches, epochs, minibatches), resume,
+the KL to the reference, TIS."""
+
 from __future__ import annotations
 
 import copy
@@ -9,13 +12,12 @@ import torch
 from conftest import WARM_ENV as ENV
 
 from textgym.agents import SamplingParams, rollout
-from textgym.config import GRPOConfig, SFTConfig
+from textgym.config import GRPOConfig
 from textgym.models import load_model
 from textgym.trainers.advantages import group_advantages
 from textgym.trainers.batch import RolloutBatch
 from textgym.trainers.common import latest_checkpoint, seed_everything
 from textgym.trainers.grpo import GRPOTrainer
-from textgym.trainers.sft import SFTTrainer
 
 
 def grpo_cfg(**over):
@@ -152,119 +154,6 @@ def test_multiple_epochs_and_minibatches_engage_the_clip(warm_model_dir, tmp_pat
     assert trainer.scheduler.last_epoch == 6
     assert stats["clip/frac"] > 0.05 and abs(stats["ratio/mean"] - 1) > 0.05
     assert stats["kl/old_approx"] > 0.1
-
-
-@pytest.mark.learning
-def test_sft_learns_the_gold_solutions(tiny_model_dir, tmp_path):
-    seed_everything(0)
-    model, tok = load_model(tiny_model_dir)
-    cfg = SFTConfig.model_validate(
-        {
-            "env": ENV,
-            "steps": 30,
-            "batch_size": 32,
-            "micro_batch_size": 16,
-            "optim": {"lr": 3e-3, "warmup_steps": 5},
-            "log_every": 1,
-        }
-    )
-    trainer = SFTTrainer(cfg, model, tok, tmp_path)
-    ex = trainer.example(0)
-    n = ex.prompt_length
-    assert tok.decode(ex.token_ids[n:].tolist()) == ex_solution(trainer) + "<|im_end|>"
-    trainer.train()
-    losses = [json.loads(line)["loss/sft"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert losses[-1] < 0.5 * losses[0]
-
-
-def _probe_accuracy(model_dir, indices, max_new_tokens):
-    """Greedy accuracy of a saved model on Arithmetic tasks, computed independently of the trainer."""
-    import gymnasium as gym
-
-    from textgym.agents import LLMAgent
-
-    model, tok = load_model(model_dir)
-    envs = [gym.make(ENV["id"], **ENV["kwargs"]) for _ in indices]
-    params = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens)
-    trajs = rollout(LLMAgent(model, tok), envs, indices, params)
-    return sum(t.reward_terms["reward/correct"] >= 1.0 for t in trajs) / len(trajs)
-
-
-@pytest.mark.learning
-def test_sft_stops_at_the_first_probe_that_reaches_its_target(warm_model_dir, tmp_path):
-    from textgym.trainers.sft import probe_indices
-
-    target = {"accuracy": 0.05, "every": 3, "n": 40, "max_new_tokens": 8}
-    seed_everything(0)
-    model, tok = load_model(warm_model_dir)
-    cfg = SFTConfig.model_validate(
-        {"env": ENV, "steps": 50, "batch_size": 8, "optim": {"lr": 1e-4}, "target": target}
-    )
-    trainer = SFTTrainer(cfg, model, tok, tmp_path)
-    assert trainer.probe_indices == probe_indices(2**63, 40, 0) == list(range(2**40, 2**40 + 40))
-    final = trainer.train()
-    # The warm model is already above 0.05: the first probe (after step 3) ends the stage.
-    assert trainer.step == 3 and trainer.target_reached
-    outcome = json.loads((tmp_path / "target.json").read_text())
-    assert outcome["steps"] == 3 and outcome["target_reached"] and outcome["probe_n"] == 40
-    # The recorded probe accuracy is the saved model's greedy accuracy on those tasks, exactly.
-    assert outcome["probe_accuracy"] == _probe_accuracy(final, trainer.probe_indices, 8) >= 0.05
-    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert records[-1]["step"] == 3 and records[-1]["probe/accuracy"] == outcome["probe_accuracy"]
-
-
-def test_sft_target_out_of_reach_uses_the_budget_and_fails_when_required(warm_model_dir, tmp_path):
-    from textgym.trainers.sft import SFTTargetNotReachedError, probe_indices
-
-    # A finite task set: the probe is a seeded subset of it.
-    assert probe_indices(25, 10, 0) == probe_indices(25, 10, 0) != probe_indices(25, 10, 1)
-    assert len(set(probe_indices(25, 10, 0))) == 10 and max(probe_indices(25, 10, 0)) < 25
-    assert probe_indices(5, 10, 0) == [0, 1, 2, 3, 4]
-    target = {"accuracy": 1.0, "every": 2, "n": 16, "max_new_tokens": 2}  # 2 tokens: never right
-    for required in (False, True):
-        seed_everything(0)
-        model, tok = load_model(warm_model_dir)
-        cfg = SFTConfig.model_validate(
-            {
-                "env": ENV,
-                "steps": 4,
-                "batch_size": 8,
-                "optim": {"lr": 1e-4},
-                "target": {**target, "required": required},
-            }
-        )
-        trainer = SFTTrainer(cfg, model, tok, tmp_path / str(required))
-        if required:
-            with pytest.raises(SFTTargetNotReachedError, match=r"probe accuracy 0\.0 < 1\.0"):
-                trainer.train()
-        else:
-            trainer.train()
-            assert json.loads((tmp_path / "False" / "target.json").read_text())["target_reached"] is False
-        assert trainer.step == 4 and not trainer.target_reached
-        assert latest_checkpoint(tmp_path / str(required)).name == "step_4"
-
-
-def ex_solution(trainer):
-    return trainer.env.unwrapped.tasks[0].solution
-
-
-def test_sft_accumulation_is_invariant(tiny_model_dir, tmp_path):
-    grads = []
-    for micro in (8, 2):
-        seed_everything(0)
-        model, tok = load_model(tiny_model_dir)
-        cfg = SFTConfig.model_validate(
-            {
-                "env": ENV,
-                "steps": 1,
-                "batch_size": 8,
-                "micro_batch_size": micro,
-                "optim": {"lr": 1e-3, "max_grad_norm": None},
-            }
-        )
-        SFTTrainer(cfg, model, tok, tmp_path / str(micro)).train_step()
-        grads.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]))
-    torch.testing.assert_close(grads[1], grads[0], rtol=1e-5, atol=1e-7)
 
 
 def test_rollout_k3_metric_is_never_negative(tiny_model_dir, tmp_path):

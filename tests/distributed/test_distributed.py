@@ -167,6 +167,7 @@ def grpo_runs(warm_model_dir, tmp_path_factory):
     return out, config, times
 
 
+@pytest.mark.multiproc
 def test_grpo_on_two_ranks_matches_one_process(grpo_runs, warm_model_dir):
     out, _, times = grpo_runs
     one, two = out / "r1", out / "r2"
@@ -202,6 +203,7 @@ def test_grpo_on_two_ranks_matches_one_process(grpo_runs, warm_model_dir):
     assert memory["policy"]["param_mib"] == pytest.approx(full["policy"]["param_mib"] / 2, rel=0.05)
 
 
+@pytest.mark.multiproc
 def test_a_two_rank_checkpoint_resumes_on_one_process(grpo_runs):
     """The 2-rank checkpoint of step 2, continued for a third step on one process, lands where
     the 1-process run continued from its own step-2 checkpoint does."""
@@ -231,6 +233,7 @@ def test_a_two_rank_checkpoint_resumes_on_one_process(grpo_runs):
     assert rel < 10 * PARAM_RTOL  # the two step-2 checkpoints already differ by rounding (above)
 
 
+@pytest.mark.multiproc
 def test_ppo_on_two_ranks_matches_one_process(warm_model_dir, tmp_path):
     """PPO with its critic, a reference (KL in the reward, adaptive β), whitening and GAE."""
     ppo = {
@@ -277,6 +280,7 @@ def test_ppo_on_two_ranks_matches_one_process(warm_model_dir, tmp_path):
     assert set(json.loads((two / "memory.json").read_text())) == {"policy", "reference", "critic"}
 
 
+@pytest.mark.multiproc
 @pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
 def test_dpo_on_two_ranks_matches_one_process(warm_model_dir, tmp_path, lora):
     """Rank 0 collects the rollouts and builds the pairs; both ranks train on their halves.
@@ -316,6 +320,7 @@ def test_dpo_on_two_ranks_matches_one_process(warm_model_dir, tmp_path, lora):
     assert_same_metrics(records(one / "train"), records(two / "train"), keys)
 
 
+@pytest.mark.multiproc
 def test_kto_on_two_ranks_matches_one_process(warm_model_dir, tmp_path):
     """KTO's reference point z₀ is reduced over every micro-batch and both ranks.
 
@@ -345,6 +350,7 @@ def test_kto_on_two_ranks_matches_one_process(warm_model_dir, tmp_path):
     assert moved > 0.1 and rel < PARAM_RTOL
 
 
+@pytest.mark.multiproc
 def test_lora_grpo_on_two_ranks_matches_one_process(warm_model_dir, tmp_path):
     """LoRA adapters sharded with their frozen base; the KL reference is the policy with its
     adapters off (no copy). The merged final and the adapter agree with one process, and the

@@ -54,6 +54,7 @@ def _host_pids_with(marker: str) -> list[int]:
     return pids
 
 
+@pytest.mark.sandbox
 def test_runs_code_with_files_stdin_and_an_unprivileged_uid(backend):
     code = (
         "import os, sys\n"
@@ -68,6 +69,7 @@ def test_runs_code_with_files_stdin_and_an_unprivileged_uid(backend):
     assert r.backend == backend.name and r.duration_s > 0
 
 
+@pytest.mark.sandbox
 def test_no_network_readonly_system_no_host_files_clean_env(backend):
     os.environ["TEXTGYM_SECRET_TEST"] = "s3cret"
     code = (
@@ -97,6 +99,7 @@ def test_no_network_readonly_system_no_host_files_clean_env(backend):
     assert int(out[4].split()[1]) <= 6  # its own pid namespace: a handful of processes, not the host's
 
 
+@pytest.mark.sandbox
 def test_wall_clock_timeout_kills_the_whole_process_tree(backend):
     marker = f"textgym-orphan-{uuid.uuid4().hex}"
     code = (
@@ -117,6 +120,7 @@ def test_wall_clock_timeout_kills_the_whole_process_tree(backend):
     assert _host_pids_with(marker) == []
 
 
+@pytest.mark.sandbox
 def test_daemon_left_behind_by_a_finished_run_is_killed(backend):
     marker = f"textgym-daemon-{uuid.uuid4().hex}"
     code = (
@@ -133,6 +137,7 @@ def test_daemon_left_behind_by_a_finished_run_is_killed(backend):
     assert _host_pids_with(marker) == []
 
 
+@pytest.mark.sandbox
 def test_memory_limit_is_reported_as_oom(backend):
     r = backend.run(code="x = bytearray(600 * 1024 * 1024)\nprint('allocated')", memory_mb=256)
     assert r.oom and r.exit_code != 0 and "allocated" not in r.stdout
@@ -140,12 +145,14 @@ def test_memory_limit_is_reported_as_oom(backend):
     assert ok.ok and ok.stdout == "allocated\n" and not ok.oom
 
 
+@pytest.mark.sandbox
 def test_output_is_capped_and_flagged(backend):
     r = backend.run(code="import sys\nprint('a' * 300000)\nsys.stderr.write('b' * 10)", max_output_bytes=1000)
     assert r.exit_code == 0 and r.stdout == "a" * 1000 and r.stdout_truncated and r.truncated
     assert r.stderr == "b" * 10 and not r.stderr_truncated
 
 
+@pytest.mark.sandbox
 def test_fork_bomb_and_file_size_are_bounded(backend):
     bomb = (
         "import os\n"
@@ -164,6 +171,7 @@ def test_fork_bomb_and_file_size_are_bounded(backend):
     assert big.exit_code != 0 and ("File too large" in big.stderr or big.exit_code == -25)
 
 
+@pytest.mark.sandbox
 def test_each_run_starts_from_a_fresh_work_dir(backend):
     first = backend.run(code="open('left.txt', 'w').write('x'); open('/tmp/t.txt', 'w').write('y')")
     assert first.ok
@@ -171,6 +179,7 @@ def test_each_run_starts_from_a_fresh_work_dir(backend):
     assert second.stdout == "['main.py'] []\n"
 
 
+@pytest.mark.sandbox
 def test_batch_keeps_order_and_runs_in_parallel(backend):
     """Each run reports when it slept (the host's clock: sandboxes share it); runs that were in
     flight at once overlap, and never more than `max_workers` of them (no wall-time bound: the
@@ -184,6 +193,7 @@ def test_batch_keeps_order_and_runs_in_parallel(backend):
     assert 2 <= peak <= backend.max_workers
 
 
+@pytest.mark.sandbox
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
@@ -215,6 +225,7 @@ def test_unknown_backend_and_unsafe_local_warns():
     assert r.stdout == "42\n" and r.backend == "unsafe_local"
 
 
+@pytest.mark.sandbox
 @pytest.mark.skipif(os.geteuid() != 0, reason="host uid dropping applies when textgym runs as root")
 def test_process_backend_runs_as_an_unprivileged_host_uid():
     marker = f"textgym-uid-{uuid.uuid4().hex}"
@@ -240,6 +251,7 @@ def test_process_backend_runs_as_an_unprivileged_host_uid():
     assert pids and 0 not in uids and min(uids) >= 0x70000000
 
 
+@pytest.mark.sandbox
 def test_docker_pool_reuses_containers_and_replaces_none_on_success():
     b = _backend_or_skip("docker")
     b.warm(1)
@@ -252,6 +264,7 @@ def test_docker_pool_reuses_containers_and_replaces_none_on_success():
     assert b.run(code="print(2)").stdout == "2\n"  # the pool still serves after a timeout
 
 
+@pytest.mark.sandbox
 def test_check_backends_reports_process_working():
     rows = {name: (ok, why) for name, ok, why in sandbox.check_backends()}
     assert rows["process"][0], rows["process"][1]

@@ -11,6 +11,22 @@ from textgym.envs.arithmetic import ArithmeticTasks, evaluate
 from textgym.envs.math_qa import gsm8k_tasks, math500_tasks
 
 TEXTGYM_IDS = sorted(k for k in gym.registry if k.startswith("textgym/"))
+SANDBOXED = {
+    "textgym/HumanEval-v0",
+    "textgym/HumanEvalFeedback-v0",
+    "textgym/MBPP-v0",
+    "textgym/MBPPFeedback-v0",
+    "textgym/ToolMath-v0",
+}
+"""Envs that start a sandbox backend when made (the code envs' verifier, ToolMath's `python` tool)."""
+
+
+def sandboxed(*values):
+    """`values` as a parameter set, marked `sandbox` when its env id (the first value) is in SANDBOXED."""
+    return pytest.param(*values, marks=[pytest.mark.sandbox] if values[0] in SANDBOXED else [])
+
+
+ENV_IDS = [sandboxed(env_id) for env_id in TEXTGYM_IDS]
 
 
 def test_registry_has_the_math_and_code_envs():
@@ -25,13 +41,13 @@ def test_registry_has_the_math_and_code_envs():
     assert gym.spec("textgym/MBPPFeedback-v0").max_episode_steps == 3
 
 
-@pytest.mark.parametrize("env_id", TEXTGYM_IDS)
+@pytest.mark.parametrize("env_id", ENV_IDS)
 def test_check_env(env_id):
     env = gym.make(env_id)
     check_env(env.unwrapped)
 
 
-@pytest.mark.parametrize("env_id", TEXTGYM_IDS)
+@pytest.mark.parametrize("env_id", ENV_IDS)
 def test_same_seed_same_episode(env_id):
     a, b = gym.make(env_id), gym.make(env_id)
     for seed in (0, 1, 12345):
@@ -50,14 +66,14 @@ def test_same_seed_same_episode(env_id):
 @pytest.mark.parametrize(
     ("env_id", "kwargs", "n"),
     [
-        ("textgym/GSM8K-v0", {"split": "test"}, 1319),
-        ("textgym/GSM8K-v0", {"split": "train"}, 7473),
-        ("textgym/MATH500-v0", {}, 500),
-        ("textgym/Arithmetic-v0", {"split": "test", "n_test": 300}, 300),
-        ("textgym/HumanEval-v0", {}, 164),
-        ("textgym/MBPP-v0", {}, 427),
-        ("textgym/MBPP-v0", {"subset": "full"}, 974),
-        ("textgym/MBPP-v0", {"split": "test"}, 257),
+        sandboxed("textgym/GSM8K-v0", {"split": "test"}, 1319),
+        sandboxed("textgym/GSM8K-v0", {"split": "train"}, 7473),
+        sandboxed("textgym/MATH500-v0", {}, 500),
+        sandboxed("textgym/Arithmetic-v0", {"split": "test", "n_test": 300}, 300),
+        sandboxed("textgym/HumanEval-v0", {}, 164),
+        sandboxed("textgym/MBPP-v0", {}, 427),
+        sandboxed("textgym/MBPP-v0", {"subset": "full"}, 974),
+        sandboxed("textgym/MBPP-v0", {"split": "test"}, 257),
     ],
 )
 def test_task_index_selects_row(env_id, kwargs, n):

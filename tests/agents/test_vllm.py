@@ -23,6 +23,8 @@ from textgym.trainers.batch import RolloutBatch
 from textgym.trainers.common import sequence_logprobs
 from textgym.trainers.grpo import GRPOTrainer
 
+pytestmark = pytest.mark.vllm
+
 if not vllm_available():
     if os.environ.get("TEXTGYM_REQUIRE_VLLM") == "1":
         raise RuntimeError("TEXTGYM_REQUIRE_VLLM=1 but vLLM is not installed (pip install 'textgym[vllm]')")

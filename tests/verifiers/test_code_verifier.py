@@ -1,12 +1,12 @@
-"""Code verifier and the HumanEval / MBPP environments, run in the real sandboxes."""
+"""The code verifier on HumanEval / MBPP, run in the real sandboxes, and `textgym score` / `sandbox check`."""
 
 from __future__ import annotations
 
 import json
 import os
 
-import gymnasium as gym
 import pytest
+from conftest import FIRST_TEST_ONLY
 from typer.testing import CliRunner
 
 import textgym  # noqa: F401
@@ -59,6 +59,7 @@ def test_humaneval_check_splits_into_statement_units():
     assert len(asserts) == 7 and all(u == u.lstrip() for u in units)
 
 
+@pytest.mark.sandbox
 @pytest.mark.parametrize("backend", ["process", "docker"])
 def test_all_164_humaneval_canonical_solutions_pass(backend):
     v = _verifier_or_skip(backend)
@@ -70,6 +71,7 @@ def test_all_164_humaneval_canonical_solutions_pass(backend):
     assert sum(s.reward for s in fenced) == 164
 
 
+@pytest.mark.sandbox
 def test_humaneval_fraction_mode_counts_asserts():
     v = _verifier_or_skip("process", mode="fraction")
     tasks = list(humaneval_tasks("fraction"))
@@ -80,6 +82,7 @@ def test_humaneval_fraction_mode_counts_asserts():
     assert s.details["total"] == 7 and s.details["passed"] == 3 and s.reward == pytest.approx(3 / 7)
 
 
+@pytest.mark.sandbox
 @pytest.mark.parametrize(("subset", "n"), [("sanitized", 427), ("full", 974)])
 def test_every_mbpp_reference_solution_passes(subset, n):
     v = _verifier_or_skip("process")
@@ -89,6 +92,7 @@ def test_every_mbpp_reference_solution_passes(subset, n):
     assert [t.task_id for t, s in zip(tasks, scores, strict=True) if s.reward != 1.0] == []
 
 
+@pytest.mark.sandbox
 def test_mbpp_sanitized_on_docker():
     v = _verifier_or_skip("docker")
     tasks = list(mbpp_tasks("sanitized"))[:100]
@@ -108,6 +112,7 @@ HOSTILE = {
 }
 
 
+@pytest.mark.sandbox
 @pytest.mark.parametrize("backend", ["process", "docker"])
 @pytest.mark.parametrize("name", list(HOSTILE))
 def test_wrong_and_hostile_solutions_score_zero(backend, name):
@@ -126,12 +131,7 @@ def test_wrong_and_hostile_solutions_score_zero(backend, name):
         )
 
 
-FIRST_TEST_ONLY = (  # mbpp/2: right on its first test only
-    "```python\ndef similar_elements(a, b):\n    if a == (3, 4, 5, 6):\n        return (4, 5)\n"
-    "    return None\n```"
-)
-
-
+@pytest.mark.sandbox
 def test_mbpp_fraction_and_failing_details():
     v = _verifier_or_skip("process", mode="fraction")
     task = next(t for t in mbpp_tasks("sanitized") if t.task_id == "mbpp/2")  # similar_elements
@@ -142,56 +142,7 @@ def test_mbpp_fraction_and_failing_details():
     assert s.details["failed_test"] == tests[1]
 
 
-def test_single_turn_env_and_info():
-    env = gym.make("textgym/MBPP-v0")
-    obs, info = env.reset(options={"task_index": 0})
-    task = env.unwrapped.tasks[0]
-    assert info["task_id"] == task.task_id and task.metadata["tests"][0] in obs[0]["content"]
-    _, reward, terminated, truncated, info = env.step(task.solution)
-    assert reward == 1.0 and terminated and not truncated and info["reward/correct"] == 1.0
-    env.reset(options={"task_index": 0})
-    _, reward, terminated, _, info = env.step("```python\ndef nope(): pass\n```")
-    assert reward == 0.0 and terminated and "NameError" in info["error"]
-
-
-def test_feedback_env_returns_the_failing_test_and_lets_the_agent_retry():
-    env = gym.make("textgym/HumanEvalFeedback-v0")
-    obs, _ = env.reset(options={"task_index": 0})
-    task = env.unwrapped.tasks[0]
-    obs, r1, term, trunc, info = env.step(
-        "```python\ndef has_close_elements(numbers, threshold):\n    return None\n```"
-    )
-    assert r1 == 0.0 and not term and not trunc
-    assert obs[0]["role"] == "user" and "check(has_close_elements)" in obs[0]["content"]
-    assert "AssertionError" in obs[0]["content"]
-    obs, r2, term, trunc, info = env.step(task.solution)
-    assert r2 == 1.0 and term and obs == [] and info["reward/correct"] == 1.0 and info["attempt_score"] == 1.0
-
-
-def test_feedback_rewards_telescope_to_the_final_attempt_and_timelimit_truncates():
-    env = gym.make("textgym/MBPPFeedback-v0", mode="fraction")
-    task_index = next(i for i, t in enumerate(env.unwrapped.tasks) if t.task_id == "mbpp/2")
-    env.reset(options={"task_index": task_index})
-    good = env.unwrapped.tasks[task_index].solution
-    rewards, scores = [], []
-    for action in (good, "", "```python\ndef similar_elements(a, b):\n    return None\n```"):
-        if rewards and not scores[-1] < 1.0:
-            break
-        _, r, term, _, info = env.step(action)
-        rewards.append(r)
-        scores.append(info["attempt_score"])
-    assert scores == [1.0] and rewards == [1.0] and term  # solved at once: terminated
-    env.reset(options={"task_index": task_index})
-    outcomes = [env.step(a) for a in (FIRST_TEST_ONLY, "", FIRST_TEST_ONLY)]
-    scores = [o[4]["attempt_score"] for o in outcomes]
-    assert scores == pytest.approx([1 / 3, 0.0, 1 / 3])
-    assert [o[1] for o in outcomes] == pytest.approx([1 / 3, -1 / 3, 1 / 3])
-    assert [o[4]["reward/correct"] for o in outcomes] == [o[1] for o in outcomes]
-    assert sum(o[1] for o in outcomes) == pytest.approx(scores[-1])  # return = final attempt's score
-    assert outcomes[1][4]["error"] == "empty action" and not outcomes[1][2]
-    assert outcomes[-1][3] and not outcomes[-1][2]  # cut by TimeLimit(3): truncated, not terminated
-
-
+@pytest.mark.sandbox
 @pytest.mark.parametrize("backend", ["process", "docker"])
 def test_score_cli_on_humaneval(tmp_path, backend):
     _verifier_or_skip(backend)
@@ -219,6 +170,7 @@ def test_score_cli_on_humaneval(tmp_path, backend):
     assert out[-2]["reason"] == "empty action" and "AssertionError" in out[-1]["reason"]
 
 
+@pytest.mark.sandbox
 def test_sandbox_cli_check_and_bad_backend_kwarg():
     r = CliRunner().invoke(app, ["sandbox", "check"], catch_exceptions=False)
     assert r.exit_code == 0 and "process" in r.output and "bubblewrap" in r.output

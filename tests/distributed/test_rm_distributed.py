@@ -6,7 +6,7 @@ batches of 5 with micro-batches of 2: each batch splits 3 + 2 over the ranks, so
 weight-0 filler micro-batch to match rank 0's two forward calls, and each epoch's last batch
 holds one pair, so rank 1 runs nothing but a filler. The GRM regulariser is on (`--lm-coef`),
 with the tiny model's tied LM head and with an untied one (an extra parameter in the sharded
-root unit). Tolerances are those of tests/test_distributed.py (see its docstring): parameters
+root unit). Tolerances are those of tests/distributed/test_distributed.py (see its docstring): parameters
 ‖θ₂ − θ₁‖ ≤ 5e-3·‖θ₁ − θ₀‖, and every logged step metric (losses, the pre-clip `grad_norm`,
 whose size AdamW would otherwise hide) to 5e-3 relative.
 """
@@ -102,6 +102,7 @@ def runs(pairs_dir, tiny_model_dir, untied_model_dir, tmp_path_factory):
     return out, models, times
 
 
+@pytest.mark.multiproc
 @pytest.mark.parametrize("head", ["tied", "untied"])
 def test_rm_on_two_ranks_matches_one_process(runs, head):
     out, models, times = runs
@@ -137,6 +138,7 @@ def test_rm_on_two_ranks_matches_one_process(runs, head):
     assert memory["param_mib"] == pytest.approx(full["param_mib"] / 2, rel=0.05)
 
 
+@pytest.mark.multiproc
 def test_a_resumed_two_rank_run_ends_where_the_uninterrupted_one_does(runs, pairs_dir, tmp_path):
     """Killed after step 8's checkpoint (mid-epoch 2), resumed on 2 ranks: the same weights and metrics."""
     out, models, _ = runs
