@@ -43,9 +43,20 @@ def _doctests() -> list[doctest.DocTest]:
 
 
 DOCTESTS = _doctests()
+# Examples that run code in the sandbox (bubblewrap): the code envs, CodeVerifier, and ToolMath
+# (its python tool starts the sandbox when the env is made).
+NEEDS_SANDBOX = (
+    "textgym.envs.code.",
+    "textgym.verifiers.code.CodeVerifier",
+    "textgym.envs.tool_use.make_tool_math",
+)
+PARAMS = [
+    pytest.param(t, id=t.name, marks=[pytest.mark.sandbox] if t.name.startswith(NEEDS_SANDBOX) else [])
+    for t in DOCTESTS
+]
 
 
-@pytest.mark.parametrize("test", DOCTESTS, ids=[t.name for t in DOCTESTS])
+@pytest.mark.parametrize("test", PARAMS)
 def test_the_docstring_examples_run(test: doctest.DocTest) -> None:
     out = io.StringIO()
     runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS)
