@@ -183,7 +183,7 @@ def test_rollout_k3_metric_is_never_negative(tiny_model_dir, tmp_path):
 def test_tis_on_the_transformers_backend(tiny_model_dir, tmp_path, monkeypatch, tis):
     """`rollout.tis: true` recomputes π_old with the trainer's forward and weights the loss by
     min(π_old/π_rollout, C); false or null (the default) recomputes nothing."""
-    import textgym.trainers.update as update  # the policy update calls the loss
+    import textgym.trainers.losses as losses  # the update's default policy loss, ppo_clip, calls it
     from textgym.trainers.common import sequence_logprobs
 
     seed_everything(0)
@@ -192,7 +192,7 @@ def test_tis_on_the_transformers_backend(tiny_model_dir, tmp_path, monkeypatch, 
     cfg = grpo_cfg(steps=1, prompts_per_step=2, group_size=2, rollout={"tis": tis, "tis_cap": cap})
     trainer = GRPOTrainer(cfg, model, tok, tmp_path)
     seen: dict[str, object] = {"recomputed": 0, "is_weights": []}
-    sample, recompute, loss_fn = trainer.sample, trainer._trainer_logprobs, update.clipped_policy_loss
+    sample, recompute, loss_fn = trainer.sample, trainer._trainer_logprobs, losses.clipped_policy_loss
 
     def mismatched_sample(metrics):
         trajs = sample(metrics)
@@ -216,7 +216,7 @@ def test_tis_on_the_transformers_backend(tiny_model_dir, tmp_path, monkeypatch, 
 
     trainer.sample = mismatched_sample  # type: ignore[method-assign]
     trainer._trainer_logprobs = counted  # type: ignore[method-assign]
-    monkeypatch.setattr(update, "clipped_policy_loss", recording_loss)
+    monkeypatch.setattr(losses, "clipped_policy_loss", recording_loss)
     metrics = trainer.train_step()
     (passed,) = seen["is_weights"]  # type: ignore[misc]
     if not tis:

@@ -13,7 +13,13 @@ from textgym.trainers import registry
 from textgym.trainers.common import seed_everything
 from textgym.trainers.grpo import GRPOTrainer
 from textgym.trainers.losses import available_policy_losses, clipped_policy_loss, ppo_clip_loss
-from textgym.trainers.registry import PolicyLossInputs, get_policy_loss, register_policy_loss
+from textgym.trainers.registry import (
+    AdvantageInputs,
+    PolicyLossInputs,
+    get_policy_loss,
+    register_advantage,
+    register_policy_loss,
+)
 
 
 @pytest.fixture
@@ -22,15 +28,12 @@ def unregister():
     yield names
     for name in names:
         registry._POLICY_LOSSES.pop(name, None)
-
-
-# Partial credit: groups whose samples are all wrong still have advantages, so a step moves.
-PARTIAL = {**ENV, "kwargs": {**ENV["kwargs"], "digit_match_weight": 1.0}}
+        registry._ADVANTAGES.pop(name, None)
 
 
 def grpo_cfg(**over) -> GRPOConfig:
     base = {
-        "env": PARTIAL,
+        "env": ENV,
         "steps": 1,
         "prompts_per_step": 2,
         "group_size": 4,
@@ -72,8 +75,14 @@ def test_an_unknown_policy_loss_lists_the_registered_ones_and_a_name_is_taken_on
 def test_a_user_registered_loss_is_what_the_update_minimises(warm_model_dir, tmp_path, unregister):
     """A loss that delegates to ppo_clip gives bitwise the default's step; one that returns 0
     (with a gradient path) leaves the policy where it was."""
-    unregister += ["test_delegate", "test_zero"]
+    unregister += ["test_delegate", "test_zero", "test_spread"]
     calls: list[PolicyLossInputs] = []
+
+    # Advantages that are never all zero, whatever the samples' rewards (on some kernels all 8
+    # samples of the warm model score the same), so every step has a real gradient.
+    @register_advantage("test_spread")
+    def spread(x: AdvantageInputs):
+        return torch.linspace(-1.0, 1.0, len(x.rewards)), {}
 
     @register_policy_loss("test_delegate")
     def delegate(x: PolicyLossInputs):
@@ -90,9 +99,8 @@ def test_a_user_registered_loss_is_what_the_update_minimises(warm_model_dir, tmp
         seed_everything(0)
         model, tok = load_model(warm_model_dir)
         before = {k: v.clone() for k, v in model.state_dict().items()}
-        cfg = grpo_cfg(policy_loss=name, micro_batch_size=4, optim={"lr": 1e-3}, kl_coef=0.05)
+        cfg = grpo_cfg(policy_loss=name, advantage_estimator="test_spread", micro_batch_size=4, kl_coef=0.05)
         metrics = GRPOTrainer(cfg, model, tok, tmp_path / name).train_step()
-        assert metrics["rollout/reward_std"] > 0
         finals[name] = {k: v.clone() for k, v in model.state_dict().items()}
         if name == "test_delegate":
             assert len(calls) == 2 and metrics["loss/test_calls"] > 0  # 8 sequences, micro-batches of 4
