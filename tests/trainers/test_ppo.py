@@ -69,12 +69,23 @@ def test_ppo_two_steps(warm_model_dir, tmp_path):
 
 
 def test_ppo_kl_in_the_loss_uses_the_adaptive_controllers_beta(warm_model_dir, tmp_path):
-    """`kl_placement: loss` with `kl_target`: the loss's KL term is weighted by the logged `kl/coef`."""
+    """`kl_placement: loss` with `kl_target`: the loss's KL term is weighted by the logged `kl/coef`.
+
+    The first update must move the policy on every kernel: the format and digit-match terms
+    give the warm model's samples a positive reward, and without whitening (the critic starts
+    at 0) every advantage is then positive. (With the exact-match reward alone and whitening,
+    the portable kernels' 8 samples all scored alike, the advantages were all 0, the policy
+    stayed at the reference and `kl/ref` was 0.)"""
     seed_everything(0)
     model, tok = load_model(warm_model_dir)
-    cfg = ppo_cfg(kl_placement="loss", kl_estimator="k3", kl_coef=0.5, kl_target=1.0, kl_horizon=8)
+    shaped = {**ENV, "kwargs": {**ENV["kwargs"], "digit_match_weight": 1.0, "format_weight": 1.0}}
+    cfg = ppo_cfg(
+        env=shaped, whiten_advantages=False, kl_placement="loss", kl_estimator="k3", kl_coef=0.5,
+        kl_target=1.0, kl_horizon=8,
+    )  # fmt: skip
     PPOTrainer(cfg, model, tok, tmp_path).train()
     rows = records(tmp_path)
+    assert rows[0]["rollout/reward_mean"] > 0
     assert rows[0]["kl/coef"] == 0.5
     assert rows[1]["kl/coef"] == pytest.approx(0.5 * 0.8, rel=1e-9)  # KL 0 < target: β·(1 − 0.2·8/8)
     assert rows[1]["kl/ref"] > 1e-4  # the policy has left the reference after the first update
