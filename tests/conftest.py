@@ -21,6 +21,13 @@ if TYPE_CHECKING:
     from textgym.agents.trajectory import Trajectory
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# torch.compile's on-disk cache (vLLM compiles its sampler) is not keyed by ATEN_CPU_CAPABILITY:
+# a kernel cached under the machine's own ISA fails to rebuild under `default` (`at::vec` not
+# declared). One cache folder per kernel set keeps the suite's runs under each set apart.
+if os.environ.get("ATEN_CPU_CAPABILITY") and "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(
+        "/tmp", f"torchinductor_{os.getuid()}_{os.environ['ATEN_CPU_CAPABILITY']}"
+    )
 THREADS = int(os.environ.get("TEXTGYM_TEST_THREADS", "2"))
 """torch's intra-op threads in the tests (`make test` also runs the learning tests with 1)."""
 torch.set_num_threads(THREADS)

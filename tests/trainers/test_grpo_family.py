@@ -153,5 +153,8 @@ def test_dynamic_sampling_fillers_do_not_dilute_the_loss(tiny_model_dir, tmp_pat
         grads.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]))
         loss_rows = getattr(trainer, "_loss_rows", None)
     assert grads[1].abs().max() > 0
-    torch.testing.assert_close(grads[0], grads[1], rtol=1e-5, atol=1e-7)
+    # The two batches are padded to other shapes, so the sums round differently (element-wise up
+    # to 1.7e-7 with the portable kernels); a filler that diluted the loss would halve the gradient.
+    rel = float((grads[0] - grads[1]).norm() / grads[1].norm())
+    assert rel < 1e-5, rel
     assert loss_rows is None  # the last trainer had no dynamic sampling
