@@ -115,6 +115,28 @@ PolicyLossFn = Callable[[PolicyLossInputs], "tuple[torch.Tensor, dict[str, float
 _POLICY_LOSSES: dict[str, PolicyLossFn] = {}
 
 
+def _register(table: dict[str, Any], kind: str, name: str, replace: bool) -> Callable[[Any], Any]:
+    """The decorator of `register_advantage` / `register_policy_loss` for `table`."""
+    if not name:
+        raise ValueError(f"a {kind} needs a name")
+
+    def decorate(fn: Any) -> Any:
+        taken = table.get(name)
+        if taken is not None and taken is not fn and not replace:
+            raise ValueError(f"{kind} {name!r} is already registered ({_qualname(taken)})")
+        table[name] = fn
+        return fn
+
+    return decorate
+
+
+def _lookup(table: dict[str, Any], kind: str, name: str) -> Any:
+    try:
+        return table[name]
+    except KeyError:
+        raise ValueError(f"unknown {kind} {name!r}; registered: {', '.join(sorted(table))}") from None
+
+
 def register_advantage(name: str, *, replace: bool = False) -> Callable[[AdvantageFn], AdvantageFn]:
     """Decorator: register an advantage estimator under `name` (returns the function unchanged).
 
@@ -125,17 +147,21 @@ def register_advantage(name: str, *, replace: bool = False) -> Callable[[Advanta
     Raises:
         ValueError: if `name` is empty or taken (and `replace` is False).
     """
-    if not name:
-        raise ValueError("an advantage estimator needs a name")
+    return _register(_ADVANTAGES, "advantage estimator", name, replace)
 
-    def decorate(fn: AdvantageFn) -> AdvantageFn:
-        taken = _ADVANTAGES.get(name)
-        if taken is not None and taken is not fn and not replace:
-            raise ValueError(f"advantage estimator {name!r} is already registered ({_qualname(taken)})")
-        _ADVANTAGES[name] = fn
-        return fn
 
-    return decorate
+def get_advantage(name: str) -> AdvantageFn:
+    """The estimator registered under `name`.
+
+    Raises:
+        ValueError: if none is, listing the registered names.
+    """
+    return _lookup(_ADVANTAGES, "advantage estimator", name)  # type: ignore[no-any-return]
+
+
+def registered_advantages() -> list[str]:
+    """The names registered so far, sorted (the built-ins once `textgym.trainers.advantages` is imported)."""
+    return sorted(_ADVANTAGES)
 
 
 def register_policy_loss(name: str, *, replace: bool = False) -> Callable[[PolicyLossFn], PolicyLossFn]:
@@ -148,17 +174,7 @@ def register_policy_loss(name: str, *, replace: bool = False) -> Callable[[Polic
     Raises:
         ValueError: if `name` is empty or taken (and `replace` is False).
     """
-    if not name:
-        raise ValueError("a policy loss needs a name")
-
-    def decorate(fn: PolicyLossFn) -> PolicyLossFn:
-        taken = _POLICY_LOSSES.get(name)
-        if taken is not None and taken is not fn and not replace:
-            raise ValueError(f"policy loss {name!r} is already registered ({_qualname(taken)})")
-        _POLICY_LOSSES[name] = fn
-        return fn
-
-    return decorate
+    return _register(_POLICY_LOSSES, "policy loss", name, replace)
 
 
 def get_policy_loss(name: str) -> PolicyLossFn:
@@ -167,36 +183,12 @@ def get_policy_loss(name: str) -> PolicyLossFn:
     Raises:
         ValueError: if none is, listing the registered names.
     """
-    try:
-        return _POLICY_LOSSES[name]
-    except KeyError:
-        raise ValueError(
-            f"unknown policy loss {name!r}; registered: {', '.join(sorted(_POLICY_LOSSES))}"
-        ) from None
+    return _lookup(_POLICY_LOSSES, "policy loss", name)  # type: ignore[no-any-return]
 
 
 def registered_policy_losses() -> list[str]:
     """The names registered so far, sorted (the built-ins once `textgym.trainers.losses` is imported)."""
     return sorted(_POLICY_LOSSES)
-
-
-def get_advantage(name: str) -> AdvantageFn:
-    """The estimator registered under `name`.
-
-    Raises:
-        ValueError: if none is, listing the registered names.
-    """
-    try:
-        return _ADVANTAGES[name]
-    except KeyError:
-        raise ValueError(
-            f"unknown advantage estimator {name!r}; registered: {', '.join(sorted(_ADVANTAGES))}"
-        ) from None
-
-
-def registered_advantages() -> list[str]:
-    """The names registered so far, sorted (the built-ins once `textgym.trainers.advantages` is imported)."""
-    return sorted(_ADVANTAGES)
 
 
 def _qualname(fn: Any) -> str:
