@@ -78,8 +78,10 @@ def test_sampled_logprobs_are_the_temperature_scaled_ones_the_trainer_recomputes
     trajs = rollout(
         vllm_agent, envs, list(range(4)), SamplingParams(temperature=T, max_new_tokens=12), group_size=4
     )
-    # Samples of one group differ: the engine really samples.
-    assert len({tuple(t.token_ids.tolist()) for t in trajs[:4]}) > 1
+    # The engine really samples: some group's 4 samples differ (one group alone can be 4 equal
+    # samples of a confident model at T = 0.7, as with the portable kernels' warm model).
+    groups = [{tuple(t.token_ids.tolist()) for t in trajs[i : i + 4]} for i in range(0, 16, 4)]
+    assert max(len(g) for g in groups) > 1
     batch = RolloutBatch.from_trajectories(trajs, int(tok.pad_token_id))
     with torch.no_grad():
         recomputed, _ = sequence_logprobs(model, batch, T)
