@@ -5,6 +5,7 @@ from gymnasium.envs.registration import register
 from textgym.envs.arithmetic import ArithmeticEnv, ArithmeticTasks
 from textgym.envs.base import SingleTurnEnv, TextEnv, math_rubric
 from textgym.envs.code import CodeEnv, HumanEvalEnv, MBPPEnv
+from textgym.envs.interop import register_interop
 from textgym.envs.math_qa import GSM8KEnv, MATH500Env
 from textgym.envs.spaces import ChatMessages, UnicodeText
 
@@ -31,6 +32,8 @@ register(
     kwargs={"feedback": True},
     max_episode_steps=3,
 )
+
+register_interop()
 
 __all__ = [
     "ArithmeticEnv",
