@@ -9,11 +9,25 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-import gymnasium as gym
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 import textgym.envs  # noqa: F401  (registers the textgym/... ids that `EnvConfig.id` is checked against)
+from textgym.envs.registry import ensure_registered, import_modules
 from textgym.sandbox import BACKENDS
+
+
+def import_before_validation(data: Any) -> Any:
+    """Import the modules a config's `imports:` lists, so that their env ids validate (a `before` hook).
+
+    Raises:
+        ValueError: a module that cannot be imported (pydantic reports it under `imports`).
+    """
+    if isinstance(data, dict) and isinstance(data.get("imports"), list):
+        try:
+            import_modules([str(m) for m in data["imports"]])
+        except ImportError as e:
+            raise ValueError(f"imports: {e}") from None
+    return data
 
 
 class ConfigError(ValueError):
@@ -65,10 +79,9 @@ class EnvConfig(_Strict):
     @field_validator("id")
     @classmethod
     def _registered(cls, v: str) -> str:
-        if v not in gym.registry:
-            known = sorted(k for k in gym.registry if k.startswith("textgym/"))
-            raise ValueError(f"unknown environment id {v!r}; registered textgym ids: {known}")
-        return v
+        # `module:Name-v0` imports the module; the run config's `imports:` were imported before
+        # the stages validate (`import_before_validation`).
+        return ensure_registered(v)
 
     @field_validator("kwargs")
     @classmethod

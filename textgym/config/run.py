@@ -13,7 +13,7 @@ from typing import Any
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from textgym.config.base import ConfigError, ModelConfig, ParallelConfig, _Strict
+from textgym.config.base import ConfigError, ModelConfig, ParallelConfig, _Strict, import_before_validation
 from textgym.config.eval import EvalConfig
 from textgym.config.ppo import PPOConfig
 from textgym.config.preference import PreferenceConfig
@@ -31,6 +31,15 @@ class RunConfig(_Strict):
 
     name: str = Field(..., pattern=r"^[A-Za-z0-9_.-]+$")
     """Run name; outputs go to `<out_dir>/<name>/`."""
+    imports: list[str] = Field(default_factory=list)
+    """Python modules imported before anything else (each registers its environments with
+    `gymnasium.register`), e.g. `[myenvs]`; the current directory is on the import path."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _imports_first(cls, data: Any) -> Any:
+        return import_before_validation(data)
+
     out_dir: str = "runs"
     """Parent folder of run directories."""
     seed: int = 0

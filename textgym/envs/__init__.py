@@ -7,6 +7,7 @@ from textgym.envs.base import SingleTurnEnv, TextEnv, math_rubric
 from textgym.envs.code import CodeEnv, HumanEvalEnv, MBPPEnv
 from textgym.envs.interop import register_interop
 from textgym.envs.math_qa import GSM8KEnv, MATH500Env
+from textgym.envs.registry import EnvError, TextGymAdapter, UnknownEnvError, env_ids, make, task_count
 from textgym.envs.spaces import ChatMessages, UnicodeText
 
 register(id="textgym/Arithmetic-v0", entry_point="textgym.envs.arithmetic:ArithmeticEnv")
@@ -40,12 +41,18 @@ __all__ = [
     "ArithmeticTasks",
     "ChatMessages",
     "CodeEnv",
+    "EnvError",
     "GSM8KEnv",
     "HumanEvalEnv",
     "MATH500Env",
     "MBPPEnv",
     "SingleTurnEnv",
     "TextEnv",
+    "TextGymAdapter",
     "UnicodeText",
+    "UnknownEnvError",
+    "env_ids",
+    "make",
     "math_rubric",
+    "task_count",
 ]

@@ -38,6 +38,9 @@ class TextEnv(gym.Env[list[Message], str]):
     """
 
     metadata: dict[str, Any] = {"render_modes": ["ansi"], "render_fps": 1}  # noqa: RUF012 (gymnasium API)
+    accuracy_term: str = "correct"
+    """The reward term that defines accuracy: an episode is correct when `reward/<accuracy_term>`,
+    summed over its turns, reaches 1. Shown by `textgym env check` and in eval reports."""
 
     def __init__(
         self,

@@ -9,10 +9,10 @@ from math import comb
 from pathlib import Path
 from typing import Any
 
-import gymnasium as gym
-
 from textgym.agents.llm_agent import LLMAgent, SamplingParams
 from textgym.agents.rollout import rollout
+from textgym.envs.registry import make as make_env
+from textgym.envs.registry import task_count
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -34,9 +34,11 @@ def episode_correct(terms: dict[str, float], reward: float) -> int:
     """Whether an episode counts as correct (1) or not (0).
 
     Correct when its `reward/correct` term, summed over its turns, reaches 1 (up to 1e-9 of
-    float rounding); an env without that term counts a positive return as correct.
+    float rounding). `TextGymAdapter` puts the env's `accuracy_term` (or Gymnasium's
+    `info["is_success"]`) there. An env with none of these counts a return of at least 1 (full
+    credit) as correct, so partial credit never counts as solved; `textgym env check` fails it.
     """
-    return int(terms.get("reward/correct", 1.0 if reward > 0 else 0.0) >= 1.0 - 1e-9)
+    return int(terms.get("reward/correct", reward) >= 1.0 - 1e-9)
 
 
 @dataclass
@@ -46,7 +48,7 @@ class EvalResult:
     Attributes:
         env_id: the environment.
         n: tasks evaluated; samples: samples per task.
-        accuracy: mean of `reward/correct` over all samples (reward > 0 when the env has no such term).
+        accuracy: share of samples that are correct (`episode_correct`: the `reward/correct` term reaches 1).
         mean_reward: mean episode return.
         pass_at: {k: mean pass@k over tasks} for k in {1, samples}.
         mean_response_tokens: policy tokens per episode.
@@ -139,8 +141,8 @@ def evaluate(
     """
     params = params or SamplingParams(temperature=0.0)
     env_kwargs = dict(env_kwargs or {})
-    probe = gym.make(env_id, **env_kwargs)
-    n_tasks = len(probe.unwrapped.tasks)  # type: ignore[attr-defined]
+    probe = make_env(env_id, **env_kwargs)
+    n_tasks = task_count(probe)
     probe.close()
     if n > n_tasks:
         raise ValueError(f"{env_id} has {n_tasks} tasks, cannot evaluate n={n}")
@@ -155,7 +157,7 @@ def evaluate(
     records = _load_episodes(path, key) if path is not None else {}
     todo = [i for i in range(n) if i not in records]
     per_ep = max(1, batch_size // samples)
-    envs = [gym.make(env_id, **env_kwargs) for _ in range(min(max(len(todo), 1), per_ep) * samples)]
+    envs = [make_env(env_id, **env_kwargs) for _ in range(min(max(len(todo), 1), per_ep) * samples)]
     new_tokens, new_wall = 0, 0.0
     try:
         for c in range(0, len(todo), per_ep):

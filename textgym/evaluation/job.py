@@ -16,6 +16,8 @@ import gymnasium as gym
 
 from textgym.agents import LLMAgent, SamplingParams
 from textgym.config import AgentConfig, ConfigError, EvalJobConfig
+from textgym.envs.registry import UnknownEnvError, ensure_registered, task_count
+from textgym.envs.registry import make as make_env
 from textgym.evaluation.core import EvalResult, EvaluationInterruptedError, evaluate
 from textgym.evaluation.scripted import OracleAgent, RandomAgent, evaluate_scripted
 from textgym.evaluation.suites import load_suite, run_suite, write_report
@@ -43,11 +45,12 @@ def open_env(env_id: str, kwargs: dict[str, Any]) -> gym.Env:
     Raises:
         ConfigError: for an unregistered id, kwargs the env rejects, or a sandbox that does not run here.
     """
-    if env_id not in gym.registry:
-        known = sorted(k for k in gym.registry if k.startswith("textgym/"))
-        raise ConfigError(f"unknown environment {env_id!r}; registered: {', '.join(known)}")
     try:
-        return gym.make(env_id, **kwargs)
+        ensure_registered(env_id)
+    except (UnknownEnvError, ImportError) as e:
+        raise ConfigError(str(e)) from None
+    try:
+        return make_env(env_id, **kwargs)
     except (TypeError, ValueError) as e:
         raise ConfigError(f"{env_id} rejects --env-kwargs {kwargs}: {e}") from None
     except SandboxUnavailableError as e:
@@ -126,7 +129,7 @@ def run_eval(job: EvalJobConfig) -> EvalOutcome:
     try:
         if job.env is not None:
             probe = open_env(job.env, job.env_kwargs)
-            n_tasks = len(probe.unwrapped.tasks)  # type: ignore[attr-defined]
+            n_tasks = task_count(probe)
             probe.close()
             if job.n > n_tasks:
                 raise ConfigError(f"--n {job.n} exceeds the {n_tasks} tasks of {job.env} {job.env_kwargs}")

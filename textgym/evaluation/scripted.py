@@ -13,6 +13,8 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from textgym.envs.registry import make as make_env
+from textgym.envs.registry import task_count
 from textgym.evaluation.core import EvalResult, episode_correct
 from textgym.tools.base import format_tool_call
 from textgym.types import Message
@@ -119,8 +121,8 @@ def evaluate_scripted(
     Raises:
         ValueError: if the environment has fewer than `n` tasks.
     """
-    env = gym.make(env_id, **(env_kwargs or {}))
-    n_tasks = len(env.unwrapped.tasks)  # type: ignore[attr-defined]
+    env = make_env(env_id, **(env_kwargs or {}))
+    n_tasks = task_count(env)
     if n > n_tasks:
         raise ValueError(f"{env_id} has {n_tasks} tasks, cannot evaluate n={n}")
     start = time.perf_counter()

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from textgym.evaluation.core import EvalResult, pass_at_k
 
@@ -62,20 +62,26 @@ class SuiteEnv(BaseModel):
     @field_validator("id")
     @classmethod
     def _registered(cls, v: str) -> str:
-        import gymnasium as gym
+        import textgym.envs  # noqa: F401  (registers the textgym/... ids)
+        from textgym.envs.registry import ensure_registered
 
-        import textgym  # noqa: F401
-
-        if v not in gym.registry:
-            raise ValueError(f"unknown environment id {v!r}")
-        return v
+        return ensure_registered(v)
 
 
 class Suite(BaseModel):
-    """A named list of `SuiteEnv`."""
+    """A named list of `SuiteEnv`, after importing the modules in `imports` (they register env ids)."""
 
     model_config = ConfigDict(extra="forbid")
     name: str
+    imports: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _imports_first(cls, data: Any) -> Any:
+        from textgym.config.base import import_before_validation
+
+        return import_before_validation(data)
+
     envs: list[SuiteEnv] = Field(min_length=1)
 
 
@@ -119,7 +125,12 @@ def load_suite(name_or_path: str) -> Suite:
     if not isinstance(data, dict):
         raise ValueError(f"suite file {path} must hold a mapping with 'name' and 'envs'")
     data.setdefault("name", path.stem)
-    return Suite.model_validate(data)
+    try:
+        return Suite.model_validate(data)
+    except ValidationError as e:
+        from textgym.config.run import format_validation_error
+
+        raise ValueError(f"suite file {path}: {format_validation_error(e)}") from None
 
 
 def wilson_interval(successes: int, n: int, z: float = Z_95) -> tuple[float, float]:

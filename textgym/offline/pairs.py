@@ -17,12 +17,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import gymnasium as gym
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from textgym.agents.llm_agent import LLMAgent, SamplingParams
 from textgym.agents.rollout import rollout
+from textgym.envs.registry import make as make_env
+from textgym.envs.registry import task_count
 from textgym.offline.store import TrajectoryWriter, read_trajectories, shard_paths, trajectory_row
 
 
@@ -65,8 +66,8 @@ def collect_rollouts(
     """
     params = params or SamplingParams(temperature=1.0)
     env_kwargs = dict(env_kwargs or {})
-    probe = gym.make(env_id, **env_kwargs)
-    n_tasks = len(probe.unwrapped.tasks)  # type: ignore[attr-defined]
+    probe = make_env(env_id, **env_kwargs)
+    n_tasks = task_count(probe)
     probe.close()
     if start + n > n_tasks:
         raise ValueError(f"{env_id} has {n_tasks} tasks, cannot collect tasks {start}..{start + n - 1}")
@@ -79,7 +80,7 @@ def collect_rollouts(
                 have[int(i)] += 1
     todo = [i for i in range(start, start + n) if have[i] < samples]
     per_chunk = max(1, batch_size // samples)
-    envs = [gym.make(env_id, **env_kwargs) for _ in range(min(max(len(todo), 1), per_chunk) * samples)]
+    envs = [make_env(env_id, **env_kwargs) for _ in range(min(max(len(todo), 1), per_chunk) * samples)]
     rows = shards = 0
     try:
         with TrajectoryWriter(out, shard_rows=10**9) as writer:

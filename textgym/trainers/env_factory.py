@@ -9,6 +9,7 @@ from __future__ import annotations
 import gymnasium as gym
 
 from textgym.config import EnvConfig, validate_runtime
+from textgym.envs.registry import make
 from textgym.envs.reward_model import RewardModelWrapper
 
 
@@ -19,7 +20,7 @@ def make_env(cfg: EnvConfig) -> gym.Env:
         ConfigError: when `cfg.reward_model` is not a trained reward model's folder (no config.json).
     """
     validate_runtime(cfg)
-    env = gym.make(cfg.id, **cfg.kwargs)
+    env = make(cfg.id, **cfg.kwargs)
     if cfg.reward_model is not None:
         env = RewardModelWrapper(env, cfg.reward_model, cfg.reward_model_weight, cfg.reward_model_device)
     return env

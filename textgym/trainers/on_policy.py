@@ -51,6 +51,7 @@ from textgym.agents.rollout import rollout
 from textgym.agents.sampling import SamplingParams, derive_seed
 from textgym.agents.trajectory import Trajectory
 from textgym.config import GRPOConfig, ParallelConfig, PPOConfig
+from textgym.envs.registry import task_count
 from textgym.trainers.batch import RolloutBatch
 from textgym.trainers.checkpoint import (
     latest_checkpoint,
@@ -136,7 +137,7 @@ class OnPolicyTrainer(PolicyUpdate):
         self.agent = LLMAgent(model, tokenizer, batch_size=B // W)
         self.params = SamplingParams(**cfg.sampling.model_dump())
         self.envs = [make_env(cfg.env) for _ in range(B // W)]
-        self.sampler = TaskSampler(len(self.envs[0].unwrapped.tasks), seed)  # type: ignore[attr-defined]
+        self.sampler = TaskSampler(task_count(self.envs[0]), seed)
         self.minibatch_size = (cfg.minibatch_size or B) // W  # rows of a minibatch on this rank
         self.micro_batch_size = cfg.micro_batch_size or self.minibatch_size
         updates = cfg.steps * cfg.epochs * (B // (cfg.minibatch_size or B))

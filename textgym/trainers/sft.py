@@ -25,7 +25,6 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-import gymnasium as gym
 import numpy as np
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -35,6 +34,7 @@ from textgym.agents.llm_agent import LLMAgent, SamplingParams
 from textgym.agents.rollout import rollout
 from textgym.agents.trajectory import Trajectory
 from textgym.config import ConfigError, ParallelConfig, SFTConfig
+from textgym.envs.registry import make as make_text_env
 from textgym.evaluation.core import episode_correct
 from textgym.trainers.batch import RolloutBatch
 from textgym.trainers.checkpoint import (
@@ -107,9 +107,9 @@ class SFTTrainer:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         bf16 = distributed.resolve_mixed_precision(parallel.mixed_precision, self.device)
         self.model = model = distributed.shard(model, bf16=bf16)  # type: ignore[assignment]
-        self.env = gym.make(cfg.env.id, **cfg.env.kwargs)
-        tasks = self.env.unwrapped.tasks  # type: ignore[attr-defined]
-        if tasks[0].solution is None:
+        self.env = make_text_env(cfg.env.id, **cfg.env.kwargs)
+        tasks = self.env.tasks
+        if getattr(tasks[0], "solution", None) is None:
             raise ValueError(f"{cfg.env.id} tasks have no gold solutions to fine-tune on")
         self.sampler = TaskSampler(len(tasks), seed)
         self.probe_indices = probe_indices(len(tasks), cfg.target.n, seed) if cfg.target else []
