@@ -8,9 +8,11 @@ from gymnasium.utils.env_checker import check_env
 
 import textgym  # noqa: F401
 from textgym.envs.arithmetic import ArithmeticTasks, evaluate
+from textgym.envs.interop import INTEROP_IDS
 from textgym.envs.math_qa import gsm8k_tasks, math500_tasks
 
-TEXTGYM_IDS = sorted(k for k in gym.registry if k.startswith("textgym/"))
+# The interop ids need their libraries and kwargs; tests/envs/test_interop_*.py check them.
+TEXTGYM_IDS = sorted(k for k in gym.registry if k.startswith("textgym/") and k not in INTEROP_IDS)
 SANDBOXED = {
     "textgym/HumanEval-v0",
     "textgym/HumanEvalFeedback-v0",

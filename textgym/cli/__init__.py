@@ -1,5 +1,9 @@
 """The `textgym` command line (typer). Every command has `--help`.
 
+`textgym --import MODULE COMMAND ...` imports MODULE first, so the envs it registers can be
+named by any command (as can `module:Name-v0` ids and the ids of installed packages'
+`textgym.envs` entry points; see `textgym.envs.registry`).
+
 Exit codes: 0 success; 1 some input lines failed (score/verify) or a run failed;
 2 bad usage or configuration (nothing was written).
 
@@ -8,7 +12,8 @@ prints. The whole command tree is registered below:
 
 | command | module | library call |
 |---|---|---|
-| `envs`, `plot` | `envs` | `gymnasium.registry`, `textgym.plotting.plot_run` |
+| `envs`, `plot` | `envs` | `textgym.envs.env_ids`, `textgym.plotting.plot_run` |
+| `env new`, `check`, `show`, `serve-openenv` | `env` | `scaffold`, `envcheck`, `interop.openenv` |
 | `train` | `train` | `textgym.pipeline.run` |
 | `eval`, `report compare` | `eval` | `textgym.evaluation.job.run_eval`, `textgym.suites.compare_reports` |
 | `score`, `verify math` | `score` | an env's verifier, `textgym.verifiers.math.MathVerifier` |
@@ -22,10 +27,11 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Annotated
 
 import typer
 
-from textgym.cli import data, envs, eval, models, rm, sandbox, score, train
+from textgym.cli import data, env, envs, eval, models, rm, sandbox, score, train
 
 app = typer.Typer(
     help="textgym: text environments, verifiers and RL trainers for LLM agents.",
@@ -33,7 +39,34 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+
+
+@app.callback()
+def _root(
+    imports: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--import",
+            help="Import MODULE first (repeatable): its gymnasium.register calls add env ids. "
+            "Also read from $TEXTGYM_IMPORTS (comma-separated).",
+        ),
+    ] = None,
+) -> None:
+    """Import the --import modules before the command runs (and pass them on to child processes)."""
+    if imports:
+        from textgym.envs.registry import IMPORTS_ENV_VAR, import_modules
+
+        try:
+            import_modules(imports)
+        except ImportError as e:
+            typer.echo(f"error: --import: {e}", err=True)
+            raise typer.Exit(2) from None
+        earlier = [m for m in os.environ.get(IMPORTS_ENV_VAR, "").split(",") if m]
+        os.environ[IMPORTS_ENV_VAR] = ",".join(dict.fromkeys([*earlier, *imports]))
+
+
 app.command("envs")(envs.envs_cmd)
+app.add_typer(env.env_app, name="env")
 app.command("train")(train.train_cmd)
 app.command("eval")(eval.eval_cmd)
 app.add_typer(eval.report_app, name="report")

@@ -32,11 +32,12 @@ def fail(message: str, code: int = 2) -> NoReturn:
     raise typer.Exit(code)
 
 
-def leave_world(error: BaseException | None = None) -> bool:
+def leave_world(error: BaseException | None = None, code: int = 2) -> bool:
     """Leave the torchrun process group (a no-op outside torchrun); return whether this is rank 0.
 
     With `error`, the group is left without the final barrier (the other ranks may be failing
-    too), rank 0 prints the error, and every rank exits with status 2 (`typer.Exit`).
+    too), rank 0 prints the error, and every rank exits with status `code` (`typer.Exit`; 2: bad
+    configuration, 1: the run failed).
     """
     from textgym import distributed
 
@@ -44,8 +45,8 @@ def leave_world(error: BaseException | None = None) -> bool:
     distributed.shutdown(wait=error is None)
     if error is not None:
         if main:
-            fail(str(error))
-        raise typer.Exit(2)
+            fail(str(error), code)
+        raise typer.Exit(code)
     return main
 
 

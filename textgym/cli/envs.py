@@ -11,20 +11,36 @@ from rich.table import Table
 from textgym.cli._common import console, fail
 
 
-def envs_cmd() -> None:
-    """List the registered textgym environment ids with a one-line description."""
-    import importlib
-
+def envs_cmd(
+    all_ids: Annotated[
+        bool, typer.Option("--all", help="Also list gymnasium's own ids (classic control, toy text, ...).")
+    ] = False,
+) -> None:
+    """List every registered env id (textgym's, imported modules', installed packages') and its namespace."""
     import gymnasium as gym
 
-    table = Table("id", "description")
-    for env_id, spec in sorted(gym.registry.items()):
-        if not env_id.startswith("textgym/"):
-            continue
-        mod, _, cls = str(spec.entry_point).partition(":")
-        doc = (getattr(importlib.import_module(mod), cls).__doc__ or "").strip().splitlines()
-        table.add_row(env_id, doc[0] if doc else "")
+    from textgym.envs.registry import env_ids
+
+    table = Table("namespace", "id", "description")
+    for env_id in env_ids(include_gymnasium=all_ids):
+        spec = gym.registry[env_id]
+        table.add_row(spec.namespace or "", env_id, _describe(spec.entry_point))
     console.print(table)
+
+
+def _describe(entry_point: object) -> str:
+    """First docstring line of an env's entry point (imported when named by a string); never raises."""
+    import importlib
+
+    target = entry_point
+    if isinstance(entry_point, str):
+        mod, _, attr = entry_point.partition(":")
+        try:
+            target = getattr(importlib.import_module(mod), attr)
+        except Exception as e:  # an optional dependency missing: say so rather than fail the listing
+            return f"(cannot import {mod}: {type(e).__name__})"
+    doc = (getattr(target, "__doc__", None) or "").strip().splitlines()
+    return doc[0] if doc else ""
 
 
 def plot_cmd(

@@ -51,6 +51,9 @@ LogTrajectories = Annotated[
 NTasks = Annotated[int, typer.Option(min=1, help="Number of tasks (task_index 0..n-1).")]
 Samples = Annotated[int, typer.Option(min=1, help="Samples per task (pass@k for k=1 and k=samples).")]
 AsJson = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+Show = Annotated[
+    int, typer.Option("--show", min=0, help="Also print the first N episodes: conversation, reward, terms.")
+]
 
 
 def eval_cmd(
@@ -70,6 +73,7 @@ def eval_cmd(
     temperature: Temperature = _DEFAULT.sampling.temperature,
     max_new_tokens: MaxNewTokens = _DEFAULT.sampling.max_new_tokens,
     as_json: AsJson = False,
+    show: Show = 0,
 ) -> None:
     """Evaluate a model, or the scripted oracle / random agent, on an env: accuracy, reward, pass@k."""
     from textgym.config import ConfigError
@@ -90,10 +94,32 @@ def eval_cmd(
     if outcome.report is not None:
         _print_suite(outcome.report, outcome.written)
     elif as_json:
-        print(json.dumps(outcome.result.summary()))  # type: ignore[union-attr]
+        summary = outcome.result.summary()  # type: ignore[union-attr]
+        if show:
+            summary["episodes"] = outcome.result.episodes[:show]  # type: ignore[union-attr]
+        print(json.dumps(summary))
     else:
+        if show:
+            print_episodes(outcome.result.episodes[:show])  # type: ignore[union-attr]
         who = str(model) if agent_kind == "model" else f"{agent_kind} agent"
         console.print(_result_table(outcome.result, f"{env} {job.env_kwargs or ''} · {who}"))
+
+
+def print_episodes(episodes: list[dict[str, Any]], max_chars: int = 2000) -> None:
+    """Print each episode's conversation (messages cut at `max_chars` characters), reward and terms."""
+    from rich.markup import escape
+    from rich.panel import Panel
+
+    for e in episodes:
+        lines = []
+        for m in e.get("messages", []):
+            text = str(m.get("content", ""))
+            text = text if len(text) <= max_chars else text[:max_chars] + f" ... [{len(text)} chars]"
+            lines.append(f"[bold]{escape(str(m.get('role')))}[/bold]: {escape(text)}")
+        terms = " ".join(f"{k.split('/', 1)[-1]}={v:.3g}" for k, v in sorted(e.get("terms", {}).items()))
+        title = f"task {e.get('task_index')} · sample {e.get('sample', 0)}"
+        subtitle = f"reward {float(e['reward']):.3f} · correct {e['correct']} · {terms}"
+        console.print(Panel("\n".join(lines), title=title, subtitle=subtitle, title_align="left"))
 
 
 def _job(options: dict[str, Any]) -> EvalJobConfig:
@@ -124,7 +150,8 @@ def _result_table(res: Any, title: str) -> Table:
     """One row of an `EvalResult`: n, samples, accuracy, mean reward, pass@k, response tokens, tokens/s."""
     table = Table(title=title)
     pass_cols = [f"pass@{k}" for k in res.pass_at]
-    for col in ("n", "samples", "accuracy", "mean reward", *pass_cols, "resp. tokens", "tokens/s"):
+    accuracy = "accuracy" if res.accuracy_term == "correct" else f"accuracy ({res.accuracy_term})"
+    for col in ("n", "samples", accuracy, "mean reward", *pass_cols, "resp. tokens", "tokens/s"):
         table.add_column(col, justify="right")
     table.add_row(
         str(res.n),

@@ -24,6 +24,7 @@ def train_cmd(
     Under `torchrun --nproc-per-node N -m textgym train CONFIG` the stages train on N ranks.
     """
     from textgym.config import ConfigError, load_config
+    from textgym.envs.registry import EnvError
     from textgym.pipeline import run
 
     try:
@@ -31,6 +32,16 @@ def train_cmd(
         summary = run(cfg, resume=resume, overwrite=overwrite, echo=console.print)
     except ConfigError as e:
         leave_world(error=e)
+    except EnvError as e:
+        # An env raised mid-run: say which env, task and action; the run directory keeps its
+        # last checkpoint, logs and trajectories, so the run resumes once the env is fixed.
+        leave_world(
+            error=RuntimeError(
+                f"{e}\nThe run directory {cfg.run_dir} keeps its last checkpoint and logs: fix the env, "
+                f"then continue with `textgym train {config} --resume`."
+            ),
+            code=1,
+        )
     if not leave_world():
         return
     if "accuracy_before" in summary:

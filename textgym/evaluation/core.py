@@ -11,8 +11,8 @@ from typing import Any
 
 from textgym.agents.llm_agent import LLMAgent, SamplingParams
 from textgym.agents.rollout import rollout
+from textgym.envs.registry import accuracy_term, task_count
 from textgym.envs.registry import make as make_env
-from textgym.envs.registry import task_count
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -54,6 +54,10 @@ class EvalResult:
         mean_response_tokens: policy tokens per episode.
         wall_time_s: seconds for the whole evaluation; tokens_per_s: generated tokens per second.
         per_task: per-task lists of correctness (0/1) of each sample.
+        episodes: one record per sample, in task order: `task_index`, `task_id`, `sample`,
+            `reward`, `correct`, `terms` (the reward terms summed over turns), `messages` (the
+            conversation as text) and more; the rows of `episodes.jsonl`.
+        accuracy_term: the env's reward term that defines accuracy (`accuracy_term`, default "correct").
     """
 
     env_id: str
@@ -66,11 +70,14 @@ class EvalResult:
     wall_time_s: float
     tokens_per_s: float
     per_task: list[list[int]] = field(default_factory=list)
+    episodes: list[dict[str, Any]] = field(default_factory=list)
+    accuracy_term: str = "correct"
 
     def summary(self) -> dict[str, Any]:
-        """The figures without the per-task lists (JSON-serialisable)."""
+        """The figures without the per-task lists and episodes (JSON-serialisable)."""
         d = asdict(self)
         d.pop("per_task")
+        d.pop("episodes")
         d["pass_at"] = {str(k): v for k, v in self.pass_at.items()}
         return d
 
@@ -142,7 +149,7 @@ def evaluate(
     params = params or SamplingParams(temperature=0.0)
     env_kwargs = dict(env_kwargs or {})
     probe = make_env(env_id, **env_kwargs)
-    n_tasks = task_count(probe)
+    n_tasks, term = task_count(probe), accuracy_term(probe)
     probe.close()
     if n > n_tasks:
         raise ValueError(f"{env_id} has {n_tasks} tasks, cannot evaluate n={n}")
@@ -186,6 +193,8 @@ def evaluate(
                     "sample": j % samples,
                     "reward": t.reward,
                     "correct": episode_correct(t.reward_terms, t.reward),
+                    "terms": t.reward_terms,
+                    "messages": t.messages,
                     "response_tokens": t.response_length,
                     "finish_reason": t.finish_reason,
                     "wall_s": wall / len(trajs),
@@ -230,4 +239,6 @@ def evaluate(
         if new_wall > 0
         else (tokens / wall_total if wall_total > 0 else 0.0),
         per_task=per_task,
+        episodes=flat,
+        accuracy_term=term,
     )

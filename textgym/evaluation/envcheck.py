@@ -104,7 +104,7 @@ def check_env(
         CheckResult(
             "make",
             "ok",
-            f"{env_id} {kwargs or ''} built in {time.perf_counter() - t0:.2f}s; "
+            f"{env_id}{f' {kwargs}' if kwargs else ''} built in {time.perf_counter() - t0:.2f}s; "
             f"{n_tasks if n_tasks < 2**62 else 'unbounded'} tasks; "
             f"turn limit {limit if limit else f'none declared (checks stop at {DEFAULT_TURN_LIMIT})'}",
         )

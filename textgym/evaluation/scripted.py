@@ -13,8 +13,8 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from textgym.envs.registry import accuracy_term, task_count
 from textgym.envs.registry import make as make_env
-from textgym.envs.registry import task_count
 from textgym.evaluation.core import EvalResult, episode_correct
 from textgym.tools.base import format_tool_call
 from textgym.types import Message
@@ -122,7 +122,7 @@ def evaluate_scripted(
         ValueError: if the environment has fewer than `n` tasks.
     """
     env = make_env(env_id, **(env_kwargs or {}))
-    n_tasks = task_count(env)
+    n_tasks, term = task_count(env), accuracy_term(env)
     if n > n_tasks:
         raise ValueError(f"{env_id} has {n_tasks} tasks, cannot evaluate n={n}")
     start = time.perf_counter()
@@ -141,4 +141,10 @@ def evaluate_scripted(
         wall_time_s=wall,
         tokens_per_s=0.0,
         per_task=[[c] for c in correct],
-    )
+        episodes=[
+            {"task_index": i, "sample": 0, "reward": e["reward"], "correct": c, "terms": e["terms"],
+             "turns": e["turns"], "messages": e["messages"]}
+            for i, (e, c) in enumerate(zip(episodes, correct, strict=True))
+        ],
+        accuracy_term=term,
+    )  # fmt: skip

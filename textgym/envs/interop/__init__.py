@@ -15,6 +15,14 @@ from __future__ import annotations
 
 from gymnasium.envs.registration import register
 
+INTEROP_IDS = (
+    "textgym/ReasoningGym-v0",
+    "textgym/TextWorld-v0",
+    "textgym/TextArena-v0",
+    "textgym/OpenEnv-v0",
+)
+"""The ids of this package: each needs its library (the extra) and kwargs (dataset=, game=, base_url=)."""
+
 
 def register_interop() -> None:
     """Register the interop ids (entry points are import strings: nothing heavy is imported here)."""
