@@ -34,10 +34,10 @@ import yaml
 from textgym import distributed
 from textgym.agents.llm_agent import LLMAgent, SamplingParams
 from textgym.config import ConfigError, EnvConfig, EvalConfig, RunConfig, validate_runtime
-from textgym.envs.registry import EnvError, task_count
 from textgym.envs.registry import make as make_env
+from textgym.envs.registry import task_count
 from textgym.evaluation.core import EvalResult, evaluate
-from textgym.evaluation.envcheck import preflight_episode
+from textgym.evaluation.envcheck import preflight_envs
 from textgym.model_init import init_model
 from textgym.models import load_model
 from textgym.trainers.seeding import seed_everything
@@ -84,21 +84,7 @@ def preflight(cfg: RunConfig) -> None:
         envs.append(("dpo.env", cfg.dpo.env))
     if cfg.eval:
         envs.append(("eval.env", cfg.eval.env))
-    checked: set[str] = set()
-    for field, env_cfg in envs:
-        key = f"{env_cfg.id} {sorted(env_cfg.kwargs.items())!r} {field == 'sft.env'}"
-        if key in checked:
-            continue
-        checked.add(key)
-        try:
-            make_env(env_cfg.id, **env_cfg.kwargs).close()
-        except (TypeError, ValueError) as e:
-            raise ConfigError(f"{field}.kwargs: {env_cfg.id} rejects {env_cfg.kwargs}: {e}") from None
-        # the cheap part of `textgym env check`: one scripted episode, before any model is built
-        try:
-            preflight_episode(env_cfg.id, env_cfg.kwargs, needs_solutions=field == "sft.env")
-        except (EnvError, ValueError, TypeError) as e:
-            raise ConfigError(f"{field}: {env_cfg.id} failed its pre-flight episode: {e}") from None
+    preflight_envs(envs)
     if cfg.eval:
         n_tasks = task_count(make_env(cfg.eval.env.id, **cfg.eval.env.kwargs))
         if cfg.eval.n > n_tasks:

@@ -54,7 +54,7 @@ def test_load_suite_builtin_and_yaml(tmp_path):
     path.write_text("envs:\n  - {id: textgym/Wordle-v0, n: 5}\n")
     assert load_suite(str(path)).name == "mine"
     path.write_text("envs:\n  - {id: textgym/Nope-v0, n: 5}\n")
-    with pytest.raises(ValueError, match="unknown environment id"):
+    with pytest.raises(ValueError, match="unknown environment"):
         load_suite(str(path))
     path.write_text("envs:\n  - {id: textgym/Wordle-v0, n: 0}\n")
     with pytest.raises(ValueError, match="greater than or equal to 1"):

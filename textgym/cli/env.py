@@ -43,7 +43,8 @@ def env_new_cmd(
     where = "" if out == Path() else f"cd {out} && "
     console.print(
         f"next: {where}textgym env check {name}:{env_id_of(name)} && pytest test_{name}.py "
-        f"&& textgym train train_{name}.yaml"
+        f"&& textgym train train_{name}.yaml",
+        soft_wrap=True,
     )
 
 
@@ -65,7 +66,11 @@ def env_check_cmd(
     results = check_env(env_id, parse_kwargs(env_kwargs), n=n, sft=sft)
     colour = {"ok": "green", "fail": "red", "skip": "yellow"}
     for r in results:
-        console.print(f"[{colour[r.status]}]{r.status:<5}[/] [bold]{r.name}[/]: {r.detail}", highlight=False)
+        console.print(
+            f"[{colour[r.status]}]{r.status:<5}[/] [bold]{r.name}[/]: {r.detail}",
+            highlight=False,
+            soft_wrap=True,
+        )
     failed = [r.name for r in results if r.status == "fail"]
     if failed:
         typer.echo(f"{len(failed)} check(s) failed: {', '.join(failed)}", err=True)
@@ -95,7 +100,7 @@ def env_show_cmd(
     gold: Any = getattr(env.unwrapped, "task", None)
 
     def say(label: str, text: object) -> None:
-        console.print(f"[bold]{escape(label)}[/]: {escape(str(text))}", highlight=False)
+        console.print(f"[bold]{escape(label)}[/]: {escape(str(text))}", highlight=False, soft_wrap=True)
 
     say(env_id, f"task {task} of {n if n < 2**62 else 'unbounded'}")
     for m in obs:

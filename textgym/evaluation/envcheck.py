@@ -321,3 +321,32 @@ def preflight_episode(env_id: str, env_kwargs: dict[str, Any], *, needs_solution
         return f"{agent.name} episode: return {ep['reward']:.3f} in {ep['turns']} turn(s)"
     finally:
         env.close()
+
+
+def preflight_envs(envs: list[tuple[str, Any]]) -> None:
+    """`textgym train`'s env pre-flight: each stage's env builds and plays one episode (`preflight_episode`).
+
+    Args:
+        envs: `(field, EnvConfig)` pairs such as `("grpo.env", cfg.grpo.env)`; an env named twice
+            with the same kwargs is checked once.
+
+    Raises:
+        ConfigError: naming the field: kwargs the env rejects, an env that raises or never ends,
+            or an `sft.env` whose tasks have no solutions.
+    """
+    from textgym.config import ConfigError
+
+    checked: set[str] = set()
+    for field, env_cfg in envs:
+        key = f"{env_cfg.id} {sorted(env_cfg.kwargs.items())!r} {field == 'sft.env'}"
+        if key in checked:
+            continue
+        checked.add(key)
+        try:
+            make(env_cfg.id, **env_cfg.kwargs).close()
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"{field}.kwargs: {env_cfg.id} rejects {env_cfg.kwargs}: {e}") from None
+        try:
+            preflight_episode(env_cfg.id, env_cfg.kwargs, needs_solutions=field == "sft.env")
+        except (EnvError, ValueError, TypeError) as e:
+            raise ConfigError(f"{field}: {env_cfg.id} failed its pre-flight episode: {e}") from None
