@@ -29,7 +29,7 @@ def rollout_metrics(trajs: list[Trajectory], gather: bool = True) -> dict[str, f
     With `gather` (and several ranks), over every rank's trajectories: their rewards, lengths
     and terms are gathered first, so the statistics are those of the global batch.
     """
-    rows = [(t.reward, t.response_length, t.finish_reason, t.reward_terms) for t in trajs]
+    rows = [(t.reward, t.response_length, t.finish_reason, t.reward_terms, t.truncated) for t in trajs]
     if gather:
         rows = distributed.all_gather_list(rows)
     rewards = torch.tensor([r[0] for r in rows])
@@ -40,6 +40,9 @@ def rollout_metrics(trajs: list[Trajectory], gather: bool = True) -> dict[str, f
         "rollout/response_length_mean": float(lengths.mean()),
         "rollout/response_length_max": float(lengths.max()),
         "rollout/overlong_frac": sum(r[2] == "length" for r in rows) / len(rows),
+        # episodes cut by the env's time limit or by the rollout's `max_turns` cap (default 16):
+        # a multi-turn env that never ends shows here as 1.0
+        "rollout/truncated_frac": sum(bool(r[4]) for r in rows) / len(rows),
     }
     terms: dict[str, list[float]] = defaultdict(list)
     for r in rows:
