@@ -99,7 +99,10 @@ def _refuse_ranks_outside_train(args: list[str]) -> None:
     Every other command would run once per rank and write the same outputs; it exits with
     code 2 and a message instead.
     """
-    words = [a for a in args if not a.startswith("-")][:2]
+    rest = list(args)
+    while rest and rest[0].startswith("--import"):  # the root option and its value
+        rest = rest[1:] if "=" in rest[0] else rest[2:]
+    words = [a for a in rest if not a.startswith("-")][:2]
     command = " ".join(words[:1] if words[:1] != ["rm"] else words)
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and command not in ("", "train", "rm train"):
         if os.environ.get("RANK", "0") == "0":
