@@ -557,3 +557,32 @@ def test_memory_report_counts_parameters_gradients_and_adam_state(tiny_model_dir
     optimizer.step()
     stepped = distributed.memory_report({"policy": (model, optimizer)})["policy"]["optim_mib"]
     assert stepped == pytest.approx(8 * n / 2**20, rel=1e-3)  # the moments it now holds (+ step counters)
+
+
+@pytest.mark.multiproc
+def test_a_user_env_named_with_import_trains_on_two_ranks(tmp_path, tiny_model_dir):
+    """`torchrun -m textgym --import plain_env train ...` from the folder holding the user's module:
+    every rank imports it (the root option), and the stage trains on the plain Gymnasium env."""
+    root = Path(__file__).resolve().parents[2]
+    shutil.copy(root / "docs" / "snippets" / "plain_env.py", tmp_path / "plain_env.py")
+    config = write_config(
+        tmp_path / "echo.yaml",
+        tiny_model_dir,
+        tmp_path / "runs",
+        grpo={
+            "env": {"id": "plain/Echo-v0"},
+            "steps": 1,
+            "prompts_per_step": 2,
+            "group_size": 2,
+            "sampling": {"temperature": 1.0, "max_new_tokens": 4},
+        },
+    )
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "TEXTGYM_IMPORTS": ""}
+    res = subprocess.run(
+        [*launcher, "-m", "textgym", "--import", "plain_env", "train", str(config)],
+        capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    (row,) = records(tmp_path / "runs" / "run" / "grpo")
+    assert row["step"] == 1 and "rollout/accuracy" in row
