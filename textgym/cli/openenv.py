@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from textgym.cli._common import EnvKwargs, console, fail, parse_kwargs
+from textgym.cli._common import EnvKwargs, fail, parse_kwargs
 
 EnvIdArg = Annotated[str, typer.Argument(help="Environment id to serve, e.g. textgym/Wordle-v0.")]
 Host = Annotated[str, typer.Option(help="Interface to bind (127.0.0.1: this machine only).")]
@@ -61,9 +61,8 @@ def serve_openenv_cmd(
         server = openenv.serve_openenv(env_id, kwargs, host, port, expose_oracle=expose_oracle)
     except Exception as e:  # an unknown id, bad kwargs, a port in use
         fail(f"cannot serve {env_id} on {host}:{port}: {e}")
-    console.print(
+    typer.echo(  # plain text: the URL is never wrapped
         f"serving {env_id} over OpenEnv at {server.url} (Ctrl-C stops); play it with "
-        f"textgym/OpenEnv-v0 --env-kwargs base_url={server.url}",
-        highlight=False,
+        f"textgym/OpenEnv-v0 --env-kwargs base_url={server.url}"
     )
     server.wait()
