@@ -8,6 +8,7 @@ from typing import Annotated, Any
 import typer
 
 from textgym.cli._common import EnvKwargs, console, fail, parse_kwargs
+from textgym.cli.openenv import serve_openenv_cmd
 
 env_app = typer.Typer(
     help="Write a new environment, check one, show its tasks, or serve it over OpenEnv's protocol.",
@@ -118,16 +119,8 @@ def env_show_cmd(
     print_episodes([{"task_index": task, "sample": 0, "correct": correct, **ep}])
 
 
-@env_app.command("serve-openenv")
-def env_serve_openenv_cmd(
-    env_id: EnvIdArg,
-    env_kwargs: EnvKwargs = None,
-    host: Annotated[str, typer.Option(help="Interface to bind.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
-) -> None:
-    """Serve any textgym env over OpenEnv's HTTP protocol (wrap it back with textgym/OpenEnv-v0)."""
-    try:
-        from textgym.cli.openenv import serve_openenv_cmd
-    except ImportError as e:
-        fail(f"serving over OpenEnv needs the interop extra: {e}")
-    serve_openenv_cmd(env_id, env_kwargs or [], host, port)
+# `textgym env serve-openenv ID`: OpenEnv's protocol (imports openenv only when run)
+env_app.command(
+    "serve-openenv",
+    help="Serve any textgym env over OpenEnv's protocol until Ctrl-C (wrap it back with textgym/OpenEnv-v0).",
+)(serve_openenv_cmd)

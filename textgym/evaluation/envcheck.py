@@ -71,10 +71,14 @@ def _has(env: Any, attr: str) -> bool:
 
 
 def turn_limit(env: Any) -> int | None:
-    """The declared episode limit in turns: the spec's `max_episode_steps`, else None."""
+    """The declared episode limit in turns, or None.
+
+    The spec's `max_episode_steps`, else the env's own `max_turns` attribute (envs that
+    truncate themselves, e.g. TextWorld-v0).
+    """
     spec = getattr(env, "spec", None) or getattr(env.unwrapped, "spec", None)
-    limit = getattr(spec, "max_episode_steps", None)
-    return int(limit) if limit else None
+    limit = getattr(spec, "max_episode_steps", None) or getattr(env.unwrapped, "max_turns", None)
+    return int(limit) if isinstance(limit, int) and limit > 0 else None
 
 
 def check_env(
