@@ -167,6 +167,16 @@ def make(env_id: str, **kwargs: Any) -> TextGymAdapter:
         UnknownEnvError: an unregistered id (the message suggests the closest).
         ImportError: the id's module cannot be imported.
         TypeError, ValueError: kwargs the env rejects (from its constructor).
+
+    Examples:
+        >>> import textgym.envs
+        >>> env = textgym.envs.make("textgym/Wordle-v0")
+        >>> env.reset(options={"task_index": 0})[0][0]["role"]
+        'user'
+        >>> textgym.envs.make("textgym/Wordel-v0")
+        Traceback (most recent call last):
+        ...
+        textgym.envs.registry.UnknownEnvError: unknown environment 'textgym/Wordel-v0': ... Did you mean ...
     """
     ensure_registered(env_id)
     return TextGymAdapter(gym.make(env_id, **kwargs), env_id=env_id)
@@ -229,6 +239,27 @@ class TextGymAdapter(gym.Wrapper):
     Args:
         env: the env built by `gymnasium.make` (any wrappers included).
         env_id: the id it was made from (for messages).
+
+    Examples:
+        A plain Gymnasium env with string observations and `is_success`:
+
+        >>> import string
+        >>> import gymnasium as gym
+        >>> class Echo(gym.Env):
+        ...     observation_space = action_space = gym.spaces.Text(50, charset=string.printable)
+        ...     def reset(self, *, seed=None, options=None):
+        ...         super().reset(seed=seed)
+        ...         self.word = ["red", "blue"][int(self.np_random.integers(2))]
+        ...         return f"Say {self.word}.", {}
+        ...     def step(self, action):
+        ...         ok = action == self.word
+        ...         return "done", float(ok), True, False, {"is_success": ok}
+        >>> env = TextGymAdapter(Echo(), "demo/Echo-v0")
+        >>> obs, info = env.reset(options={"task_index": 1})   # task 1 is reset(seed=1)
+        >>> obs
+        [{'role': 'user', 'content': 'Say red.'}]
+        >>> env.step("red")[4]["reward/correct"]
+        1.0
     """
 
     def __init__(self, env: gym.Env, env_id: str = ""):
