@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import doctest
 import importlib
+import importlib.util
 import io
 
 import gymnasium as gym
@@ -20,6 +21,7 @@ import textgym.verifiers
 MODULES = (
     "textgym.envs.arithmetic",
     "textgym.envs.base",
+    "textgym.envs.registry",
     "textgym.envs.code",
     "textgym.envs.math_qa",
     "textgym.envs.tool_use",
@@ -30,6 +32,14 @@ MODULES = (
     "textgym.verifiers.format",
     "textgym.verifiers.math",
 )
+# The other ecosystems' envs (the `[interop]` extra): their examples run where the library is installed.
+INTEROP = {
+    "textgym.envs.interop.reasoning_gym": "reasoning_gym",
+    "textgym.envs.interop.textarena": "textarena",
+    "textgym.envs.interop.textworld": "textworld",
+    "textgym.envs.interop.openenv": "openenv",
+}
+MODULES += tuple(m for m, lib in INTEROP.items() if importlib.util.find_spec(lib) is not None)
 # Data types and protocols: nothing to run.
 NO_EXAMPLE = {"Score", "RubricTerm", "Verifier"}
 
@@ -72,6 +82,8 @@ def test_every_registered_env_and_every_verifier_has_a_runnable_example() -> Non
         if not env_id.startswith("textgym/") or "Feedback" in env_id:  # Feedback: HumanEval's/MBPP's class
             continue
         module, attr = str(spec.entry_point).split(":")
+        if module in INTEROP and module not in MODULES:  # the extra is not installed here
+            continue
         assert f"{module}.{attr}" in with_examples or f'"{env_id}"' in sources, env_id
     for name in textgym.verifiers.__all__:
         obj = getattr(textgym.verifiers, name)
