@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -108,7 +108,7 @@ class _Episode:
 
 def rollout(
     agent: LLMAgent,
-    envs: list[gym.Env],
+    envs: Sequence[gym.Env],
     task_indices: list[int],
     params: SamplingParams,
     *,

@@ -135,7 +135,8 @@ def check_env(
         a, b = make(env_id, **kwargs), make(env_id, **kwargs)
         same_index = a.reset(options={"task_index": n - 1})[0] == b.reset(options={"task_index": n - 1})[0]
         same_seed = a.reset(seed=123)[0] == b.reset(seed=123)[0]
-        a.close(), b.close()
+        a.close()
+        b.close()
         ok = same_index and same_seed
         results.append(
             CheckResult(

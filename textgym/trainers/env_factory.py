@@ -20,7 +20,7 @@ def make_env(cfg: EnvConfig) -> gym.Env:
         ConfigError: when `cfg.reward_model` is not a trained reward model's folder (no config.json).
     """
     validate_runtime(cfg)
-    env = make(cfg.id, **cfg.kwargs)
+    env: gym.Env = make(cfg.id, **cfg.kwargs)
     if cfg.reward_model is not None:
         env = RewardModelWrapper(env, cfg.reward_model, cfg.reward_model_weight, cfg.reward_model_device)
     return env
