@@ -165,15 +165,21 @@ class VLLMBackend:
         self.llm.reset_prefix_cache()
         self.weight_version += 1
 
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
+    def generate(
+        self, prompts: list[list[int]], params: SamplingParams, seeds: list[int | None] | None = None
+    ) -> list[Generation]:
         """One response per token-id prompt, in order.
+
+        `seeds` (one per prompt, None entries allowed) gives a request its own sampling seed
+        (vLLM's per-request generator), so its response does not depend on its batch.
 
         A response's budget is `min(max_new_tokens, max_model_len − prompt length)`. Each
         request sets every vLLM sampling field: textgym's temperature, top-p and top-k (0 =
         off), and the neutral value of the others.
 
         Raises:
-            ValueError: if a prompt leaves no room for a response in `max_model_len`.
+            ValueError: if a prompt leaves no room for a response in `max_model_len`, or if
+                `seeds` is not one per prompt.
         """
         from vllm import SamplingParams as VSamplingParams
         from vllm.inputs import TokensPrompt
@@ -184,7 +190,10 @@ class VLLMBackend:
                     f"prompt {i} has {len(p)} tokens; the engine's max_model_len is {self.max_model_len}"
                 )
 
-        def sp(n_prompt: int) -> Any:
+        if seeds is not None and len(seeds) != len(prompts):
+            raise ValueError(f"got {len(seeds)} seeds for {len(prompts)} prompts")
+
+        def sp(n_prompt: int, seed: int | None) -> Any:
             return VSamplingParams(
                 temperature=params.temperature,
                 top_p=params.top_p,
@@ -203,11 +212,12 @@ class VLLMBackend:
                 logprobs=0,
                 skip_special_tokens=False,
                 detokenize=False,
+                seed=None if seed is None else int(seed) % 2**63,
             )
 
         outs = self.llm.generate(
             [TokensPrompt(prompt_token_ids=list(p)) for p in prompts],
-            [sp(len(p)) for p in prompts],
+            [sp(len(p), None if seeds is None else seeds[i]) for i, p in enumerate(prompts)],
             use_tqdm=False,
         )
         gens = []

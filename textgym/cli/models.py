@@ -78,6 +78,10 @@ def serve_cmd(
     served_model_name: Annotated[str | None, typer.Option(help="Model name clients ask for.")] = None,
     device: Annotated[str, typer.Option(help="cpu, cuda, ... (transformers backend)")] = "cpu",
     backend: Annotated[str, typer.Option(help="Generation backend: transformers or vllm.")] = "transformers",
+    max_queue: Annotated[
+        int, typer.Option(min=1, help="Requests that may wait for generation; more are answered 503.")
+    ] = 256,
+    max_batch: Annotated[int, typer.Option(min=1, help="Responses (requests x n) generated together.")] = 256,
 ) -> None:
     """Serve a local model over an OpenAI-compatible API: /v1/models, /v1/completions, chat."""
     import uvicorn
@@ -87,7 +91,9 @@ def serve_cmd(
     if not model_dir.is_dir():
         fail(f"model folder {str(model_dir)!r} not found")
     try:
-        server_app = build_app(model_dir, served_model_name, device, backend_name=backend)
+        server_app = build_app(
+            model_dir, served_model_name, device, backend, max_queue=max_queue, max_batch=max_batch
+        )
     except (OSError, ValueError, ImportError) as e:
         fail(f"cannot load {model_dir}: {e}")
     uvicorn.run(server_app, host=host, port=port, log_level="warning")

@@ -1,0 +1,342 @@
+"""`textgym serve MODEL_DIR`: the FastAPI app of an OpenAI-compatible server of a local model.
+
+Endpoints: `GET /v1/models`, `POST /v1/completions` (prompt as text or token ids; with
+`logprobs` and `return_tokens_as_token_ids`, each sampled token comes back as "token_id:N"
+with its log-probability, as vLLM's server does), `POST /v1/chat/completions` (messages and
+`tools` rendered by the model's chat template; Hermes `<tool_call>` blocks of the reply come
+back as `message.tool_calls`). Both take `n`, `seed`, `stop`, `stream` (server-sent events,
+`stream_options.include_usage`) and answer `usage`. Generation is textgym's transformers
+backend or, with `--backend vllm`, an in-process vLLM engine, behind a bounded queue whose
+worker batches the requests waiting (`batching.Batcher`). Streaming sends a finished
+response in token-sized chunks (generation is not token-by-token).
+
+Sampling is exactly what a request asks: `temperature`, `top_p` and `top_k`, each defaulting
+to textgym's `SamplingParams` default (1.0, 1.0, 0 = off) when unset — never to the model
+folder's `generation_config.json`. The other sampling fields vLLM's server takes
+(`min_p`, `repetition_penalty`, `presence_penalty`, `frequency_penalty`, `min_tokens`) are
+accepted at their neutral values (what textgym's `openai` backend sends) and refused with
+HTTP 400 otherwise. Errors are OpenAI-shaped (`protocol.APIError`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from textgym.agents.sampling import derive_seed
+from textgym.serve.batching import Batcher, Job, QueueFullError, Result
+from textgym.serve.protocol import (
+    APIError,
+    ChatRequest,
+    CompletionRequest,
+    chat_logprobs,
+    completion_logprobs,
+    cut_at_stop,
+    new_id,
+    tool_calls_from_text,
+)
+
+
+def _load(model_dir: str | Path, device: str, backend_name: str, vllm_kwargs: dict[str, Any] | None) -> Any:
+    """(backend, tokenizer, model or None) for `build_app`."""
+    from textgym.models import load_model, load_tokenizer
+
+    if backend_name == "transformers":
+        from textgym.agents.transformers_backend import TransformersBackend
+
+        model, tokenizer = load_model(model_dir)
+        model.to(device)  # type: ignore[arg-type]
+        model.eval()
+        return TransformersBackend(model, tokenizer, batch_size=64), tokenizer, model
+    if backend_name == "vllm":
+        from transformers import GenerationConfig
+
+        from textgym.agents.sampling import eos_token_ids
+        from textgym.agents.vllm_backend import VLLMBackend
+
+        tokenizer = load_tokenizer(model_dir)
+        gen = Path(model_dir) / "generation_config.json"
+        eos = eos_token_ids(tokenizer, GenerationConfig.from_pretrained(model_dir) if gen.is_file() else None)
+        return VLLMBackend(model_dir, eos, **(vllm_kwargs or {})), tokenizer, None
+    raise ValueError(f"unknown backend {backend_name!r}; available: 'transformers', 'vllm'")
+
+
+def _sse(obj: Any) -> str:
+    return f"data: {json.dumps(obj)}\n\n"
+
+
+def _chunks(ids: list[int], text: str, decode: Callable[[list[int]], str]) -> list[tuple[int, str]]:
+    """`text` cut at token boundaries: [(index of the token ending the piece, piece)], none empty."""
+    out, prev = [], 0
+    for k in range(1, len(ids) + 1):
+        end = min(len(decode(ids[:k])), len(text))
+        if end > prev:
+            out.append((k - 1, text[prev:end]))
+            prev = end
+    if prev < len(text):
+        out.append((max(len(ids) - 1, 0), text[prev:]))
+    return out
+
+
+def build_app(
+    model_dir: str | Path,
+    served_name: str | None = None,
+    device: str = "cpu",
+    backend_name: str = "transformers",
+    vllm_kwargs: dict[str, Any] | None = None,
+    max_queue: int = 256,
+    max_batch: int = 256,
+) -> FastAPI:
+    """The server app for the model in `model_dir` (loaded once, on `device`).
+
+    Args:
+        model_dir: a local Hugging Face model folder.
+        served_name: the model name clients ask for (default: the folder's name).
+        device: where the transformers backend runs ("cpu", "cuda", ...).
+        backend_name: "transformers" or "vllm" (`VLLMBackend`, which picks its own device).
+        vllm_kwargs: passed to `VLLMBackend` (e.g. `{"dtype": "float32"}`; its default "auto"
+            lets vLLM choose, which on CPU can be bfloat16 for a float32 checkpoint).
+        max_queue: requests that may wait for the generation worker; beyond that, HTTP 503.
+        max_batch: prompts (requests × n) generated together at most.
+
+    Raises:
+        FileNotFoundError / ValueError: from `load_model` when the folder is not a usable model,
+            or on an unknown backend.
+        ImportError: for the vllm backend when vLLM is not installed.
+    """
+    backend, tokenizer, model = _load(model_dir, device, backend_name, vllm_kwargs)
+    eos_ids = set(backend.eos_ids)
+    name = served_name or Path(model_dir).name
+    batcher = Batcher(backend, max_queue=max_queue, max_batch=max_batch, model=model)
+    app = FastAPI(title="textgym serve", docs_url=None, redoc_url=None)
+    app.state.batcher = batcher
+
+    def decode(ids: list[int]) -> str:
+        return tokenizer.decode(ids, skip_special_tokens=False)  # type: ignore[no-any-return]
+
+    @app.exception_handler(APIError)
+    async def api_error(request: Request, e: APIError) -> JSONResponse:
+        return JSONResponse(e.body(), status_code=e.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, e: RequestValidationError) -> JSONResponse:
+        err = e.errors()[0] if e.errors() else {}
+        loc = [str(x) for x in err.get("loc", ()) if x != "body"]
+        param = loc[0] if loc else None
+        where = ".".join(loc) or "body"
+        return JSONResponse(APIError(400, f"{where}: {err.get('msg', 'invalid')}", param).body(), 400)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, e: StarletteHTTPException) -> JSONResponse:
+        return JSONResponse(APIError(e.status_code, str(e.detail)).body(), status_code=e.status_code)
+
+    @app.exception_handler(Exception)
+    async def internal(request: Request, e: Exception) -> JSONResponse:
+        return JSONResponse(APIError(500, f"{type(e).__name__}: {e}").body(), status_code=500)
+
+    def check_model(asked: str) -> None:
+        if asked and asked != name:
+            raise APIError(
+                404,
+                f"model {asked!r} is not served here; this server serves {name!r}",
+                "model",
+                "model_not_found",
+            )
+
+    async def run(job: Job) -> list[Result]:
+        try:
+            fut = batcher.submit(job)
+        except QueueFullError as e:
+            raise APIError(503, f"the server is overloaded: {e}", code="overloaded") from None
+        try:
+            return await asyncio.wrap_future(fut)
+        except ValueError as e:  # e.g. a prompt longer than the engine's context
+            raise APIError(400, str(e)) from None
+
+    def seeds(seed: int | None, count: int) -> list[int | None]:
+        return [None] * count if seed is None else [derive_seed(seed, i) for i in range(count)]
+
+    def finish(r: Result, stops: list[str]) -> tuple[list[int], list[float], str, str]:
+        """(kept ids, their logprobs, text, finish_reason) of a result: end-of-turn dropped from the text."""
+        ids, lps, reason = r.token_ids, r.logprobs, r.finish_reason
+        body = ids[:-1] if reason == "stop" and ids and ids[-1] in eos_ids else ids
+        cut = cut_at_stop(body, decode, stops)
+        if cut is not None:
+            k, text = cut
+            return ids[:k], lps[:k], text, "stop"
+        return ids, lps, decode(body), reason
+
+    def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+        total = prompt_tokens + completion_tokens
+        return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": total}
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {
+            "object": "list",
+            "data": [{"id": name, "object": "model", "created": 0, "owned_by": "textgym"}],
+        }
+
+    @app.post("/v1/completions", response_model=None)
+    async def completions(req: CompletionRequest) -> Any:
+        check_model(req.model)
+        params = req.sampling_params(req.max_tokens)
+        stops = req.stop_strings()
+        raw = req.prompt
+        if isinstance(raw, str):
+            prompts = [tokenizer(raw, add_special_tokens=False)["input_ids"]]
+        elif raw and all(isinstance(x, int) for x in raw):
+            prompts = [list(raw)]  # type: ignore[arg-type]
+        elif raw and all(isinstance(x, str) for x in raw):
+            prompts = [tokenizer(x, add_special_tokens=False)["input_ids"] for x in raw]  # type: ignore[arg-type]
+        else:
+            prompts = [list(p) for p in raw]  # type: ignore[union-attr,arg-type]
+        if not prompts or any(len(p) == 0 for p in prompts):
+            raise APIError(400, "empty prompt", "prompt")
+        vocab = len(tokenizer)
+        if any(not 0 <= t < vocab for p in prompts for t in p):
+            raise APIError(400, f"prompt token ids must be in [0, {vocab})", "prompt")
+        top = req.logprobs or 0
+        expanded = [p for p in prompts for _ in range(req.n)]
+        results = await run(Job(expanded, params, seeds(req.seed, len(expanded)), top_logprobs=top))
+        choices, kept_ids = [], []
+        for i, r in enumerate(results):
+            ids, lps, text, reason = finish(r, stops)
+            kept_ids.append(ids)
+            choice: dict[str, Any] = {"index": i, "text": text, "logprobs": None, "finish_reason": reason}
+            if req.logprobs is not None:
+                tops = [row[:top] for row in r.top[: len(ids)]] if r.top is not None and top else None
+                choice["logprobs"] = completion_logprobs(
+                    tokenizer, ids, lps, tops, req.return_tokens_as_token_ids
+                )
+            choices.append((choice, len(ids)))
+        head = {"id": new_id("cmpl"), "object": "text_completion", "created": int(time.time()), "model": name}
+        use = usage(sum(len(p) for p in expanded) // req.n, sum(n for _, n in choices))
+        if not req.stream:
+            return {**head, "choices": [c for c, _ in choices], "usage": use}
+        include = req.stream_options is not None and req.stream_options.include_usage
+
+        extra = {"usage": None} if include else {}
+
+        async def events() -> AsyncIterator[str]:
+            for (c, _), kept in zip(choices, kept_ids, strict=True):
+                # with logprobs: one chunk holding the text and its logprobs; else token-sized chunks
+                pieces = [c["text"]] if c["logprobs"] else [p for _, p in _chunks(kept, c["text"], decode)]
+                for piece in pieces:
+                    part = {
+                        "index": c["index"],
+                        "text": piece,
+                        "logprobs": c["logprobs"],
+                        "finish_reason": None,
+                    }
+                    yield _sse({**head, "choices": [part], **extra})
+                end = {"index": c["index"], "text": "", "logprobs": None, "finish_reason": c["finish_reason"]}
+                yield _sse({**head, "choices": [end], **extra})
+            if include:
+                yield _sse({**head, "choices": [], "usage": use})
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    @app.post("/v1/chat/completions", response_model=None)
+    async def chat(req: ChatRequest) -> Any:
+        check_model(req.model)
+        params = req.sampling_params(req.budget())
+        stops = req.stop_strings()
+        tools = req.template_tools()
+        top = req.top_logprobs or 0
+        if top and not req.logprobs:
+            raise APIError(400, "top_logprobs needs logprobs=true", "top_logprobs")
+        if top and model is None:
+            raise APIError(400, "top_logprobs is not available with the vllm backend", "top_logprobs")
+        messages = []
+        for m in req.messages:
+            m = dict(m)
+            if m.get("content") is None:
+                m["content"] = ""
+            if m.get("tool_calls"):
+                m["tool_calls"] = [
+                    {**c, "function": {**c["function"], "arguments": json.loads(c["function"]["arguments"])}}
+                    if isinstance(c.get("function", {}).get("arguments"), str)
+                    else c
+                    for c in m["tool_calls"]
+                ]
+            messages.append(m)
+        try:
+            ids = tokenizer.apply_chat_template(
+                messages, tools=tools, add_generation_prompt=True, tokenize=True, return_dict=False
+            )
+        except Exception as e:
+            raise APIError(400, f"cannot render the messages: {e}", "messages") from None
+        prompt = list(ids)  # type: ignore[arg-type]
+        results = await run(Job([prompt] * req.n, params, seeds(req.seed, req.n), top_logprobs=top))
+        choices = []
+        n_completion = 0
+        for i, r in enumerate(results):
+            kept, lps, text, reason = finish(r, stops)
+            n_completion += len(kept)
+            message: dict[str, Any] = {"role": "assistant", "content": text}
+            calls: list[dict[str, Any]] = []
+            if tools is not None:
+                content, calls = tool_calls_from_text(text)
+                if calls:
+                    message = {"role": "assistant", "content": content, "tool_calls": calls}
+                    reason = "tool_calls"
+            choice: dict[str, Any] = {
+                "index": i,
+                "message": message,
+                "logprobs": None,
+                "finish_reason": reason,
+            }
+            if req.logprobs:
+                tops = [row[:top] for row in r.top[: len(kept)]] if r.top is not None and top else None
+                choice["logprobs"] = chat_logprobs(tokenizer, kept, lps, tops, req.return_tokens_as_token_ids)
+            choices.append((choice, kept, calls))
+        head = {"id": new_id("chatcmpl"), "created": int(time.time()), "model": name}
+        use = usage(len(prompt), n_completion)
+        if not req.stream:
+            return {**head, "object": "chat.completion", "choices": [c for c, _, _ in choices], "usage": use}
+        include = req.stream_options is not None and req.stream_options.include_usage
+        head = {**head, "object": "chat.completion.chunk"}
+        extra = {"usage": None} if include else {}
+
+        def chunk(index: int, delta: dict[str, Any], logprobs: Any = None, reason: str | None = None) -> str:
+            part = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": reason}
+            return _sse({**head, "choices": [part], **extra})
+
+        async def events() -> AsyncIterator[str]:
+            for c, kept, calls in choices:
+                i = c["index"]
+                yield chunk(i, {"role": "assistant", "content": ""})
+                content = c["message"]["content"] or ""
+                lp = c["logprobs"]["content"] if c["logprobs"] else None
+                if calls:
+                    if content:
+                        yield chunk(i, {"content": content}, {"content": lp} if lp else None)
+                    deltas = [{"index": k, **call} for k, call in enumerate(calls)]
+                    yield chunk(i, {"tool_calls": deltas})
+                else:
+                    sent = 0
+                    for k, piece in _chunks(kept, content, decode):
+                        lps = {"content": lp[sent : k + 1]} if lp else None
+                        sent = k + 1
+                        yield chunk(i, {"content": piece}, lps)
+                    if lp and sent < len(lp):  # the end-of-turn token (no text)
+                        yield chunk(i, {"content": ""}, {"content": lp[sent:]})
+                yield chunk(i, {}, None, c["finish_reason"])
+            if include:
+                yield _sse({**head, "choices": [], "usage": use})
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    return app
