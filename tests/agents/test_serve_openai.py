@@ -63,6 +63,9 @@ def _prompt_len(tok, messages, tools=None) -> int:
 
 def test_models_and_n_choices_and_usage(client, tok):
     assert [m.id for m in client.models.list().data] == ["tiny"]
+    assert client.models.retrieve("tiny").id == "tiny"
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("other")
     r = client.chat.completions.create(model="tiny", messages=MSG, n=3, max_tokens=8, seed=1)
     assert len(r.choices) == 3 and [c.index for c in r.choices] == [0, 1, 2]
     assert r.usage is not None and r.usage.prompt_tokens == _prompt_len(tok, MSG)
@@ -256,6 +259,11 @@ def test_errors_are_openai_shaped(client, server):
     with pytest.raises(openai.BadRequestError) as e:
         client.completions.create(model="tiny", prompt="x", n=0)
     assert e.value.body["param"] == "n"
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="tiny", messages=MSG, response_format={"type": "json_object"})
+    assert e.value.body["param"] == "response_format"
+    with pytest.raises(openai.NotFoundError):
+        client.embeddings.create(model="tiny", input="x")
     with pytest.raises(openai.NotFoundError) as e:
         client.chat.completions.create(model="gpt-4o", messages=MSG)
     assert e.value.status_code == 404 and e.value.body["code"] == "model_not_found"

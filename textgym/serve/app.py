@@ -1,11 +1,12 @@
 """`textgym serve MODEL_DIR`: the FastAPI app of an OpenAI-compatible server of a local model.
 
-Endpoints: `GET /v1/models`, `POST /v1/completions` (prompt as text or token ids; with
-`logprobs` and `return_tokens_as_token_ids`, each sampled token comes back as "token_id:N"
-with its log-probability, as vLLM's server does), `POST /v1/chat/completions` (messages and
-`tools` rendered by the model's chat template; Hermes `<tool_call>` blocks of the reply come
-back as `message.tool_calls`). Both take `n`, `seed`, `stop`, `stream` (server-sent events,
-`stream_options.include_usage`) and answer `usage`. Generation is textgym's transformers
+Endpoints: `GET /v1/models` (and `/v1/models/{id}`, `/health`), `POST /v1/completions`
+(prompt as text or token ids; with `logprobs` and `return_tokens_as_token_ids`, each
+sampled token comes back as "token_id:N" with its log-probability, as vLLM's server does),
+`POST /v1/chat/completions` (messages and `tools` rendered by the model's chat template;
+Hermes `<tool_call>` blocks of the reply come back as `message.tool_calls`). Both take `n`,
+`seed`, `stop`, `stream` (server-sent events, `stream_options.include_usage`) and answer
+`usage`. Generation is textgym's transformers
 backend or, with `--backend vllm`, an in-process vLLM engine, behind a bounded queue whose
 worker batches the requests waiting (`batching.Batcher`). Streaming sends a finished
 response in token-sized chunks (generation is not token-by-token).
@@ -179,12 +180,20 @@ def build_app(
         total = prompt_tokens + completion_tokens
         return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": total}
 
+    card = {"id": name, "object": "model", "created": 0, "owned_by": "textgym"}
+
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        return {
-            "object": "list",
-            "data": [{"id": name, "object": "model", "created": 0, "owned_by": "textgym"}],
-        }
+        return {"object": "list", "data": [card]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model_card(model_id: str) -> dict[str, Any]:
+        check_model(model_id)
+        return card
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        return {"status": "ok", "waiting": batcher.queue.qsize()}
 
     @app.post("/v1/completions", response_model=None)
     async def completions(req: CompletionRequest) -> Any:
