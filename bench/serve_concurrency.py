@@ -6,7 +6,7 @@ twice: all at once from `AsyncOpenAI` (the server's worker batches what is waiti
 after another. Counts errors and times both.
 
     python bench/serve_concurrency.py [MODEL_DIR] [--backend transformers|vllm] [--requests 64]
-                                      [--max-tokens 16]
+                                      [--max-tokens 16] [--threads N]
 
 Last line: `concurrent/sequential wall-time ratio (<backend>): X.XX`.
 """
@@ -58,7 +58,7 @@ async def load(url: str, requests: int, max_tokens: int, concurrent: bool) -> tu
     seconds = time.perf_counter() - t0
     await client.close()
     errors = sum(isinstance(r, Exception) for r in rs)
-    tokens = sum(r.usage.completion_tokens for r in rs if not isinstance(r, Exception))
+    tokens = sum(r.usage.completion_tokens for r in rs if not isinstance(r, Exception) and r.usage)
     return errors, tokens, seconds
 
 
@@ -68,7 +68,12 @@ def main() -> None:
     ap.add_argument("--backend", default="transformers")
     ap.add_argument("--requests", type=int, default=64)
     ap.add_argument("--max-tokens", type=int, default=16)
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     args = ap.parse_args()
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
 
     from textgym.model_init import init_model
     from textgym.serve import build_app
