@@ -9,7 +9,7 @@ the same task. Actions are text; observations are lists of chat messages.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, SupportsFloat
+from typing import Any, SupportsFloat, overload
 
 import gymnasium as gym
 
@@ -21,6 +21,41 @@ from textgym.verifiers.math import MathVerifier
 
 DEFAULT_MAX_ACTION_CHARS = 100_000
 """Actions longer than this many characters are scored `invalid_action_reward` without verification."""
+
+
+class LazyTasks(Sequence[Task]):
+    """A task set built on demand: subclasses give `__len__` and `task(index)`, this class the indexing.
+
+    `tasks[i]` accepts negative indices (from the end) and slices (a list); an index outside
+    `[-len, len)` raises `IndexError`. Used by the envs whose tasks are seeds or a generator's
+    items (reasoning-gym, TextWorld, TextArena, OpenEnv).
+    """
+
+    def __len__(self) -> int:
+        raise NotImplementedError
+
+    def task(self, index: int) -> Task:
+        """Task `index`, with `0 <= index < len(self)` already checked."""
+        raise NotImplementedError
+
+    @overload
+    def __getitem__(self, index: int) -> Task: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[Task]: ...
+    def __getitem__(self, index: int | slice) -> Task | list[Task]:
+        """Task `index` (negative indices count from the end; a slice gives a list).
+
+        Raises:
+            IndexError: outside `[-len(self), len(self))`.
+        """
+        n = len(self)
+        if isinstance(index, slice):
+            return [self.task(i) for i in range(*index.indices(n))]
+        if index < 0:
+            index += n
+        if not 0 <= index < n:
+            raise IndexError(f"task index {index} out of range [0, {n})")
+        return self.task(index)
 
 
 class TextEnv(gym.Env[list[Message], str]):

@@ -46,8 +46,13 @@ IMPORTS_ENV_VAR = "TEXTGYM_IMPORTS"
 so that torchrun ranks and worker processes import them too)."""
 
 _entry_points_loaded = False
-_GYMNASIUM_IDS = frozenset(k for k in gym.registry if not k.startswith("textgym/"))
-"""Gymnasium's own ids (classic control, toy text, ...), registered by `import gymnasium`."""
+
+
+def _is_gymnasiums_own(spec: Any) -> bool:
+    """Whether an id is one gymnasium registers itself (classic control, toy text, MuJoCo, shims)."""
+    entry = spec.entry_point
+    module = entry.partition(":")[0] if isinstance(entry, str) else getattr(entry, "__module__", "")
+    return str(module).startswith("gymnasium.")
 
 
 class UnknownEnvError(ValueError):
@@ -129,7 +134,7 @@ def split_id(env_id: str) -> tuple[str | None, str]:
 def env_ids(include_gymnasium: bool = False) -> list[str]:
     """Every registered id, sorted (gymnasium's own classic-control and toy ids only when asked)."""
     load_entry_points()
-    return sorted(k for k in gym.registry if include_gymnasium or k not in _GYMNASIUM_IDS)
+    return sorted(k for k, spec in gym.registry.items() if include_gymnasium or not _is_gymnasiums_own(spec))
 
 
 def ensure_registered(env_id: str) -> str:
@@ -281,7 +286,8 @@ class TextGymAdapter(gym.Wrapper):
         """Reset on `options["task_index"]` (see the class docstring); the observation as messages.
 
         Raises:
-            EnvError: the env raised (its exception chained).
+            ValueError: from the env, unchanged (a task index out of range, an unknown option).
+            EnvError: any other exception the env raised (chained).
         """
         options = dict(options or {})
         self._task_index = options.get("task_index")
@@ -292,10 +298,8 @@ class TextGymAdapter(gym.Wrapper):
                 index = options.pop("task_index")
                 obs, info = self.env.reset(seed=index if seed is None else seed, options=options or None)
                 info = {"task_index": index, **info}
-        except (ValueError, TypeError) as e:
-            if "task_index" in str(e) or "option" in str(e):
-                raise  # a bad task index or option: the caller's error, already named
-            raise EnvError(f"{self.env_id}: reset(task_index={self._task_index}) raised {e!r}") from e
+        except ValueError:
+            raise  # the env's own check of the task index or options: it names what was wrong
         except Exception as e:
             raise EnvError(f"{self.env_id}: reset(task_index={self._task_index}) raised {e!r}") from e
         if self._task_index is None:

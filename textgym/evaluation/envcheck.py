@@ -26,8 +26,6 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from textgym.envs.registry import EnvError, accuracy_term, make, task_count
 from textgym.evaluation.core import episode_correct
 from textgym.evaluation.scripted import OracleAgent, RandomAgent, play_episode
@@ -153,15 +151,13 @@ def check_env(
     cap = limit + 1 if limit else DEFAULT_TURN_LIMIT
     term = accuracy_term(env)
     seen_terms: set[str] = set()
-    reset_s: list[float] = []
-    step_s: list[float] = []
+    timing = {"seconds": 0.0, "calls": 0}  # resets and steps of the played episodes
 
     def play(agent: Any, index: int) -> dict[str, Any]:
         start = time.perf_counter()
         episode = play_episode(agent, env, index, max_turns=cap)
-        elapsed = time.perf_counter() - start
-        reset_s.append(elapsed / (episode["turns"] + 1))
-        step_s.extend([elapsed / (episode["turns"] + 1)] * episode["turns"])
+        timing["seconds"] += time.perf_counter() - start
+        timing["calls"] += episode["turns"] + 1
         seen_terms.update(episode["terms"])
         return episode
 
@@ -290,16 +286,21 @@ def check_env(
         CheckResult(
             "timing",
             "ok",
-            f"{np.mean(reset_s or [0.0]) * 1e3:.1f} ms per reset or step over {len(played)} episode(s)"
-            f" ({len(step_s)} steps)",
+            f"{timing['seconds'] / max(timing['calls'], 1) * 1e3:.1f} ms per reset or step over "
+            f"{len(played)} episode(s) ({int(timing['calls']) - len(played)} steps)",
         )
     )
     env.close()
     return results
 
 
-def preflight_episode(env_id: str, env_kwargs: dict[str, Any], *, needs_solutions: bool = False) -> str:
+def preflight_episode(env: Any, env_id: str, *, needs_solutions: bool = False) -> str:
     """The cheap part of `check_env` for `textgym train`: one oracle (else random) episode of task 0.
+
+    Args:
+        env: the env, built by `textgym.envs.make` (the caller closes it).
+        env_id: its id (for messages).
+        needs_solutions: fail when task 0 has no gold `solution` (an SFT stage's env).
 
     Returns:
         A one-line summary (agent, return, turns).
@@ -308,24 +309,18 @@ def preflight_episode(env_id: str, env_kwargs: dict[str, Any], *, needs_solution
         EnvError: the env raised (id, task index and action in the message).
         ValueError: `needs_solutions` and task 0 has no gold `solution`; or the episode did not end.
     """
-    env = make(env_id, **env_kwargs)
+    if needs_solutions and getattr(env.tasks[0], "solution", None) is None:
+        raise ValueError(f"{env_id} tasks have no gold `solution` to fine-tune on (sft needs them)")
+    agent: Any = OracleAgent() if _has(env, "oracle_action") else RandomAgent(0)
+    limit = turn_limit(env) or DEFAULT_TURN_LIMIT
     try:
-        if needs_solutions and getattr(env.tasks[0], "solution", None) is None:
-            raise ValueError(f"{env_id} tasks have no gold `solution` to fine-tune on (sft needs them)")
-        agent: Any = OracleAgent() if _has(env, "oracle_action") else RandomAgent(0)
-        limit = turn_limit(env) or DEFAULT_TURN_LIMIT
-        try:
-            ep = play_episode(agent, env, 0, max_turns=limit + 1)
-        except (NotImplementedError, LookupError):
-            agent = RandomAgent(0)
-            ep = play_episode(agent, env, 0, max_turns=limit + 1)
-        if ep["turns"] > limit:
-            raise ValueError(
-                f"{env_id}: an episode ran {limit} turns without ending; declare max_episode_steps"
-            )
-        return f"{agent.name} episode: return {ep['reward']:.3f} in {ep['turns']} turn(s)"
-    finally:
-        env.close()
+        ep = play_episode(agent, env, 0, max_turns=limit + 1)
+    except (NotImplementedError, LookupError):
+        agent = RandomAgent(0)
+        ep = play_episode(agent, env, 0, max_turns=limit + 1)
+    if ep["turns"] > limit:
+        raise ValueError(f"{env_id}: an episode ran {limit} turns without ending; declare max_episode_steps")
+    return f"{agent.name} episode: return {ep['reward']:.3f} in {ep['turns']} turn(s)"
 
 
 def preflight_envs(envs: list[tuple[str, Any]]) -> None:
@@ -348,10 +343,12 @@ def preflight_envs(envs: list[tuple[str, Any]]) -> None:
             continue
         checked.add(key)
         try:
-            make(env_cfg.id, **env_cfg.kwargs).close()
+            env = make(env_cfg.id, **env_cfg.kwargs)
         except (TypeError, ValueError) as e:
             raise ConfigError(f"{field}.kwargs: {env_cfg.id} rejects {env_cfg.kwargs}: {e}") from None
         try:
-            preflight_episode(env_cfg.id, env_cfg.kwargs, needs_solutions=field == "sft.env")
+            preflight_episode(env, env_cfg.id, needs_solutions=field == "sft.env")
         except (EnvError, ValueError, TypeError) as e:
             raise ConfigError(f"{field}: {env_cfg.id} failed its pre-flight episode: {e}") from None
+        finally:
+            env.close()

@@ -22,12 +22,11 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Sequence
-from typing import Any, SupportsFloat, overload
+from typing import Any, SupportsFloat
 
 import numpy as np
 
-from textgym.envs.base import TextEnv
+from textgym.envs.base import LazyTasks, TextEnv
 from textgym.envs.interop import require
 from textgym.envs.interop.openenv_server import (  # the server half; its names stay importable here
     OpenEnvServer,
@@ -54,7 +53,7 @@ def _http_url(base_url: str) -> str:
     return url
 
 
-class _RemoteTasks(Sequence[Task]):
+class _RemoteTasks(LazyTasks):
     """Task *i* of a server: `task_id` "openenv/<i>" (the server poses it at reset)."""
 
     def __init__(self, n: int):
@@ -63,17 +62,8 @@ class _RemoteTasks(Sequence[Task]):
     def __len__(self) -> int:
         return self.n
 
-    @overload
-    def __getitem__(self, index: int) -> Task: ...
-    @overload
-    def __getitem__(self, index: slice) -> Sequence[Task]: ...
-    def __getitem__(self, index: int | slice) -> Task | Sequence[Task]:
-        if isinstance(index, slice):
-            return [self[i] for i in range(*index.indices(len(self)))]
-        if index < 0:
-            index += self.n
-        if not 0 <= index < self.n:
-            raise IndexError(index)
+    def task(self, index: int) -> Task:
+        """Task `index` (see the class docstring)."""
         return Task(task_id=f"openenv/{index}", prompt="", metadata={"seed": index})
 
 

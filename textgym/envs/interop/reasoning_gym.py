@@ -29,11 +29,11 @@ import difflib
 import io
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any, overload
+from typing import Any
 
 import numpy as np
 
-from textgym.envs.base import SingleTurnEnv
+from textgym.envs.base import LazyTasks, SingleTurnEnv
 from textgym.envs.interop import require
 from textgym.types import Task
 from textgym.verifiers.base import Rubric, RubricTerm, Score
@@ -137,7 +137,7 @@ def _make_dataset(name: str, size: int, seed: int, config: Mapping[str, Any]) ->
         raise ValueError(f"reasoning-gym rejects dataset={name!r} config={dict(config)}: {e}") from e
 
 
-class ReasoningGymTasks(Sequence[Task]):
+class ReasoningGymTasks(LazyTasks):
     """The entries of one reasoning-gym dataset as `Task`s, generated on demand (and cached).
 
     Task *i* is `Task(task_id="reasoning_gym/<dataset>/<split>/<i>", prompt=entry["question"],
@@ -174,16 +174,8 @@ class ReasoningGymTasks(Sequence[Task]):
             self._cache[index] = entry
         return entry
 
-    @overload
-    def __getitem__(self, index: int) -> Task: ...
-    @overload
-    def __getitem__(self, index: slice) -> list[Task]: ...
-    def __getitem__(self, index: int | slice) -> Task | list[Task]:
-        """Task `index` (negative indices count from the end; slices give lists)."""
-        if isinstance(index, slice):
-            return [self[i] for i in range(*index.indices(len(self)))]
-        if index < 0:
-            index += len(self)
+    def task(self, index: int) -> Task:
+        """Task `index` (see the class docstring)."""
         entry = self.entry(index)
         gold = entry.get("answer")
         answer = "" if gold is None else str(gold)

@@ -18,11 +18,11 @@ import difflib
 import io
 import random
 from collections.abc import Sequence
-from typing import Any, SupportsFloat, overload
+from typing import Any, SupportsFloat
 
 import numpy as np
 
-from textgym.envs.base import TextEnv
+from textgym.envs.base import LazyTasks, TextEnv
 from textgym.envs.interop import require
 from textgym.types import Message, Task
 
@@ -121,24 +121,15 @@ def hanoi_next_move(towers: dict[str, list[int]]) -> tuple[str, str] | None:
     return move(len(where), "C")
 
 
-class _Seeds(Sequence[Task]):
+class _Seeds(LazyTasks):
     def __init__(self, game: str, split: str, seed: int, n: int):
         self.game, self.split, self.seed, self.n = game, split, seed, n
 
     def __len__(self) -> int:
         return self.n
 
-    @overload
-    def __getitem__(self, index: int) -> Task: ...
-    @overload
-    def __getitem__(self, index: slice) -> list[Task]: ...
-    def __getitem__(self, index: int | slice) -> Task | list[Task]:
-        if isinstance(index, slice):
-            return [self[i] for i in range(*index.indices(self.n))]
-        if index < 0:
-            index += self.n
-        if not 0 <= index < self.n:
-            raise IndexError(f"task index {index} out of range [0, {self.n})")
+    def task(self, index: int) -> Task:
+        """Task `index` (see the class docstring)."""
         seed = self.seed + SPLIT_SEED_OFFSET[self.split] + index
         return Task(
             task_id=f"textarena/{self.game}/{self.split}/{index}",

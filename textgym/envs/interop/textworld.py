@@ -15,13 +15,12 @@ import shutil
 import tempfile
 import threading
 import warnings
-from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, SupportsFloat, overload
+from typing import Any, SupportsFloat
 
 import numpy as np
 
-from textgym.envs.base import TextEnv
+from textgym.envs.base import LazyTasks, TextEnv
 from textgym.envs.interop import require
 from textgym.types import Message, Task
 
@@ -152,7 +151,7 @@ def parse_command(action: str) -> str:
     return " ".join(text.split())[:_MAX_COMMAND_CHARS]
 
 
-class TextWorldTasks(Sequence[Task]):
+class TextWorldTasks(LazyTasks):
     """The tasks of one split: task *i* is the game of seed `first_seed + i` (nothing is generated here).
 
     Args:
@@ -180,17 +179,8 @@ class TextWorldTasks(Sequence[Task]):
     def __len__(self) -> int:
         return self.num_tasks
 
-    @overload
-    def __getitem__(self, index: int) -> Task: ...
-    @overload
-    def __getitem__(self, index: slice) -> Sequence[Task]: ...
-    def __getitem__(self, index: int | slice) -> Task | Sequence[Task]:
-        if isinstance(index, slice):
-            return [self[i] for i in range(*index.indices(len(self)))]
-        if index < 0:
-            index += len(self)
-        if not 0 <= index < len(self):
-            raise IndexError(index)
+    def task(self, index: int) -> Task:
+        """Task `index` (see the class docstring)."""
         seed = self.first_seed + index
         return Task(
             task_id=f"textworld/{self.split}/{index}",
