@@ -118,7 +118,7 @@ def init_model(preset: str, out_dir: str | Path, seed: int = 0, tokenizer: str =
     """Build a randomly initialised Qwen2 causal LM of `preset` size and save it with its tokenizer.
 
     Args:
-        preset: a key of `PRESETS` ("tiny", "small", "0.5b").
+        preset: a key of `PRESETS` ("tiny", "small", "0.5b", "small-v152k", "0.5b-v152k").
         out_dir: folder to write (`config.json`, `model.safetensors`, tokenizer files).
         seed: torch seed for the initial weights.
         tokenizer: "bpe" or "byte" (see `build_tokenizer`).
@@ -134,7 +134,7 @@ def init_model(preset: str, out_dir: str | Path, seed: int = 0, tokenizer: str =
     p = PRESETS[preset]
     tok = build_tokenizer(tokenizer)
     config = Qwen2Config(
-        vocab_size=len(tok),
+        vocab_size=max(len(tok), p.vocab_size or 0),
         hidden_size=p.hidden_size,
         num_hidden_layers=p.num_hidden_layers,
         num_attention_heads=p.num_attention_heads,

@@ -55,6 +55,11 @@ class ModelPreset:
     num_key_value_heads: int
     intermediate_size: int
     max_position_embeddings: int = 1024
+    vocab_size: int | None = None
+    """Rows of the embedding and the LM head; None: the tokenizer's size. A preset with a real
+    model's vocabulary (151,936 for Qwen2.5) keeps textgym's local tokenizer, whose ids are the
+    first ones: the rest exist, cost memory and compute like a real model's, and are never
+    produced by the tokenizer (a random-init policy can still sample them; they decode to "")."""
 
 
 PRESETS: dict[str, ModelPreset] = {
@@ -64,6 +69,10 @@ PRESETS: dict[str, ModelPreset] = {
     "small": ModelPreset(512, 6, 8, 4, 1536, 2048),
     # ~0.5 B parameters with the Qwen2.5-0.5B shape (with this byte vocabulary): GPU benchmarks.
     "0.5b": ModelPreset(896, 24, 14, 2, 4864, 4096),
+    # The same bodies with Qwen2.5's 151,936-id vocabulary: where the logits, not the weights,
+    # decide memory (~97 M and ~494 M parameters, tied embeddings). For benchmarks.
+    "small-v152k": ModelPreset(512, 6, 8, 4, 1536, 2048, vocab_size=151_936),
+    "0.5b-v152k": ModelPreset(896, 24, 14, 2, 4864, 4096, vocab_size=151_936),
 }
 
 

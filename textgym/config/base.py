@@ -45,7 +45,7 @@ class ModelConfig(_Strict):
 
     path: str | None = None
     """Local Hugging Face causal-LM folder (config.json, weights, tokenizer with chat template)."""
-    init_preset: Literal["tiny", "small", "0.5b"] | None = None
+    init_preset: Literal["tiny", "small", "0.5b", "small-v152k", "0.5b-v152k"] | None = None
     """Build a randomly initialised Qwen2-style model of this size when `path` is not set."""
     init_seed: int = 0
     """Seed of the random initialisation."""
