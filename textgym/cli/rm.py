@@ -51,7 +51,8 @@ Device = Annotated[
     str | None, _opt(RunConfig.model_fields["device"].default, "auto (cuda when available), cpu or cuda.")
 ]
 MixedPrecision = Annotated[
-    str | None, _opt(_PAR.mixed_precision, "Under torchrun: auto (bf16 on CUDA), bf16 or fp32 compute.")
+    str | None,
+    _opt(_PAR.mixed_precision, "auto (bf16 on CUDA), bf16 or fp32 compute, on one device or under torchrun."),
 ]
 GradientCheckpointing = Annotated[
     bool | None,

@@ -144,14 +144,21 @@ class ParallelConfig(_Strict):
 
     A run started by `torchrun --nproc-per-node N -m textgym train CONFIG` shards every
     trained model with FSDP2 over the N processes (`textgym.distributed`); started as
-    `python -m textgym train`, it trains on one device as before and `mixed_precision`
-    does not apply.
+    `python -m textgym train`, it trains on one device. `mixed_precision` and `tf32` apply
+    to both (`textgym.trainers.precision`; docs/training/precision.md).
     """
 
     mixed_precision: Literal["auto", "bf16", "fp32"] = "auto"
-    """Under torchrun: "bf16" computes in bf16 with fp32 master weights, optimizer state and
-    gradient reduction (FSDP2's MixedPrecisionPolicy); "fp32" computes in fp32; "auto" is bf16
-    on CUDA and fp32 on CPU."""
+    """Compute precision of the trained and scoring models. "bf16": bf16 compute over fp32 master
+    weights, fp32 gradients and fp32 AdamW state; on one device by `torch.autocast` (CUDA or
+    CPU) around every forward, rollouts of the transformers backend included; under torchrun by
+    FSDP2's MixedPrecisionPolicy (fp32 gradient reduction), with no autocast on top. "fp32":
+    fp32 compute, no autocast. "auto": bf16 on CUDA, fp32 on CPU."""
+    tf32: bool = True
+    """On CUDA, let fp32 matmuls and cuDNN convolutions use TensorFloat-32 tensor cores
+    (`torch.backends.cuda.matmul.allow_tf32`; ~1e-3 relative error per product, fp32 range and
+    accumulation): what "fp32" compute costs on Ampere and newer GPUs. Process-wide; no effect
+    on CPU."""
     gradient_checkpointing: bool = False
     """Recompute each block's activations in backward instead of keeping them (HF's
     `gradient_checkpointing_enable`) for the trained models (policy, critic): less activation

@@ -30,7 +30,8 @@ class VLLMEngineConfig(_Strict):
     """The in-process vLLM engine that generates rollouts (`textgym.agents.vllm_backend`)."""
 
     dtype: str = "auto"
-    """Engine dtype; "auto" follows the policy's parameters."""
+    """Engine dtype; "auto" is "bfloat16" when the policy computes in bf16
+    (`parallel.mixed_precision`), else the dtype of the policy's parameters."""
     gpu_memory_utilization: float = Field(0.3, gt=0.0, le=1.0)
     """Share of GPU memory the engine may take (GPU only; the trainer shares the device)."""
     kv_cache_gib: float = Field(1.0, gt=0.0)

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from textgym.agents.weight_sync import rollout_weights
 from textgym.config import GRPOConfig, PPOConfig
+from textgym.trainers.precision import compute_dtype
 
 
 def build_engine(
@@ -24,6 +26,10 @@ def build_engine(
 ) -> Any:
     """A `VLLMBackend` for the live policy when `cfg.rollout.backend == "vllm"`, else None.
 
+    With `rollout.vllm.dtype: auto` the engine computes in bfloat16 when the policy computes in
+    bf16 (`precision.compute_dtype`, set from `parallel.mixed_precision`), else in the dtype of
+    the policy's parameters; any other value is passed to vLLM as it is.
+
     Raises:
         ImportError: when vLLM is not installed.
     """
@@ -32,6 +38,9 @@ def build_engine(
     from textgym.agents.vllm_backend import VLLMBackend
 
     v = cfg.rollout.vllm
+    dtype = v.dtype
+    if dtype == "auto" and compute_dtype(model) == torch.bfloat16:
+        dtype = "bfloat16"
     return VLLMBackend.for_policy(
         model,
         tokenizer,
@@ -41,7 +50,7 @@ def build_engine(
         max_model_len=v.max_model_len,
         enforce_eager=v.enforce_eager,
         seed=seed,
-        **({} if v.dtype == "auto" else {"dtype": v.dtype}),
+        **({} if dtype == "auto" else {"dtype": dtype}),
     )
 
 

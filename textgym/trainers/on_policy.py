@@ -36,6 +36,7 @@ optimizer in `trainers/optim.py`; metrics in `trainers/logging.py`; the step loo
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import Callable, Sequence
@@ -67,6 +68,7 @@ from textgym.trainers.loop import run_loop
 from textgym.trainers.losses import kl_estimate, rollout_correction
 from textgym.trainers.optim import build_optimizer
 from textgym.trainers.placement import build_reference, check_world, shard
+from textgym.trainers.precision import compute_autocast
 from textgym.trainers.rollouts import (
     apply_overlong_penalty,
     log_trajectories,
@@ -230,7 +232,10 @@ class OnPolicyTrainer(PolicyUpdate):
                 for g in range(k)
                 for j in range(cfg.group_size)
             ]
-        with torch.no_grad(), distributed.full_params(self.policy):
+        # The transformers backend samples under the policy's compute precision, as the trainer
+        # computes π_old and π (`precision.compute_autocast`); a vLLM engine has its own dtype.
+        sampler_precision = compute_autocast(self.policy) if self.engine is None else contextlib.nullcontext()
+        with torch.no_grad(), distributed.full_params(self.policy), sampler_precision:
             trajs = rollout(
                 self.agent,
                 self.envs,

@@ -15,6 +15,7 @@ from transformers import PreTrainedModel
 
 from textgym import distributed
 from textgym.config import ConfigError, GRPOConfig, ParallelConfig, PPOConfig
+from textgym.trainers.precision import set_precision
 
 
 def check_world(cfg: GRPOConfig | PPOConfig, name: str, ranks: int) -> None:
@@ -67,9 +68,14 @@ def build_reference(
 def shard(
     model: torch.nn.Module, parallel: ParallelConfig, device: torch.device, offload: bool = False
 ) -> Any:
-    """Shard `model` over the ranks (FSDP2) when launched by torchrun; return it.
+    """Set `model`'s compute precision, and shard it over the ranks (FSDP2) under torchrun; return it.
 
-    `offload` keeps its shards in CPU memory (FSDP2's CPU offload; for the frozen reference).
+    On one device the precision is `compute_autocast`'s record (`precision.set_precision`),
+    resolved against the trainer's `device` for every model, the reference on the CPU
+    included, so that the policy and its reference compute alike; under torchrun it is FSDP2's
+    policy. `offload` keeps its shards in CPU memory (FSDP2's CPU offload; for the frozen
+    reference).
     """
+    set_precision(model, parallel.mixed_precision, device, tf32=parallel.tf32)
     bf16 = distributed.resolve_mixed_precision(parallel.mixed_precision, device)
     return distributed.shard(model, bf16=bf16, offload=offload)

@@ -62,6 +62,7 @@ from textgym.trainers.kl_control import AdaptiveKLController, FixedKLController
 from textgym.trainers.losses import value_loss
 from textgym.trainers.on_policy import OnPolicyTrainer
 from textgym.trainers.optim import build_optimizer, load_optimizer, save_optimizer
+from textgym.trainers.precision import compute_autocast
 
 _VALUE_HEAD: dict[str, Any] = {"id2label": {0: "value"}, "label2id": {"value": 0}, "classifier_dropout": 0.0}
 
@@ -119,14 +120,18 @@ def sequence_values(critic: PreTrainedModel, batch: RolloutBatch) -> torch.Tenso
     Args:
         critic: a token-classification model with one label.
         batch: the padded batch (prompt width P, response width L).
+
+    Returns:
+        [B, L + 1] fp32 values (computed under the critic's `compute_autocast`).
     """
     P = batch.prompt_width
-    out = critic(
-        input_ids=batch.input_ids,
-        attention_mask=batch.attention_mask,
-        position_ids=batch.position_ids,
-        use_cache=False,
-    )
+    with compute_autocast(critic):  # bf16 compute when `parallel.mixed_precision` says so
+        out = critic(
+            input_ids=batch.input_ids,
+            attention_mask=batch.attention_mask,
+            position_ids=batch.position_ids,
+            use_cache=False,
+        )
     return out.logits[:, P - 1 :, 0].float()
 
 

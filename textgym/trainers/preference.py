@@ -50,6 +50,7 @@ from textgym.trainers.logging import metrics_logger
 from textgym.trainers.logprobs import sequence_logprobs
 from textgym.trainers.loop import run_loop
 from textgym.trainers.optim import build_optimizer
+from textgym.trainers.placement import shard
 from textgym.trainers.preference_losses import dpo_loss, ipo_loss, kto_loss, orpo_loss, simpo_loss
 
 
@@ -175,8 +176,7 @@ class PreferenceTrainer:
             self.model = model
         if parallel.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        bf16 = distributed.resolve_mixed_precision(parallel.mixed_precision, self.device)
-        self.model = model = distributed.shard(model, bf16=bf16)  # type: ignore[assignment]
+        self.model = model = shard(model, parallel, self.device)  # precision, then FSDP2 under torchrun
         self.split = distributed.is_sharded(model)  # every rank makes the same forward calls
         self.optimizer, self.scheduler = build_optimizer(model, cfg.optim, self.total_steps)
         self.memory = distributed.memory_report({"policy": (model, self.optimizer)})

@@ -50,6 +50,8 @@ from textgym.trainers.batch import rank_micro_batches
 from textgym.trainers.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from textgym.trainers.logging import metrics_logger
 from textgym.trainers.optim import build_optimizer
+from textgym.trainers.placement import shard
+from textgym.trainers.precision import compute_autocast
 from textgym.verifiers.reward_model import (
     RewardModelVerifier,
     last_token_reward,
@@ -230,7 +232,7 @@ class RewardModelTrainer:
             there are removed first.
         cfg: epochs, batch sizes, optimizer, regulariser, seed, checkpoints.
         device: "auto", "cpu" or "cuda[:N]" (under NCCL every rank uses its own GPU).
-        parallel: bf16 compute under torchrun (`mixed_precision`) and gradient checkpointing.
+        parallel: bf16 compute (`mixed_precision`; `trainers.precision`), TF32 and gradient checkpointing.
         resume: continue from the newest checkpoint in `out/checkpoints` (none: start afresh).
         log_with: trackers beside `metrics.jsonl` ("tensorboard", "wandb", "mlflow", "trackio";
             `textgym.tracking`).
@@ -281,8 +283,7 @@ class RewardModelTrainer:
             rm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         rm.to(self.device)  # type: ignore[arg-type]
         head = _output_embeddings(model_dir, rm).to(self.device) if cfg.lm_coef > 0 else None
-        bf16 = distributed.resolve_mixed_precision(parallel.mixed_precision, self.device)
-        self.net: RewardNet = distributed.shard(RewardNet(rm, head), bf16=bf16)  # type: ignore[assignment]
+        self.net: RewardNet = shard(RewardNet(rm, head), parallel, self.device)  # precision, FSDP2
         self.steps_per_epoch = math.ceil(len(self.train_idx) / cfg.batch_size)
         self.total_steps = cfg.epochs * self.steps_per_epoch
         self.micro_batch_size = cfg.micro_batch_size or cfg.batch_size
@@ -325,7 +326,8 @@ class RewardModelTrainer:
                 rows, [self.starts[i] for i in idx], [self.chosen_mask[i] for i in idx], ids.shape[1]
             )
             targets = targets.to(self.device)
-        rewards, nll = self.net(ids.to(self.device), mask.to(self.device), targets)
+        with compute_autocast(self.net):
+            rewards, nll = self.net(ids.to(self.device), mask.to(self.device), targets)
         return rewards[: len(idx)], rewards[len(idx) :], nll
 
     @torch.no_grad()

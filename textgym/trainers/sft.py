@@ -50,6 +50,7 @@ from textgym.trainers.logprobs import sequence_logprobs
 from textgym.trainers.loop import run_loop
 from textgym.trainers.losses import sft_loss
 from textgym.trainers.optim import build_optimizer
+from textgym.trainers.placement import shard
 from textgym.trainers.sampler import TaskSampler
 
 
@@ -105,8 +106,7 @@ class SFTTrainer:
             model = apply_lora(model, cfg.lora, seed=seed)
         if parallel.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        bf16 = distributed.resolve_mixed_precision(parallel.mixed_precision, self.device)
-        self.model = model = distributed.shard(model, bf16=bf16)  # type: ignore[assignment]
+        self.model = model = shard(model, parallel, self.device)  # precision, then FSDP2 under torchrun
         self.env = make_text_env(cfg.env.id, **cfg.env.kwargs)
         tasks = self.env.tasks
         if getattr(tasks[0], "solution", None) is None:
