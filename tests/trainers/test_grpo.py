@@ -100,7 +100,10 @@ def test_gradient_accumulation_is_invariant(tiny_model_dir, tmp_path, aggregatio
         grads.append(torch.cat([p.grad.flatten() for p in m.parameters() if p.grad is not None]))
         assert math.isfinite(stats["loss/total"])
     assert grads[0].abs().max() > 0
-    torch.testing.assert_close(grads[1], grads[0], rtol=1e-5, atol=1e-7)
+    # Summation order differs between the shapes (one element of 1.8M was off by 1.3e-7); a
+    # wrongly weighted accumulation would be off by a factor, so the norm decides.
+    rel = float((grads[1] - grads[0]).norm() / grads[0].norm())
+    assert rel < 1e-5, f"relative gradient difference {rel:.2e}"
 
 
 def test_resume_gives_the_same_next_step(warm_model_dir, tmp_path):
