@@ -237,3 +237,21 @@ def test_tis_on_the_transformers_backend(tiny_model_dir, tmp_path, monkeypatch, 
     Lm = passed.shape[1]
     for row in passed:
         assert any(torch.allclose(row, w[:Lm], rtol=0, atol=1e-6) for w in want)
+
+
+def test_entropy_is_logged_every_k_steps(tiny_model_dir, tmp_path):
+    """`entropy_every: 2` logs the entropy at steps 1 and 3 only; the bonus forces it every step."""
+    seed_everything(0)
+    model, tok = load_model(tiny_model_dir)
+    trainer = GRPOTrainer(grpo_cfg(steps=3, entropy_every=2), model, tok, tmp_path / "every2")
+    logged = []
+    for _ in range(3):
+        m = trainer.train_step()
+        logged.append("entropy" in m)
+        if "entropy" in m:
+            assert 0 < m["entropy"] <= math.log(model.config.vocab_size)
+        assert "entropy" not in trainer.describe(m) or "entropy" in m
+    assert logged == [True, False, True]
+    trainer = GRPOTrainer(grpo_cfg(steps=1, entropy_every=0, entropy_coef=0.01), model, tok, tmp_path / "bonus")
+    m = trainer.train_step()
+    assert "entropy" in m and "loss/entropy_bonus" in m

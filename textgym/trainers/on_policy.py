@@ -364,9 +364,10 @@ class OnPolicyTrainer(PolicyUpdate):
 
     def describe(self, m: dict[str, float]) -> str:
         """One progress line from a step's metrics."""
+        entropy = f"  entropy {m['entropy']:.3f}" if "entropy" in m else ""  # see `entropy_every`
         return (
             f"reward {m['rollout/reward_mean']:.3f}  len {m['rollout/response_length_mean']:.1f}"
-            f"  clip {m.get('clip/frac', 0.0):.3f}  entropy {m.get('entropy', 0.0):.3f}"
+            f"  clip {m.get('clip/frac', 0.0):.3f}{entropy}"
             f"  {m['time/step_s']:.2f}s/step"
         )
 

@@ -47,6 +47,7 @@ class PolicyUpdate:
     world: World
     minibatch_size: int
     micro_batch_size: int
+    step: int
     _is_weights: torch.Tensor | None
 
     # --- hooks of the update (PPO's critic overrides them) -------------------------------
@@ -122,6 +123,8 @@ class PolicyUpdate:
         weights: dict[str, float] = defaultdict(float)
         updates = 0
         policy_loss = get_policy_loss(cfg.policy_loss)  # `@register_policy_loss` functions
+        every = cfg.entropy_every
+        log_entropy = every > 0 and getattr(self, "step", 0) % every == 0
         self.policy.train(step_policy)
         for _ in range(cfg.epochs if epochs is None else epochs):
             for mb in chunks(torch.randperm(len(batch)), self.minibatch_size):
@@ -149,7 +152,7 @@ class PolicyUpdate:
                                 weights[k] += w
                     if not step_policy:
                         continue
-                    logprobs, entropy, logits_entropy = self._policy_forward(sub)
+                    logprobs, entropy, logits_entropy = self._policy_forward(sub, log_entropy)
                     adv = advantages[micro_d] if advantages.ndim == 1 else advantages[micro_d, :Lm]
                     is_w = None if self._is_weights is None else self._is_weights[micro_d, :Lm]
                     loss, stats = policy_loss(
@@ -171,7 +174,8 @@ class PolicyUpdate:
                         loss = loss - cfg.entropy_coef * bonus
                         stats["loss/entropy_bonus"] = float(-cfg.entropy_coef * bonus.detach())
                     loss.backward()
-                    stats["entropy"] = float((entropy * sub.loss_mask).sum() / max(w, 1.0))
+                    if entropy is not None:
+                        stats["entropy"] = float((entropy * sub.loss_mask).sum() / max(w, 1.0))
                     stats["loss/total"] = float(loss.detach())
                     for k, v in stats.items():
                         if k.startswith("loss/"):
@@ -203,18 +207,24 @@ class PolicyUpdate:
             out[k] /= max(out.pop(f"{k}#weight"), 1e-12)
         return out
 
-    def _policy_forward(self, sub: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """(logprobs [B, L], entropy [B, L] no grad, entropy with grad or None)."""
+    def _policy_forward(
+        self, sub: RolloutBatch, log_entropy: bool = True
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """(logprobs [B, L], entropy [B, L] no grad or None, entropy with grad or None).
+
+        The entropy is computed when the bonus needs it (`entropy_coef > 0`) or `log_entropy`.
+        """
         grad = self.cfg.entropy_coef > 0
         logprobs, entropy = sequence_logprobs(
             self.policy,
             sub,
             self.cfg.sampling.temperature,
-            with_entropy=True,
+            with_entropy=grad or log_entropy,
             entropy_grad=grad,
             split_prompt=distributed.is_sharded(self.policy),
         )
-        assert entropy is not None
+        if entropy is None:
+            return logprobs, None, None
         return logprobs, entropy.detach(), entropy if grad else None
 
     @torch.no_grad()
