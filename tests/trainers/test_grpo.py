@@ -252,6 +252,8 @@ def test_entropy_is_logged_every_k_steps(tiny_model_dir, tmp_path):
             assert 0 < m["entropy"] <= math.log(model.config.vocab_size)
         assert "entropy" not in trainer.describe(m) or "entropy" in m
     assert logged == [True, False, True]
-    trainer = GRPOTrainer(grpo_cfg(steps=1, entropy_every=0, entropy_coef=0.01), model, tok, tmp_path / "bonus")
+    trainer = GRPOTrainer(
+        grpo_cfg(steps=1, entropy_every=0, entropy_coef=0.01), model, tok, tmp_path / "bonus"
+    )
     m = trainer.train_step()
     assert "entropy" in m and "loss/entropy_bonus" in m
