@@ -174,14 +174,15 @@ def _run_stage(
     resume: bool,
     echo: Callable[[str], None],
     build: Callable[[Any, Any, Path], Any],
+    dtype: str = "float32",
 ) -> tuple[Path, float | None]:
-    """Train one stage from `model_path`; return its final model folder and wall seconds (None if skipped)."""
+    """Train one stage from `model_path` in `dtype`; return its final folder and seconds (None if skipped)."""
     stage_dir = run_dir / name
     if resume and (stage_dir / "final" / "config.json").is_file():
         echo(f"{name}: finished earlier, skipped")
         return stage_dir / "final", None
     t = time.perf_counter()
-    model, tok = load_model(model_path, device=device)
+    model, tok = load_model(model_path, getattr(torch, dtype), device)
     if distributed.is_main():
         stage_dir.mkdir(parents=True, exist_ok=True)
         _write_yaml(stage_dir / "config.yaml", stage_cfg)
@@ -232,7 +233,7 @@ def run(
             "sft", sft_cfg, run_dir, model_path, device, resume, echo,
             lambda m, t, d: SFTTrainer(
                 sft_cfg, m, t, d, seed=cfg.seed, resume=resume, parallel=cfg.parallel, log_with=cfg.log_with
-            ),
+            ), cfg.model.dtype,
         )  # fmt: skip
         if secs is not None:
             stage_times["sft"] = secs
@@ -271,7 +272,8 @@ def run(
             )
 
         seed_everything(distributed.rank_seed(cfg.seed + 1))
-        model_path, secs = _run_stage(stage, rl_cfg, run_dir, model_path, device, resume, echo, build)
+        dtype = cfg.model.dtype
+        model_path, secs = _run_stage(stage, rl_cfg, run_dir, model_path, device, resume, echo, build, dtype)
         if secs is not None:
             stage_times[stage] = secs
         summary_extra["models_in_memory"] = _models_in_memory(cfg)
@@ -378,7 +380,7 @@ def _preference_rounds(
             echo(f"dpo round {r}: finished earlier, skipped")
             model_path = final
             continue
-        model, tok = load_model(model_path, device=device)
+        model, tok = load_model(model_path, getattr(torch, cfg.model.dtype), device)
 
         # Distributed: rank 0 collects with the whole model (the others wait) and every rank
         # gets the pairs; the training below is sharded.

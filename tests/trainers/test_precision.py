@@ -318,3 +318,44 @@ def test_the_vllm_engine_dtype_follows_bf16_compute(monkeypatch, mixed_precision
     cfg = grpo_cfg(rollout={"backend": "vllm", "vllm": {"dtype": dtype}})
     build_engine(cfg, policy, None, [0], seed=0)
     assert got.get("dtype") == expected
+
+
+# --- model.dtype: bf16 storage ------------------------------------------------------------------
+def test_model_dtype_is_validated():
+    base = {"name": "p", "model": {"init_preset": "tiny"}, "sft": {"env": ENV}}
+    assert load_config(**base).model.dtype == "float32"
+    assert load_config(values={"model.dtype": "bfloat16"}, **base).model.dtype == "bfloat16"
+    with pytest.raises(ConfigError, match=r"model\.dtype"):
+        load_config(values={"model.dtype": "float16"}, **base)
+
+
+def test_a_grpo_step_on_bf16_weights_keeps_bf16_state(tiny_model_dir, tmp_path):
+    """`model.dtype: bfloat16`: weights, gradients and AdamW state all bf16 (no fp32 master)."""
+    seed_everything(0)
+    model, tok = load_model(tiny_model_dir, dtype=torch.bfloat16)
+    probe = DtypeProbe(model)
+    trainer = GRPOTrainer(grpo_cfg(), model, tok, tmp_path, parallel=ParallelConfig(mixed_precision="fp32"))
+    metrics = trainer.train_step()
+    assert math.isfinite(metrics["loss/total"])
+    assert probe.seen == {(torch.bfloat16, False)}  # bf16 weights compute in bf16 without autocast
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    state = [v for s in trainer.optimizer.state.values() for k, v in s.items() if k != "step"]
+    assert state and {v.dtype for v in state} == {torch.bfloat16}
+
+
+def test_the_pipeline_loads_each_stage_in_model_dtype(tmp_path):
+    from safetensors.torch import load_file
+
+    from textgym.pipeline import run
+
+    cfg = load_config(
+        name="bf16",
+        out_dir=str(tmp_path),
+        device="cpu",
+        log_with=[],
+        model={"init_preset": "tiny", "dtype": "bfloat16"},
+        sft={"env": ENV, "steps": 1, "batch_size": 4, "checkpoint_every": 0},
+    )
+    run(cfg, echo=lambda line: None)
+    weights = load_file(tmp_path / "bf16" / "sft" / "final" / "model.safetensors")
+    assert {w.dtype for w in weights.values()} == {torch.bfloat16}

@@ -49,6 +49,12 @@ class ModelConfig(_Strict):
     """Build a randomly initialised Qwen2-style model of this size when `path` is not set."""
     init_seed: int = 0
     """Seed of the random initialisation."""
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    """Storage dtype of the loaded weights of every stage's policy (and of its reference copy).
+    "bfloat16" holds weights, gradients and AdamW state in bf16: half their memory, no fp32
+    master copy, so updates smaller than bf16's rounding step (2^-8 of a weight) are lost; prefer
+    "float32" with `parallel.mixed_precision: bf16`, which computes in bf16 over fp32 state. PPO's
+    critic and the reward model stay fp32."""
 
     @model_validator(mode="after")
     def _one_source(self) -> ModelConfig:
