@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
-from textgym.config.base import EnvConfig, LoraSettings, OptimConfig, SamplingConfig, _Strict
+from textgym.config.base import EnvConfig, LoraSettings, OptimConfig, SamplingConfig, _Batching, _Strict
 
 
 class CollectConfig(_Strict):
@@ -43,7 +43,7 @@ SIMPO_BETA = 2.0
 """β of SimPO when the config leaves it unset (Meng et al. 2024 tune it in 2.0–2.5)."""
 
 
-class PreferenceConfig(_Strict):
+class PreferenceConfig(_Batching):
     """Offline preference optimisation from logged rollouts: DPO, IPO, KTO, SimPO or ORPO.
 
     Each of `rounds` rounds collects rollouts of the current policy on `env`, builds pairs

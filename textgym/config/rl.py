@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from textgym.config.base import EnvConfig, LoraSettings, OptimConfig, SamplingConfig, _Strict
+from textgym.config.base import EnvConfig, LoraSettings, OptimConfig, SamplingConfig, _Batching, _Strict
 
 
 class OverlongPenaltyConfig(_Strict):
@@ -77,7 +77,7 @@ class RolloutEngineConfig(_Strict):
         return self
 
 
-class _PolicyGradientConfig(_Strict):
+class _PolicyGradientConfig(_Batching):
     """What every on-policy trainer (GRPO family, PPO) shares: rollouts, the clipped update, KL, logging."""
 
     env: EnvConfig

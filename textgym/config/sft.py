@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from textgym.config.base import EnvConfig, LoraSettings, OptimConfig, _Strict
+from textgym.config.base import EnvConfig, LoraSettings, OptimConfig, _Batching, _Strict
 
 
 class SFTTargetConfig(_Strict):
@@ -30,7 +30,7 @@ class SFTTargetConfig(_Strict):
     target; otherwise the run goes on and `target_reached: false` is recorded."""
 
 
-class SFTConfig(_Strict):
+class SFTConfig(_Batching):
     """Supervised warm start on an environment's gold solutions."""
 
     env: EnvConfig

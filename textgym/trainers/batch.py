@@ -142,3 +142,76 @@ def rank_micro_batches(rows: list[int], micro_batch_size: int) -> list[tuple[lis
     fullest = -(-per // micro_batch_size)
     out += [([rows[0]], True)] * (fullest - len(out))
     return out
+
+
+def token_budget_micro_batches(
+    prompt_lengths: torch.Tensor | list[int],
+    response_lengths: torch.Tensor | list[int],
+    rows: list[int],
+    max_tokens: int,
+    packed: bool,
+) -> list[list[int]]:
+    """Cut `rows` into micro-batches of at most `max_tokens` tokens, similar lengths together.
+
+    The rows are sorted by total length (longest first, ties in `rows` order) and taken
+    greedily: a micro-batch closes when the next row would push its cost over the budget.
+    The cost of a packed micro-batch is Σ (prompt + response) lengths; of a padded one,
+    rows × (longest prompt + longest response), the width `RolloutBatch.select` trims it
+    to. A row over the budget by itself runs alone.
+
+    Args:
+        prompt_lengths: [B] real prompt tokens of every row of the batch.
+        response_lengths: [B] real response tokens (including padding-free env turns).
+        rows: the row indices to cut (a minibatch).
+        max_tokens: the budget per micro-batch, in tokens.
+        packed: cost as a packed (True) or a padded (False) micro-batch.
+
+    Returns:
+        Lists of row indices; their union is `rows`.
+
+    Raises:
+        ValueError: if `max_tokens` < 1.
+    """
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+    p = [int(x) for x in prompt_lengths]
+    r = [int(x) for x in response_lengths]
+    order = sorted(rows, key=lambda i: -(p[i] + r[i]))  # stable: ties keep `rows` order
+    out: list[list[int]] = []
+    cur: list[int] = []
+    total = max_p = max_r = 0
+    for i in order:
+        padded = (len(cur) + 1) * (max(max_p, p[i]) + max(max_r, r[i]))
+        cost = total + p[i] + r[i] if packed else padded
+        if cur and cost > max_tokens:
+            out.append(cur)
+            cur, total, max_p, max_r = [], 0, 0, 0
+        cur.append(i)
+        total += p[i] + r[i]
+        max_p, max_r = max(max_p, p[i]), max(max_r, r[i])
+    if cur:
+        out.append(cur)
+    return out
+
+
+def row_lengths(batch: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    """([B] real prompt tokens, [B] real response tokens) of `batch`'s rows."""
+    P = batch.prompt_width
+    am = batch.attention_mask
+    return am[:, :P].sum(-1).cpu(), am[:, P:].sum(-1).cpu()
+
+
+def no_token_budget_under_torchrun(micro_batch_tokens: int | None, world_size: int) -> None:
+    """Refuse `micro_batch_tokens` with several ranks (their forward calls would not pair up).
+
+    Raises:
+        textgym.config.ConfigError: if `micro_batch_tokens` is set and `world_size` > 1.
+    """
+    if micro_batch_tokens is not None and world_size > 1:
+        from textgym.config import ConfigError
+
+        raise ConfigError(
+            f"micro_batch_tokens={micro_batch_tokens} runs in one process only: under torchrun "
+            f"({world_size} ranks) each rank would make a different number of forward calls, "
+            "which a sharded model cannot; use micro_batch_size there"
+        )

@@ -186,6 +186,7 @@ def sequence_logprobs(
     entropy_grad: bool = False,
     split_prompt: bool = False,
     chunk_elements: int = CHUNK_ELEMENTS,
+    packed: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probabilities of the response tokens of `batch` under `model`.
 
@@ -208,6 +209,14 @@ def sequence_logprobs(
     micro-batch may hold repeated groups while another's does not, so `split_prompt` runs
     the prompt/response pair of calls even when no prompt repeats.
 
+    With `packed`, the rows' real tokens are concatenated into one row of Σ lengths tokens
+    with position ids restarting at 0 for each sequence and no attention mask: transformers
+    then attends within each sequence only (a block-diagonal causal mask under SDPA/eager,
+    variable-length kernels under flash attention), so no padding token is computed. The
+    values are those of the padded forward up to float summation order (prompts are not
+    shared then). On CPU with SDPA the attention still costs (Σ lengths)² per row, so pack
+    micro-batches of a bounded token count (`micro_batch_tokens`).
+
     Args:
         model: a causal LM.
         batch: the padded batch (`RolloutBatch` layout: prompt width P, response width L).
@@ -217,6 +226,7 @@ def sequence_logprobs(
         entropy_grad: keep the entropy in the autograd graph (for an entropy bonus).
         split_prompt: with `share_prompts`, always run prompt and response as two calls.
         chunk_elements: fp32 logits held at once by the chunked head (tokens × V).
+        packed: run the rows as one padding-free packed sequence (see above).
 
     Returns:
         logprobs [B, L] float32 (0 where the batch has padding — mask it), entropy [B, L] or
@@ -224,6 +234,8 @@ def sequence_logprobs(
     """
     from textgym import distributed
 
+    if packed:
+        return _packed_logprobs(model, batch, temperature, with_entropy, entropy_grad, chunk_elements)
     if distributed.is_sharded(model) or not chunked_head_supported(model):
         with _autocast(model):
             return _full_logits_logprobs(
@@ -277,6 +289,67 @@ def sequence_logprobs(
     logprobs = zeros.masked_scatter(real, lp)
     entropy = None if ent is None else zeros.masked_scatter(real, ent)
     return logprobs, entropy
+
+
+def pack_rows(batch: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The padding-free layout of `batch`: `(input_ids, position_ids, predict, real)`.
+
+    Shapes: input_ids [1, N], position_ids [1, N], predict [M], real [B, L] bool.
+    The rows' real tokens (attention mask 1) are concatenated in row order (N = Σ row
+    lengths); position ids restart at 0 for each sequence, which is how transformers finds
+    the sequence boundaries (`masking_utils.find_packed_sequence_indices`). `real` marks the
+    response columns that are not padding (M of them, row-major) and `predict[m]` is the
+    packed index of the token that predicts the m-th (its target is at `predict[m] + 1`).
+    """
+    mask = batch.attention_mask.bool()  # [B, S]
+    flat_index = (mask.flatten().cumsum(0) - 1).view(mask.shape)  # packed index of each real token
+    P = batch.prompt_width
+    real = mask[:, P:]
+    predict = flat_index[:, P:][real] - 1
+    return batch.input_ids[mask][None], batch.position_ids[mask][None], predict, real
+
+
+def _packed_logprobs(
+    model: PreTrainedModel,
+    batch: RolloutBatch,
+    temperature: float,
+    with_entropy: bool,
+    entropy_grad: bool,
+    chunk_elements: int,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`sequence_logprobs` of `batch` packed into one row (`pack_rows`; see there)."""
+    from textgym import distributed
+
+    ids, positions, predict, real = pack_rows(batch)
+    targets = ids[0, predict + 1]
+    with _autocast(model):
+        if distributed.is_sharded(model) or not chunked_head_supported(model):
+            logits = model(input_ids=ids, position_ids=positions, use_cache=False).logits[0, predict]
+            lp, ent = head_logprobs(
+                torch.nn.Identity(),
+                logits,
+                targets,
+                temperature,
+                with_entropy,
+                entropy_grad,
+                chunk_elements=2**62,
+            )
+        else:
+            hidden = model.get_decoder()(
+                input_ids=ids, position_ids=positions, use_cache=False
+            ).last_hidden_state
+            lp, ent = head_logprobs(
+                model.get_output_embeddings(),
+                hidden[0, predict],
+                targets,
+                temperature,
+                with_entropy=with_entropy,
+                entropy_grad=entropy_grad,
+                chunk_elements=chunk_elements,
+                vocab_size=int(model.config.vocab_size),
+            )
+    zeros = torch.zeros(real.shape, dtype=torch.float32, device=real.device)
+    return zeros.masked_scatter(real, lp), None if ent is None else zeros.masked_scatter(real, ent)
 
 
 def _full_logits_logprobs(

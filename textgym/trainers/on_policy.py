@@ -53,7 +53,7 @@ from textgym.agents.sampling import SamplingParams, derive_seed
 from textgym.agents.trajectory import Trajectory
 from textgym.config import GRPOConfig, ParallelConfig, PPOConfig
 from textgym.envs.registry import task_count
-from textgym.trainers.batch import RolloutBatch
+from textgym.trainers.batch import RolloutBatch, no_token_budget_under_torchrun
 from textgym.trainers.checkpoint import (
     latest_checkpoint,
     load_checkpoint,
@@ -136,6 +136,7 @@ class OnPolicyTrainer(PolicyUpdate):
         # 2 the rollout side: one env per row of this rank's share of the batch, a task stream
         W = self.world.size
         B = cfg.prompts_per_step * cfg.group_size  # the global batch; this rank holds B / W rows
+        no_token_budget_under_torchrun(cfg.micro_batch_tokens, W)
         self.agent = LLMAgent(model, tokenizer, batch_size=B // W)
         self.params = SamplingParams(**cfg.sampling.model_dump())
         self.envs = [make_env(cfg.env) for _ in range(B // W)]

@@ -38,7 +38,12 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from textgym import distributed
 from textgym.agents.trajectory import Trajectory
 from textgym.config import ParallelConfig, PreferenceConfig
-from textgym.trainers.batch import RolloutBatch, rank_micro_batches
+from textgym.trainers.batch import (
+    RolloutBatch,
+    no_token_budget_under_torchrun,
+    rank_micro_batches,
+    token_budget_micro_batches,
+)
 from textgym.trainers.checkpoint import (
     latest_checkpoint,
     load_checkpoint,
@@ -164,6 +169,7 @@ class PreferenceTrainer:
         self.steps_per_epoch = math.ceil(self.n / cfg.batch_size)
         self.total_steps = cfg.epochs * self.steps_per_epoch
         self.micro_batch_size = cfg.micro_batch_size or cfg.batch_size
+        no_token_budget_under_torchrun(cfg.micro_batch_tokens, self.world.size)
         self.seed = seed
         parallel = parallel or ParallelConfig()
         # Of the start model (before adapters or sharding) and the examples: what the cache is of.
@@ -254,13 +260,26 @@ class PreferenceTrainer:
     def _logps(self, trajs: list[Trajectory]) -> tuple[torch.Tensor, torch.Tensor]:
         """(summed response log-probs [n], response token counts [n]) under the current model."""
         batch = RolloutBatch.from_trajectories(trajs, self.pad_id).to(self.device)
-        per_token, _ = sequence_logprobs(self.model, batch, split_prompt=self.split)
+        per_token, _ = sequence_logprobs(self.model, batch, split_prompt=self.split, packed=self.cfg.packing)
         mask = batch.loss_mask
         return (per_token * mask).sum(-1), mask.sum(-1)
 
     def _micro_batches(self, rows: list[int]) -> list[tuple[list[int], bool]]:
-        """This rank's slice of `rows` in micro-batches, with fillers (`common.rank_micro_batches`)."""
-        return rank_micro_batches(rows, self.micro_batch_size)
+        """This rank's slice of `rows` in micro-batches, with fillers (`common.rank_micro_batches`).
+
+        With `micro_batch_tokens` (one process), examples of similar lengths share a
+        micro-batch of at most that many tokens: each example counts as its prompt and its
+        longer response, twice (two rows are scored per example: chosen and rejected, or
+        KTO's own and mismatched completion), so the budget is halved per example.
+        """
+        budget = self.cfg.micro_batch_tokens
+        if budget is None:
+            return rank_micro_batches(rows, self.micro_batch_size)
+        ex = self.examples
+        prompt = [len(e[0]) for e in ex]
+        response = [len(e[1]) if self.kto else max(len(e[1]), len(e[3])) for e in ex]
+        cut = token_budget_micro_batches(prompt, response, rows, max(budget // 2, 1), self.cfg.packing)
+        return [(m, False) for m in cut]
 
     @torch.no_grad()
     def _reference_logps(self) -> dict[str, torch.Tensor]:
@@ -271,6 +290,7 @@ class PreferenceTrainer:
         was = self.model.training
         self.model.eval()
         parts: dict[str, list[torch.Tensor]] = defaultdict(list)
+        order: list[int] = []
         try:
             for idx, filler in self._micro_batches(list(range(self.n))):
                 lp, _ = self._logps(self._sequences(idx))
@@ -279,9 +299,12 @@ class PreferenceTrainer:
                 a, b = lp[: len(idx)], lp[len(idx) :]
                 parts["first"].append(a.cpu())
                 parts["second"].append(b.cpu())
+                order += idx
         finally:
             self.model.train(was)
-        local = {k: torch.cat(parts[k]) if parts[k] else torch.zeros(0) for k in ("first", "second")}
+        # Token-budget micro-batches are sorted by length: put the rows back in example order.
+        back = torch.argsort(torch.tensor(order, dtype=torch.long))
+        local = {k: torch.cat(parts[k])[back] if parts[k] else torch.zeros(0) for k in ("first", "second")}
         return {k: torch.cat(distributed.all_gather_list([v])) for k, v in local.items()}
 
     # --- the step ----------------------------------------------------------------------

@@ -36,7 +36,12 @@ from textgym.agents.trajectory import Trajectory
 from textgym.config import ConfigError, ParallelConfig, SFTConfig
 from textgym.envs.registry import make as make_text_env
 from textgym.evaluation.core import episode_correct
-from textgym.trainers.batch import RolloutBatch
+from textgym.trainers.batch import (
+    RolloutBatch,
+    no_token_budget_under_torchrun,
+    row_lengths,
+    token_budget_micro_batches,
+)
 from textgym.trainers.checkpoint import (
     latest_checkpoint,
     load_checkpoint,
@@ -98,6 +103,7 @@ class SFTTrainer:
                 f"sft.batch_size={cfg.batch_size} must be a multiple of the number of ranks ({W})"
             )
         self.local_batch = cfg.batch_size // W
+        no_token_budget_under_torchrun(cfg.micro_batch_tokens, W)
         self.stage_dir.mkdir(parents=True, exist_ok=True)
         self.device = next(model.parameters()).device
         if cfg.lora is not None:
@@ -165,11 +171,11 @@ class SFTTrainer:
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         total = 0.0
-        starts = range(0, len(batch), self.micro_batch_size)
-        for i in starts:
-            distributed.set_requires_gradient_sync(self.model, i == starts[-1])
-            sub = batch.select(list(range(i, min(len(batch), i + self.micro_batch_size))))
-            logprobs, _ = sequence_logprobs(self.model, sub)
+        micros = self._micro_batches(batch)
+        for j, rows in enumerate(micros):
+            distributed.set_requires_gradient_sync(self.model, j == len(micros) - 1)
+            sub = batch.select(rows)
+            logprobs, _ = sequence_logprobs(self.model, sub, packed=self.cfg.packing)
             loss, _ = sft_loss(logprobs, sub.loss_mask, num_tokens=num_tokens)
             loss.backward()
             total += float(loss.detach())
@@ -191,6 +197,17 @@ class SFTTrainer:
             }
         )
         return distributed.reduce_metrics(metrics)
+
+    def _micro_batches(self, batch: RolloutBatch) -> list[list[int]]:
+        """Rows of `batch` per forward pass: `micro_batch_size` at a time, or token budgets."""
+        rows = list(range(len(batch)))
+        if self.cfg.micro_batch_tokens is None:
+            m = self.micro_batch_size
+            return [rows[i : i + m] for i in range(0, len(rows), m)]
+        prompt, response = row_lengths(batch)
+        return token_budget_micro_batches(
+            prompt, response, rows, self.cfg.micro_batch_tokens, self.cfg.packing
+        )
 
     def probe(self) -> float:
         """Greedy accuracy on the probe tasks (`cfg.target`); rank 0 measures, every rank gets it.

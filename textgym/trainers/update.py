@@ -25,7 +25,7 @@ from transformers import PreTrainedModel
 from textgym import distributed
 from textgym.config import GRPOConfig, PPOConfig
 from textgym.distributed.process_group import World
-from textgym.trainers.batch import RolloutBatch
+from textgym.trainers.batch import RolloutBatch, row_lengths, token_budget_micro_batches
 from textgym.trainers.logprobs import sequence_logprobs
 from textgym.trainers.losses import aggregate
 from textgym.trainers.registry import PolicyLossInputs, get_policy_loss
@@ -134,7 +134,7 @@ class PolicyUpdate:
                 if loss_rows is not None:
                     num_seqs = max(distributed.share(float(loss_rows[mb].sum())), 1.0 / self.world.size)
                 self.optimizer.zero_grad(set_to_none=True)
-                micros = chunks(mb, self.micro_batch_size)
+                micros = self._micro_batches(batch, mb)
                 for i, micro in enumerate(micros):
                     self._gradient_sync(i == len(micros) - 1)
                     sub = batch.select(micro)
@@ -222,6 +222,7 @@ class PolicyUpdate:
             with_entropy=grad or log_entropy,
             entropy_grad=grad,
             split_prompt=distributed.is_sharded(self.policy),
+            packed=self.cfg.packing,
         )
         if entropy is None:
             return logprobs, None, None
@@ -230,13 +231,13 @@ class PolicyUpdate:
     @torch.no_grad()
     def _trainer_logprobs(self, batch: RolloutBatch) -> torch.Tensor:
         """[B, L] log π_old of the batch's tokens under the current policy, in eval mode."""
-        policy, T = self.policy, self.cfg.sampling.temperature
+        policy, T, packed = self.policy, self.cfg.sampling.temperature, self.cfg.packing
         split = distributed.is_sharded(policy)  # every rank makes the same forward calls
         was_training = policy.training
         policy.eval()
         try:
             return self.per_micro_batch(
-                batch, lambda sub: sequence_logprobs(policy, sub, T, split_prompt=split)[0]
+                batch, lambda sub: sequence_logprobs(policy, sub, T, split_prompt=split, packed=packed)[0]
             )
         finally:
             policy.train(was_training)
@@ -247,27 +248,30 @@ class PolicyUpdate:
         if self.cfg.lora is not None and self.cfg.kl_coef > 0:
             from textgym.trainers.lora import reference_of
 
-            policy, T = self.policy, self.cfg.sampling.temperature
+            policy, T, packed = self.policy, self.cfg.sampling.temperature, self.cfg.packing
             was_training = policy.training
             policy.eval()
             try:
                 with reference_of(policy) as ref:
-                    return self.per_micro_batch(batch, lambda sub: sequence_logprobs(ref, sub, T)[0])
+                    return self.per_micro_batch(
+                        batch, lambda sub: sequence_logprobs(ref, sub, T, packed=packed)[0]
+                    )
             finally:
                 policy.train(was_training)
         if self.reference is None:
             return None
-        reference, T = self.reference, self.cfg.sampling.temperature
+        reference, T, packed = self.reference, self.cfg.sampling.temperature, self.cfg.packing
         split = distributed.is_sharded(reference)
         if self.cfg.reference_device is not None and not split:
             # Placed elsewhere (another GPU, or offloaded to CPU): the micro-batch goes there
             # and its log-probs come back.
             where = torch.device(self.cfg.reference_device)
             return self.per_micro_batch(
-                batch, lambda sub: sequence_logprobs(reference, sub.to(where), T)[0].to(self.device)
+                batch,
+                lambda sub: sequence_logprobs(reference, sub.to(where), T, packed=packed)[0].to(self.device),
             )
         return self.per_micro_batch(
-            batch, lambda sub: sequence_logprobs(reference, sub, T, split_prompt=split)[0]
+            batch, lambda sub: sequence_logprobs(reference, sub, T, split_prompt=split, packed=packed)[0]
         )
 
     @torch.no_grad()
@@ -277,11 +281,29 @@ class PolicyUpdate:
         """Apply `fn` to each micro-batch of `batch` without gradient and stitch the rows back.
 
         `fn(sub)` returns [b, L_sub + extra_columns] for a micro-batch trimmed to L_sub response
-        columns; each piece is right-padded with 0 to `L + extra_columns` before concatenation.
+        columns; each piece is right-padded with 0 to `L + extra_columns` and put back at its
+        rows (token-budget micro-batches are not in row order).
         """
         width = batch.loss_mask.shape[1] + extra_columns
-        parts = []
-        for micro in chunks(torch.arange(len(batch)), self.micro_batch_size):
-            out = fn(batch.select(micro))
-            parts.append(torch.nn.functional.pad(out, (0, width - out.shape[1])))
-        return torch.cat(parts)
+        out: torch.Tensor | None = None
+        for micro in self._micro_batches(batch, torch.arange(len(batch))):
+            part = fn(batch.select(micro))
+            part = torch.nn.functional.pad(part, (0, width - part.shape[1]))
+            if out is None:
+                out = part.new_zeros((len(batch), width))
+            out[micro.to(part.device)] = part
+        assert out is not None
+        return out
+
+    def _micro_batches(self, batch: RolloutBatch, rows: torch.Tensor) -> list[torch.Tensor]:
+        """The micro-batches of the minibatch `rows` [n] (row indices into `batch`).
+
+        `micro_batch_size` rows each, in order; or token-budget ones (`micro_batch_tokens`,
+        similar lengths together: `textgym.trainers.batch.token_budget_micro_batches`).
+        """
+        budget = self.cfg.micro_batch_tokens
+        if budget is None:
+            return chunks(rows, self.micro_batch_size)
+        prompt, response = row_lengths(batch)
+        cut = token_budget_micro_batches(prompt, response, rows.tolist(), budget, self.cfg.packing)
+        return [torch.tensor(m, dtype=torch.long) for m in cut]
