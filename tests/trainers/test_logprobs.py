@@ -211,3 +211,38 @@ def test_pack_rows_layout():
     assert len(predict) == int(real.sum())
     targets = batch.input_ids[:, batch.prompt_width :][real]
     assert torch.equal(ids[0, predict + 1], targets)
+
+
+def test_memory_kept_for_backward_does_not_grow_with_the_vocabulary():
+    """The tensors autograd keeps for the backward of a policy forward (parameters aside) are
+    the same bytes at V = 4,096 and V = 65,536: the logits are never kept, only recomputed
+    chunk by chunk. The plain full-logits path keeps ~16× more at the larger vocabulary."""
+
+    def saved_bytes(vocab: int, chunked: bool) -> int:
+        torch.manual_seed(0)
+        cfg = Qwen2Config(
+            vocab_size=vocab, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, intermediate_size=128, tie_word_embeddings=True,
+        )  # fmt: skip
+        model = AutoModelForCausalLM.from_config(cfg).train()
+        params = {p.data_ptr() for p in model.parameters()}
+        batch = _batch(False)
+        total = 0
+
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            nonlocal total
+            if t.data_ptr() not in params:
+                total += t.numel() * t.element_size()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            if chunked:
+                sequence_logprobs(model, batch, with_entropy=True, chunk_elements=8 * 4096)
+            else:
+                _full_logits_logprobs(model, batch, 1.0, True, True, False, False)
+        return total
+
+    small, large = saved_bytes(4096, True), saved_bytes(65536, True)
+    assert large <= 1.01 * small, (small, large)
+    full_small, full_large = saved_bytes(4096, False), saved_bytes(65536, False)
+    assert full_large > 8 * full_small and full_large > 10 * large
