@@ -1,7 +1,8 @@
 """GPU figures: update-step throughput and MFU, and peak memory of PPO vs GRPO vs LoRA.
 
-For a locally built Qwen2-config model (default the `0.5b` preset: the Qwen2.5-0.5B shape
-with textgym's byte vocabulary, random init), each measurement runs in its own subprocess so
+For a locally built Qwen2-config model (default the `0.5b-v152k` preset: the Qwen2.5-0.5B
+shape with its 151,936-id vocabulary, random init; `--preset 0.5b` keeps textgym's 1,024-id
+one), each measurement runs in its own subprocess so
 peak-memory counters start clean:
 
 - `train`: the policy-gradient update step of the trainers (`sequence_logprobs` over a
@@ -22,7 +23,7 @@ Rollout throughput (transformers vs vLLM) is `bench/rollout.py --presets 0.5b --
 bfloat16`. On a CPU, `python bench/gpu.py --device cpu --preset tiny` checks the script runs
 (its MFU means nothing there).
 
-    python bench/gpu.py [--preset 0.5b] [--device cuda] [--batch 16] [--prompt-len 256]
+    python bench/gpu.py [--preset 0.5b-v152k] [--device cuda] [--batch 16] [--prompt-len 256]
                         [--response-len 768] [--steps 5] [--warmup 2] [--peak-tflops 989]
 """
 
@@ -176,7 +177,7 @@ def child(args: argparse.Namespace) -> dict[str, float | str]:
 def main() -> None:
     """Build the model once, run each measurement in a subprocess, print the figures."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--preset", default="0.5b")
+    ap.add_argument("--preset", default="0.5b-v152k")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--prompt-len", type=int, default=256)
