@@ -4,16 +4,20 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from textgym.config.base import OptimConfig, _Strict
+from textgym.config.base import OptimConfig, _Batching
 
 
-class RewardModelConfig(_Strict):
+class RewardModelConfig(_Batching):
     """Training a Bradley–Terry reward model on pairs (`textgym rm train`).
 
     As the `reward_model:` stage of a run config, `textgym rm train CONFIG [key=value ...]`
     trains it from `pairs` into `out`; the same fields are `textgym rm train`'s flags, whose
     defaults are the ones below. `textgym train` does not run this stage: train the reward
     model first, then point an RL stage's `env.reward_model` at its folder.
+
+    `micro_batch_tokens` and `packing` (from `_Batching`) apply to pairs: each pair is two
+    sequences (chosen and rejected), so a pair counts as its prompt and its longer response
+    against half the token budget; the held-out evaluation uses the same micro-batches.
     """
 
     epochs: int = Field(2, ge=1)

@@ -11,7 +11,9 @@ Loop (`RewardModelTrainer`): 1 draw the step's pairs (epoch e's order is a permu
 by `seed + e`) · 2 one forward pass over chosen and rejected per micro-batch · 3 the
 Bradley–Terry loss (+ α·NLL of the chosen responses, GRM's regulariser), accumulated over
 micro-batches · 4 clip, step · 5 log (`<out>/metrics.jsonl`), checkpoint, and after each epoch
-the held-out accuracy.
+the held-out accuracy. Micro-batches hold `micro_batch_size` pairs, or with `micro_batch_tokens`
+(one process) pairs of similar lengths up to a token budget; with `packing` each micro-batch
+runs as one padding-free packed row (`reward_model_forward`). Neither changes the gradient.
 
 Under torchrun (`textgym rm train` launched by `torchrun --nproc-per-node N -m textgym`) the
 trained module (`RewardNet`) is sharded with FSDP2 and each step's pairs are split into
@@ -41,23 +43,30 @@ from typing import Any
 
 import pyarrow as pa
 import torch
-from transformers import AutoModelForSequenceClassification, AutoTokenizer, PreTrainedModel
+from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from textgym import distributed
 from textgym.config import ParallelConfig, RewardModelConfig
 from textgym.envs.reward_model import RewardModelWrapper
-from textgym.trainers.batch import rank_micro_batches
+from textgym.trainers.batch import (
+    no_token_budget_under_torchrun,
+    rank_micro_batches,
+    token_budget_micro_batches,
+)
 from textgym.trainers.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from textgym.trainers.logging import metrics_logger
 from textgym.trainers.optim import build_optimizer
 from textgym.trainers.placement import shard
 from textgym.trainers.precision import compute_autocast
-from textgym.verifiers.reward_model import (
-    RewardModelVerifier,
-    last_token_reward,
-    pad_rows,
-    score_sequences,
+from textgym.trainers.reward_model_forward import (
+    RewardNet,
+    _lm_positions,
+    _output_embeddings,
+    nll_targets,
+    pack_sequences,
+    packed_nll_targets,
 )
+from textgym.verifiers.reward_model import RewardModelVerifier, pad_rows, score_sequences
 
 __all__ = [
     "RewardModelTrainer",
@@ -73,140 +82,7 @@ __all__ = [
 _pad = pad_rows  # the old private name (tests)
 
 EVAL_PAIRS = 32
-"""Held-out pairs per forward pass when no `micro_batch_size` is set."""
-
-
-def _output_embeddings(model_dir: str | Path, model: Any) -> torch.nn.Parameter:
-    """The causal LM's output projection [V, H] for the language-modelling regulariser.
-
-    With tied embeddings it is the reward model's own input embedding (shared, trained);
-    otherwise the LM head is loaded from `model_dir` as an extra parameter that is trained
-    with the backbone and dropped when the reward model is saved.
-    """
-    if getattr(model.config, "tie_word_embeddings", False):
-        return model.model.embed_tokens.weight  # type: ignore[no-any-return]
-    from safetensors.torch import load_file
-
-    for f in sorted(Path(model_dir).glob("*.safetensors")):
-        tensors = load_file(str(f))
-        if "lm_head.weight" in tensors:
-            return torch.nn.Parameter(tensors["lm_head.weight"].float())
-    raise ValueError(
-        f"{model_dir} has no lm_head.weight for the language-modelling regulariser (lm_coef > 0)"
-    )
-
-
-def _lm_positions(row: list[int], start: int, loss_mask: list[int]) -> list[tuple[int, int]]:
-    """(position, target token) of each counted response token: token t is predicted at t − 1."""
-    return [(start + j - 1, row[start + j]) for j, keep in enumerate(loss_mask) if keep and start + j >= 1]
-
-
-def nll_targets(ids: list[list[int]], starts: list[int], loss_masks: list[list[int]], T: int) -> torch.Tensor:
-    """Next-token targets [n, T] of the response tokens: the token id at the position that predicts it.
-
-    Args:
-        ids: the token rows (prompt + response), n lists of at most T tokens.
-        starts: index of each row's first response token.
-        loss_masks: per response token, 1 where it counts (the policy's tokens).
-        T: the padded width.
-
-    Returns:
-        A long tensor, −100 (cross-entropy's ignore index) where nothing is predicted.
-    """
-    target = torch.full((len(ids), T), -100, dtype=torch.long)
-    for i, (row, s, lm) in enumerate(zip(ids, starts, loss_masks, strict=True)):
-        for pos, tok in _lm_positions(row, s, lm):
-            target[i, pos] = tok
-    return target
-
-
-class RewardNet(torch.nn.Module):
-    """What the reward-model trainer trains and shards: backbone, score head, and the regulariser's LM head.
-
-    It holds the modules of a sequence-classification model under the same names (`model`,
-    `score`), so its state dict is the reward model's, plus `lm_head.weight` when the
-    regulariser uses an untied LM head. Its `forward` computes both the rewards and the NLL,
-    so that under FSDP2 the root unit (embeddings, final norm, score and LM heads) is
-    unsharded while the tied embedding or the LM head multiplies the hidden states; outside
-    a forward those parameters are sharded `DTensor`s.
-
-    Args:
-        rm: the `AutoModelForSequenceClassification` (one label) whose modules are trained.
-        lm_head: the regulariser's output projection [V, H], or None without the regulariser.
-            The input embedding itself (tied) is used as is; another tensor becomes the
-            parameter `lm_head.weight`.
-
-    Attributes:
-        hf: `rm` itself, for its config and `save_pretrained` (not a submodule: `model` and
-            `score` are registered here, so no parameter is counted twice).
-        regularised: whether `forward` can compute the NLL (an LM head was given).
-    """
-
-    model: Any
-    score: torch.nn.Module
-    hf: PreTrainedModel
-
-    def __init__(self, rm: PreTrainedModel, lm_head: torch.Tensor | None = None):
-        super().__init__()
-        self.model = rm.model
-        self.score = rm.score  # type: ignore[assignment]
-        object.__setattr__(self, "hf", rm)  # not a submodule: its modules are registered above
-        self._no_split_modules = list(getattr(rm, "_no_split_modules", None) or [])  # for `shard`
-        self.regularised = lm_head is not None
-        self.lm_head: torch.nn.Linear | None = None
-        if lm_head is not None and lm_head is not rm.model.embed_tokens.weight:
-            V, H = lm_head.shape
-            self.lm_head = torch.nn.Linear(H, V, bias=False, device=lm_head.device)
-            self.lm_head.weight = torch.nn.Parameter(lm_head.detach())
-
-    def forward(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, targets: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Rewards of right-padded rows and the summed NLL of the first rows' target tokens.
-
-        The NLL is the text-generation regulariser of GRM (Yang et al. 2024, arXiv:2406.10216,
-        eq. 6, the SFT form on the chosen responses): logits = hidden @ head^T, token t
-        predicted from the hidden state at t − 1.
-
-        Args:
-            input_ids: [n, T] right-padded token ids.
-            attention_mask: [n, T], 1 on real tokens.
-            targets: [k, T] next-token targets of the first k rows (`nll_targets`, −100 where
-                nothing counts), or None to skip the NLL.
-
-        Returns:
-            rewards [n] (fp32; the score head at each row's last real token), and the NLL
-            summed over the target tokens in nats (fp32 scalar), or None.
-        """
-        hidden = self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-        rewards = last_token_reward(self, hidden, attention_mask).float()
-        if targets is None or not self.regularised:
-            return rewards, None
-        head = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        logits = (hidden[: len(targets)] @ head.T).float()  # [k, T, V]
-        nll = torch.nn.functional.cross_entropy(
-            logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100, reduction="sum"
-        )
-        return rewards, nll
-
-    def save_pretrained(self, folder: str | Path, state_dict: dict[str, torch.Tensor] | None = None) -> None:
-        """Write the reward model as a Hugging Face folder, and an untied LM head beside it.
-
-        The folder is what `AutoModelForSequenceClassification.from_pretrained` loads; the LM
-        head, when there is one, goes to `lm_head.safetensors` (a checkpoint needs it to
-        resume; `from_pretrained` ignores the file). `state_dict` is this module's full state
-        (`distributed.model_state` when sharded); default: `self.state_dict()`.
-        """
-        from safetensors.torch import save_file
-
-        state = dict(self.state_dict() if state_dict is None else state_dict)
-        head = state.pop("lm_head.weight", None)
-        self.hf.save_pretrained(folder, state_dict=state)
-        if head is not None:
-            save_file(
-                {"lm_head.weight": head.detach().cpu().contiguous()},
-                str(Path(folder) / "lm_head.safetensors"),
-            )
+"""Held-out pairs per forward pass when neither `micro_batch_size` nor `micro_batch_tokens` is set."""
 
 
 def split_by_prompt(pairs: pa.Table, eval_fraction: float, seed: int) -> tuple[list[int], list[int]]:
@@ -287,6 +163,7 @@ class RewardModelTrainer:
         self.steps_per_epoch = math.ceil(len(self.train_idx) / cfg.batch_size)
         self.total_steps = cfg.epochs * self.steps_per_epoch
         self.micro_batch_size = cfg.micro_batch_size or cfg.batch_size
+        no_token_budget_under_torchrun(cfg.micro_batch_tokens, self.world.size)
         self.optimizer, self.scheduler = build_optimizer(self.net, cfg.optim, self.total_steps)
         self.memory = distributed.memory_report({"reward_model": (self.net, self.optimizer)})
         self.step, self.before, self.train_loss = 0, float("nan"), float("nan")
@@ -314,20 +191,45 @@ class RewardModelTrainer:
         g = torch.Generator().manual_seed(self.cfg.seed + epoch)
         return [self.train_idx[i] for i in torch.randperm(len(self.train_idx), generator=g).tolist()]
 
+    def _micro_batches(self, rows: list[int], per_pass: int) -> list[tuple[list[int], bool]]:
+        """This rank's slice of the pairs `rows` in micro-batches of `per_pass`, with fillers.
+
+        With `micro_batch_tokens` (one process), pairs of similar lengths share a micro-batch
+        of at most that many tokens instead: a pair is two sequences, so it counts as its prompt
+        and its longer response against half the budget (as in `trainers.preference`).
+        """
+        budget = self.cfg.micro_batch_tokens
+        if budget is None:
+            return rank_micro_batches(rows, per_pass)
+        prompt = self.starts
+        pairs = zip(self.chosen, self.rejected, prompt, strict=True)
+        response = [max(len(c), len(r)) - p for c, r, p in pairs]
+        cut = token_budget_micro_batches(prompt, response, rows, max(budget // 2, 1), self.cfg.packing)
+        return [(m, False) for m in cut]
+
     def _forward(
         self, idx: list[int], with_nll: bool
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """Rewards [k] of the chosen and [k] of the rejected responses of pairs `idx`, and the NLL sum."""
-        ids, mask = pad_rows([self.chosen[i] for i in idx] + [self.rejected[i] for i in idx], self.pad_id)
-        targets = None
-        if with_nll and self.net.regularised:
-            rows = [self.chosen[i] for i in idx]
-            targets = nll_targets(
-                rows, [self.starts[i] for i in idx], [self.chosen_mask[i] for i in idx], ids.shape[1]
-            )
-            targets = targets.to(self.device)
-        with compute_autocast(self.net):
-            rewards, nll = self.net(ids.to(self.device), mask.to(self.device), targets)
+        """Rewards [k] of the chosen and [k] of the rejected responses of pairs `idx`, and the NLL sum.
+
+        One forward pass over the 2k sequences (chosen first): right-padded, or with `packing`
+        one padding-free packed row (`reward_model_forward.pack_sequences`).
+        """
+        chosen = [self.chosen[i] for i in idx]
+        rows = chosen + [self.rejected[i] for i in idx]
+        with_nll = with_nll and self.net.regularised
+        lm = ([self.starts[i] for i in idx], [self.chosen_mask[i] for i in idx])
+        dev = self.device
+        if self.cfg.packing:
+            ids, positions, last = pack_sequences(rows)
+            targets = packed_nll_targets(chosen, *lm, ids.shape[1]).to(dev) if with_nll else None
+            with compute_autocast(self.net):
+                rewards, nll = self.net(ids.to(dev), None, targets, positions.to(dev), last.to(dev))
+        else:
+            ids, mask = pad_rows(rows, self.pad_id)
+            targets = nll_targets(chosen, *lm, ids.shape[1]).to(dev) if with_nll else None
+            with compute_autocast(self.net):
+                rewards, nll = self.net(ids.to(dev), mask.to(dev), targets)
         return rewards[: len(idx)], rewards[len(idx) :], nll
 
     @torch.no_grad()
@@ -335,13 +237,14 @@ class RewardModelTrainer:
         """Share of held-out pairs with r(chosen) > r(rejected) (NaN when none are held out).
 
         Collective under torchrun: each rank scores its slice of the held-out pairs (same
-        number of forward calls everywhere) and the verdicts are gathered in order.
+        number of forward calls everywhere) and the verdicts are gathered in order. With
+        `micro_batch_tokens` the pairs are scored in length order; the share does not depend on it.
         """
         if not self.test_idx:
             return float("nan")
         self.net.eval()
         wins: list[bool] = []
-        for idx, filler in rank_micro_batches(self.test_idx, self.cfg.micro_batch_size or EVAL_PAIRS):
+        for idx, filler in self._micro_batches(self.test_idx, self.cfg.micro_batch_size or EVAL_PAIRS):
             rc, rr, _ = self._forward(idx, with_nll=False)
             if not filler:
                 wins += (rc > rr).tolist()
@@ -365,7 +268,7 @@ class RewardModelTrainer:
         sums = dict.fromkeys(["loss/bt", "rewards/accuracy", "rewards/margin"], 0.0)
         if self.net.regularised:
             sums["loss/lm"] = 0.0
-        micros = rank_micro_batches(idx, self.micro_batch_size)
+        micros = self._micro_batches(idx, self.micro_batch_size)
         for j, (sub, filler) in enumerate(micros):
             distributed.set_requires_gradient_sync(self.net, j == len(micros) - 1)
             rc, rr, nll = self._forward(sub, with_nll=True)
