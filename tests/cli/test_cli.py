@@ -352,6 +352,17 @@ def test_rm_train_takes_a_config_with_overrides_like_train(tmp_path, tiny_model_
     assert r.exit_code == 2 and "textgym rm train CONFIG" in r.output
 
 
+def test_rm_train_token_budget_and_packing_flags_set_the_stage(tmp_path):
+    from textgym.cli.rm import _load
+    from textgym.config import ConfigError
+
+    paths = {"pairs": tmp_path / "p", "model": tmp_path / "m", "out": tmp_path / "o"}
+    cfg = _load(None, [], {**paths, "micro_batch_tokens": 512, "packing": True}).reward_model
+    assert cfg is not None and cfg.micro_batch_tokens == 512 and cfg.packing
+    with pytest.raises(ConfigError, match="micro_batch_size or micro_batch_tokens, not both"):
+        _load(None, [], {**paths, "micro_batch_tokens": 512, "micro_batch_size": 2})
+
+
 def test_every_preset_config_loads_and_only_machine_checks_need_the_machine(tmp_path):
     from textgym.config import ConfigError, load_config, validate_runtime
 

@@ -38,6 +38,13 @@ BatchSize = Annotated[int | None, _opt(_RM.batch_size, "Pairs per step (over all
 MicroBatch = Annotated[
     int | None, _opt(None, "Pairs per forward pass on each rank (gradient accumulation).", min=1)
 ]
+MicroBatchTokens = Annotated[
+    int | None,
+    _opt(None, "Tokens per forward pass instead of a pair count (one process).", min=1),
+]
+Packing = Annotated[
+    bool | None, _opt(_RM.packing, "Run each micro-batch as one padding-free packed sequence.")
+]
 Lr = Annotated[float | None, _opt(_RM.optim.lr, min=0.0)]
 Schedule = Annotated[str | None, _opt(_RM.optim.schedule, "LR schedule: constant, cosine, linear.")]
 EvalFraction = Annotated[
@@ -73,7 +80,9 @@ Resume = Annotated[
 _FLAG_KEYS = {
     "pairs": "reward_model.pairs", "model": "reward_model.model", "out": "reward_model.out",
     "epochs": "reward_model.epochs", "batch_size": "reward_model.batch_size",
-    "micro_batch_size": "reward_model.micro_batch_size", "lr": "reward_model.optim.lr",
+    "micro_batch_size": "reward_model.micro_batch_size",
+    "micro_batch_tokens": "reward_model.micro_batch_tokens", "packing": "reward_model.packing",
+    "lr": "reward_model.optim.lr",
     "schedule": "reward_model.optim.schedule", "eval_fraction": "reward_model.eval_fraction",
     "lm_coef": "reward_model.lm_coef", "seed": "reward_model.seed", "device": "device",
     "mixed_precision": "parallel.mixed_precision",
@@ -93,6 +102,8 @@ def rm_train_cmd(
     epochs: Epochs = None,
     batch_size: BatchSize = None,
     micro_batch_size: MicroBatch = None,
+    micro_batch_tokens: MicroBatchTokens = None,
+    packing: Packing = None,
     lr: Lr = None,
     schedule: Schedule = None,
     eval_fraction: EvalFraction = None,
