@@ -78,7 +78,11 @@ def test_multi_turn_tokens_are_the_template_rendering(agent):
     trajs = rollout(agent, envs, [0, 1], SamplingParams(max_new_tokens=6), group_size=2)
     tok = agent.tokenizer
     for t in trajs:
-        assert t.reward == 3.0 and t.reward_terms == {"reward/turn": 3.0}
+        # 1 per turn; a reply that is only the end-of-turn token (a legitimate sample of the random
+        # tiny model, P ≈ 0.4 % per turn) is an invalid action and scores 0
+        replies = [m["content"] for m in t.messages if m["role"] == "assistant"]
+        per_turn = [1.0 if r.strip() else 0.0 for r in replies]
+        assert t.reward == sum(per_turn) and t.reward_terms.get("reward/turn", 0.0) == sum(per_turn)
         assert [m["role"] for m in t.messages] == [
             "user",
             "assistant",
@@ -91,7 +95,8 @@ def test_multi_turn_tokens_are_the_template_rendering(agent):
         mask = t.loss_mask.tolist()
         turn_ends = [i for i in range(len(mask)) if mask[i] == 1 and (i + 1 == len(mask) or mask[i + 1] == 0)]
         assert len(turn_ends) == 3
-        assert t.token_rewards.nonzero().flatten().tolist() == turn_ends
+        assert t.token_rewards[turn_ends].tolist() == per_turn  # and nowhere else:
+        assert float(t.token_rewards.sum()) == sum(per_turn)
         # what the policy saw and sampled is exactly the chat template's rendering of the conversation
         rendered = tok.apply_chat_template(t.messages, tokenize=False)
         text = tok.decode(t.token_ids.tolist())
@@ -487,3 +492,30 @@ def test_neutral_generation_swaps_the_config_for_the_call_only(hostile_model_dir
     assert set_fields == {"eos_token_id": saved.eos_token_id, "pad_token_id": saved.pad_token_id}
     with pytest.raises(TypeError, match="no generation_config"), neutral_generation(torch.nn.Linear(2, 2)):
         pass
+
+
+def test_inverse_cdf_sample_draws_from_the_given_distribution(monkeypatch):
+    from textgym.agents.transformers_backend import inverse_cdf_sample
+
+    # by hand: weights (0, 1, 0, 3) -> cumulative (0, 1, 1, 4); u·4 in [0, 1) -> 1, in [1, 4) -> 3
+    probs = torch.tensor([[0.0, 1.0, 0.0, 3.0]])
+    for u, expected in [(0.0, 1), (0.2499, 1), (0.25, 3), (0.9, 3), (1.0 - 2**-53, 3)]:
+        monkeypatch.setattr(torch, "rand", lambda *a, u=u, **k: torch.full((1, 1), u, dtype=torch.float64))
+        assert int(inverse_cdf_sample(probs)) == expected
+    # u·total rounding up to total itself: the draw is the last token of positive mass, not a
+    # zero-mass token after it and not one past the end
+    monkeypatch.setattr(torch, "rand", lambda *a, **k: torch.ones(1, 1, dtype=torch.float64))
+    assert int(inverse_cdf_sample(torch.tensor([[0.5, 0.5, 0.0, 0.0]]))) == 1
+    monkeypatch.undo()
+    # against the distribution: 200k draws, chi-square over 18 categories (the 99.9 % point is 40.8)
+    torch.manual_seed(0)
+    p = torch.softmax(torch.randn(20) * 2, -1)
+    p[3] = p[19] = 0.0
+    counts = torch.bincount(inverse_cdf_sample(p.expand(200_000, -1).contiguous())[:, 0], minlength=20)
+    expected_counts = p.double() / p.double().sum() * 200_000
+    kept = expected_counts > 0
+    chi2 = float(((counts - expected_counts) ** 2 / expected_counts)[kept].sum())
+    assert chi2 < 40.8 and counts[3] == 0 and counts[19] == 0
+    for bad in ([0.0, 0.0], [float("nan"), 1.0], [float("inf"), 1.0]):
+        with pytest.raises(RuntimeError, match="inf, nan"):
+            inverse_cdf_sample(torch.tensor([bad]))
