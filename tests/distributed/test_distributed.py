@@ -331,7 +331,10 @@ def test_kto_on_two_ranks_matches_one_process(warm_model_dir, tmp_path):
     dpo = {
         "env": WARM_ENV,
         "loss": "kto",
-        "collect": {"n": 16, "samples": 4, "sampling": SAMPLING},
+        # T = 0.5: completions share their format, so raising the own ones raises the mismatched
+        # ones too and z₀ > 0 (at T = 1 whether it does depends on the draws: it stayed 0 with
+        # the inverse-CDF sampler's draws)
+        "collect": {"n": 16, "samples": 4, "sampling": {**SAMPLING, "temperature": 0.5}},
         "pairs": {"desirable_threshold": 0.0},  # every example desirable: the policy moves towards
         "epochs": 1,  # all the completions, the mismatched ones too, so z₀ > 0
         "batch_size": 5,
