@@ -19,6 +19,12 @@ from textgym.trainers.batch import RolloutBatch
 from textgym.trainers.common import latest_checkpoint, seed_everything
 from textgym.trainers.grpo import GRPOTrainer
 
+SIGNAL_SEED = 1
+"""Seed of the tests that need a step with a learning signal: at T = 1 the warm model is right on
+~8 % of its samples, so a step of 4 prompts x 4 samples has all-equal rewards in every group (no
+gradient) about once in four seeds; whether seed s does depends on the sampler's RNG stream
+(inverse-CDF draws since 2026-11-23), not on the maths under test."""
+
 
 def grpo_cfg(**over):
     base = {
@@ -34,7 +40,7 @@ def grpo_cfg(**over):
 
 
 def test_two_grpo_steps_change_parameters(warm_model_dir, tmp_path):
-    seed_everything(0)
+    seed_everything(SIGNAL_SEED)
     model, tok = load_model(warm_model_dir)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     trainer = GRPOTrainer(grpo_cfg(prompts_per_step=4), model, tok, tmp_path)
@@ -108,7 +114,7 @@ def test_gradient_accumulation_is_invariant(tiny_model_dir, tmp_path, aggregatio
 
 def test_resume_gives_the_same_next_step(warm_model_dir, tmp_path):
     def fresh(steps, stage_dir, resume=False):
-        seed_everything(0)
+        seed_everything(SIGNAL_SEED)
         model, tok = load_model(warm_model_dir)
         cfg = grpo_cfg(steps=steps, prompts_per_step=4, checkpoint_every=1, kl_coef=0.02)
         return GRPOTrainer(cfg, model, tok, stage_dir, resume=resume)

@@ -18,6 +18,13 @@ from textgym.trainers.grpo import GRPOTrainer, group_accuracy
 SAMPLING = {"temperature": 1.0, "max_new_tokens": 8}
 
 
+SIGNAL_SEED = 1
+"""Seed of the tests that need a step with a learning signal: at T = 1 the warm model is right on
+~8 % of its samples, so a step of 4 prompts x 4 samples has all-equal rewards in every group (no
+gradient) about once in four seeds; whether seed s does depends on the sampler's RNG stream
+(inverse-CDF draws since 2026-11-23), not on the maths under test."""
+
+
 def grpo_cfg(**over):
     base = {"env": ENV, "steps": 1, "prompts_per_step": 4, "group_size": 4, "sampling": SAMPLING}
     base.update(over)
@@ -41,7 +48,7 @@ def grpo_cfg(**over):
     ids=["rloo", "reinforce_pp", "drgrpo", "kl_reward_dual_clip", "entropy_overlong"],
 )
 def test_grpo_family_steps(warm_model_dir, tmp_path, over):
-    seed_everything(0)
+    seed_everything(SIGNAL_SEED)
     model, tok = load_model(warm_model_dir)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     metrics = GRPOTrainer(grpo_cfg(**over), model, tok, tmp_path).train_step()
