@@ -242,14 +242,16 @@ def test_sampling_under_the_trainers_precision_keeps_the_mismatch_small(tiny_mod
     rounding; bf16 adds the KV-cached decode's rounding vs the padded forward's; a sampler in
     fp32 under a bf16 trainer adds the whole fp32-vs-bf16 gap. Measured (tiny model, 8 samples
     of 8 tokens): fp32 ≤ 7.1e-14; bf16 5.4e-7 (avx512), 3.2e-7 (avx2), 1.4e-14 (default kernels,
-    whose bf16 matmuls round alike at every shape); fp32 sampler under bf16 1.73e-6 to 1.75e-6."""
+    whose bf16 matmuls round alike at every shape); fp32 sampler under bf16 1.73e-6 to 1.75e-6.
+    With the inverse-CDF sampler's draws (other tokens): bf16 5.7e-7 vs 1.0e-6 (avx512), so
+    how much of the gap goes depends on the tokens drawn; that some goes is asserted."""
     k32 = _mismatch(tiny_model_dir, tmp_path, "fp32")["mismatch/k3"]
     k16 = _mismatch(tiny_model_dir, tmp_path, "bf16")["mismatch/k3"]
     kx = _mismatch(tiny_model_dir, tmp_path, "bf16", sampler_fp32=True)["mismatch/k3"]
     print(f"MEASURE mismatch k32={k32:.3g} k16={k16:.3g} kx={kx:.3g}")
     assert k32 < 1e-9
     assert kx > 1e-7  # the gap a sampler outside the trainer's precision adds
-    assert k16 < kx / 2  # sampling under the same autocast removes most of it
+    assert k16 < kx  # sampling under the same autocast removes part (40 % to all) of it
 
 
 # --- PPO's critic and the reward-model trainer ------------------------------------------------
