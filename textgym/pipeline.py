@@ -19,7 +19,6 @@ alone prepares the run directory, builds the start model, evaluates and writes t
 
 from __future__ import annotations
 
-import functools
 import json
 import resource
 import shutil
@@ -201,6 +200,7 @@ def run(
     Raises:
         ConfigError: on a bad config, or an existing run directory without `resume`/`overwrite`.
     """
+    from textgym.stages.preference import preference_rounds
     from textgym.trainers.grpo import GRPOTrainer
     from textgym.trainers.ppo import PPOTrainer
     from textgym.trainers.sft import SFTTrainer
@@ -284,7 +284,7 @@ def run(
             before = _cached_eval(run_dir / "eval_before.json", model_path, cfg.eval, device, resume)
             echo(f"eval before dpo: accuracy {before['accuracy']:.3f} on {before['n']} tasks")
         t = time.perf_counter()
-        model_path, rounds = _preference_rounds(cfg, run_dir, model_path, device, resume, echo)
+        model_path, rounds = preference_rounds(cfg, run_dir, model_path, device, resume, echo)
         stage_times["dpo"] = time.perf_counter() - t
         summary_extra["dpo_rounds"] = rounds
         summary_extra["models_in_memory"] = ["policy"]
@@ -357,112 +357,6 @@ def run_reward_model(
 
 def _silent(line: str) -> None:
     """The echo of ranks other than 0."""
-
-
-def _preference_rounds(
-    cfg: RunConfig,
-    run_dir: Path,
-    model_path: Path,
-    device: torch.device,
-    resume: bool,
-    echo: Callable[[str], None],
-) -> tuple[Path, list[dict[str, Any]]]:
-    """Run `cfg.dpo.rounds` rounds of collect → pair → train; return the last model and per-round counts."""
-    from textgym.trainers.preference import PreferenceTrainer
-
-    pc = cfg.dpo
-    assert pc is not None
-    info: list[dict[str, Any]] = []
-    for r in range(pc.rounds):
-        round_dir = run_dir / "dpo" / f"round_{r}"
-        final = round_dir / "train" / "final"
-        if resume and (final / "config.json").is_file():
-            echo(f"dpo round {r}: finished earlier, skipped")
-            model_path = final
-            continue
-        model, tok = load_model(model_path, getattr(torch, cfg.model.dtype), device)
-
-        # Distributed: rank 0 collects with the whole model (the others wait) and every rank
-        # gets the pairs; the training below is sharded.
-        collect = functools.partial(_collect_round, cfg, r, round_dir, model, tok, model_path, echo)
-        pairs, unpaired, counts = distributed.on_main(collect)
-        seed_everything(distributed.rank_seed(cfg.seed + 100 + r))
-        trainer = PreferenceTrainer(
-            pc,
-            model,
-            tok,
-            round_dir / "train",
-            pairs,
-            unpaired,
-            seed=cfg.seed + r,
-            resume=resume,
-            parallel=cfg.parallel,
-            log_with=cfg.log_with,
-        )
-        model_path = trainer.train(echo)
-        info.append(counts)
-    return model_path, info
-
-
-def _collect_round(
-    cfg: RunConfig,
-    r: int,
-    round_dir: Path,
-    model: Any,
-    tok: Any,
-    model_path: Path,
-    echo: Callable[[str], None],
-) -> tuple[Any, Any, dict[str, Any]]:
-    """Round `r` of the DPO stage: roll out the policy, build and write the pairs; return them and counts."""
-    from textgym.offline import build_pairs, collect_rollouts, write_pairs
-    from textgym.offline.store import read_trajectories
-
-    pc = cfg.dpo
-    assert pc is not None
-    agent = LLMAgent(model, tok, batch_size=256)
-    c = pc.collect
-    t0 = time.perf_counter()
-    res = collect_rollouts(
-        agent,
-        pc.env.id,
-        round_dir / "trajectories",
-        env_kwargs=pc.env.kwargs,
-        n=c.n,
-        samples=c.samples,
-        start=c.start + r * c.n,
-        params=SamplingParams(**c.sampling.model_dump()),
-        policy=str(model_path),
-        policy_version=r,
-        seed=cfg.seed,
-        run=cfg.name,
-    )
-    table = read_trajectories(round_dir / "trajectories")
-    pairs, unpaired, stats = build_pairs(
-        table,
-        margin=pc.pairs.margin,
-        mode=pc.pairs.mode,
-        max_per_prompt=pc.pairs.max_per_prompt,
-        dedup=pc.pairs.dedup,
-        desirable_threshold=pc.pairs.desirable_threshold,
-        seed=cfg.seed + r,
-    )
-    write_pairs(pairs, unpaired, round_dir / "pairs")
-    mean_reward = sum(table.column("reward").to_pylist()) / max(table.num_rows, 1)
-    echo(
-        f"dpo round {r}: {table.num_rows} rollouts (mean reward {mean_reward:.3f}, "
-        f"{time.perf_counter() - t0:.0f}s) -> {stats.pairs} pairs, "
-        f"{stats.desirable}/{stats.undesirable} desirable/undesirable"
-    )
-    counts = {
-        "round": r,
-        "rollouts": table.num_rows,
-        "new_tasks": res.new_tasks,
-        "rollout_mean_reward": mean_reward,
-        "pairs": stats.pairs,
-        "desirable": stats.desirable,
-        "undesirable": stats.undesirable,
-    }
-    return pairs, unpaired, counts
 
 
 def _models_in_memory(cfg: RunConfig) -> list[str]:
