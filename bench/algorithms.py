@@ -32,6 +32,21 @@ def textgym(*args: str) -> None:
     subprocess.run(cmd, check=True)
 
 
+STAGES = ("ppo", "grpo", "dpo", "rft", "online_dpo")
+"""The stage keys an algorithm's config may train with (after `sft=null`); the first present is its stage."""
+
+
+def rl_stage(config: Path) -> str:
+    """The training stage of an algorithm's preset config: the first of `STAGES` it sets."""
+    import yaml
+
+    data = yaml.safe_load(config.read_text(encoding="utf-8"))
+    for key in STAGES:
+        if data.get(key) is not None:
+            return key
+    raise SystemExit(f"{config}: none of the stages {STAGES} is set")
+
+
 def best_explained_variance(stage_dir: Path) -> float:
     """The highest logged `value/explained_variance` of a PPO stage (nan when absent)."""
     best = float("nan")
@@ -67,7 +82,7 @@ def main() -> None:
     previous = json.loads(results_path.read_text()) if results_path.is_file() else []
     results = [r for r in previous if r["algo"] not in args.algos]  # keep other algorithms' rows
     for algo in args.algos:
-        stage = "ppo" if algo == "ppo" else "grpo"
+        stage = rl_stage(Path(f"configs/{algo}_arithmetic.yaml"))
         extra = [f"{stage}.steps={args.steps}"] if args.steps else []
         t = time.perf_counter()
         textgym(
