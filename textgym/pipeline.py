@@ -81,9 +81,15 @@ def preflight(cfg: RunConfig) -> None:
         envs.append(("ppo.env", cfg.ppo.env))
     if cfg.dpo:
         envs.append(("dpo.env", cfg.dpo.env))
+    if cfg.rft:
+        envs.append(("rft.env", cfg.rft.env))
     if cfg.eval:
         envs.append(("eval.env", cfg.eval.env))
     preflight_envs(envs)
+    if cfg.rft:
+        from textgym.stages.rft import preflight_rft
+
+        preflight_rft(cfg.rft)
     if cfg.eval:
         n_tasks = task_count(make_env(cfg.eval.env.id, **cfg.eval.env.kwargs))
         if cfg.eval.n > n_tasks:
@@ -226,7 +232,7 @@ def run(
     # 1. SFT warm start (evaluated before it when it is the only stage).
     if cfg.sft is not None:
         sft_cfg = cfg.sft
-        if cfg.eval is not None and cfg.rl is None and cfg.dpo is None:
+        if cfg.eval is not None and cfg.rl is None and cfg.dpo is None and cfg.rft is None:
             before = _cached_eval(run_dir / "eval_before.json", model_path, cfg.eval, device, resume)
         seed_everything(distributed.rank_seed(cfg.seed))
         model_path, secs = _run_stage(
@@ -287,6 +293,19 @@ def run(
         model_path, rounds = preference_rounds(cfg, run_dir, model_path, device, resume, echo)
         stage_times["dpo"] = time.perf_counter() - t
         summary_extra["dpo_rounds"] = rounds
+        summary_extra["models_in_memory"] = ["policy"]
+
+    # 2c. Rejection-sampling fine-tuning: rounds of sample → keep the verified → SFT.
+    if cfg.rft is not None:
+        from textgym.stages.rft import rft_rounds
+
+        if cfg.eval is not None:
+            before = _cached_eval(run_dir / "eval_before.json", model_path, cfg.eval, device, resume)
+            echo(f"eval before rft: accuracy {before['accuracy']:.3f} on {before['n']} tasks")
+        t = time.perf_counter()
+        model_path, rounds = rft_rounds(cfg, run_dir, model_path, device, resume, echo)
+        stage_times["rft"] = time.perf_counter() - t
+        summary_extra["rft_rounds"] = rounds
         summary_extra["models_in_memory"] = ["policy"]
 
     # 3. Evaluate the result and summarise.

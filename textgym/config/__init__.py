@@ -7,8 +7,8 @@ Validating imports only the leaf packages `textgym.envs` and `textgym.sandbox`; 
 the machine (reward-model folders, an installed vLLM) is checked by `validate_runtime`.
 
 Modules: `base` (model, env, sampling, optimizer, LoRA, parallelism), `sft`, `rl` (rollout
-engine, GRPO family), `ppo`, `preference` (DPO family), `reward_model`, `eval`, `run`
-(`RunConfig` and the loader), `runtime` (`validate_runtime`).
+engine, GRPO family), `ppo`, `preference` (DPO family), `rft` (rejection-sampling fine-tuning),
+`reward_model`, `eval`, `run` (`RunConfig` and the loader), `runtime` (`validate_runtime`).
 """
 
 from textgym.config.base import (
@@ -24,6 +24,7 @@ from textgym.config.eval import AgentConfig, EvalConfig, EvalJobConfig
 from textgym.config.ppo import CriticConfig, PPOConfig
 from textgym.config.preference import DPO_BETA, SIMPO_BETA, CollectConfig, PairConfig, PreferenceConfig
 from textgym.config.reward_model import RewardModelConfig
+from textgym.config.rft import RationalizeConfig, RFTCollectConfig, RFTConfig, RFTFilterConfig
 from textgym.config.rl import GRPOConfig, OverlongPenaltyConfig, RolloutEngineConfig, VLLMEngineConfig
 from textgym.config.run import RunConfig, apply_overrides, format_validation_error, load_config
 from textgym.config.runtime import validate_runtime
@@ -48,6 +49,10 @@ __all__ = [
     "PairConfig",
     "ParallelConfig",
     "PreferenceConfig",
+    "RFTCollectConfig",
+    "RFTConfig",
+    "RFTFilterConfig",
+    "RationalizeConfig",
     "RewardModelConfig",
     "RolloutEngineConfig",
     "RunConfig",

@@ -18,6 +18,7 @@ from textgym.config.eval import EvalConfig
 from textgym.config.ppo import PPOConfig
 from textgym.config.preference import PreferenceConfig
 from textgym.config.reward_model import RewardModelConfig
+from textgym.config.rft import RFTConfig
 from textgym.config.rl import GRPOConfig
 from textgym.config.sft import SFTConfig
 from textgym.tracking import check_log_with
@@ -70,6 +71,9 @@ class RunConfig(_Strict):
     dpo: PreferenceConfig | None = None
     """Offline preference stage (DPO family, one or more collect → pair → train rounds) after SFT;
     instead of an RL stage."""
+    rft: RFTConfig | None = None
+    """Rejection-sampling fine-tuning (RAFT / ReST-EM rounds of sample → keep the verified → SFT)
+    after SFT; instead of an RL stage."""
     eval: EvalConfig | None = None
     """Evaluation before and after the last training stage."""
     reward_model: RewardModelConfig | None = None
@@ -80,11 +84,11 @@ class RunConfig(_Strict):
 
     @model_validator(mode="after")
     def _has_stage(self) -> RunConfig:
-        stages = (self.sft, self.grpo, self.ppo, self.dpo, self.reward_model)
+        stages = (self.sft, self.grpo, self.ppo, self.dpo, self.rft, self.reward_model)
         if all(x is None for x in stages):
-            raise ValueError("a run needs at least one stage: sft, grpo, ppo, dpo or reward_model")
-        if sum(x is not None for x in (self.grpo, self.ppo, self.dpo)) > 1:
-            raise ValueError("a run has at most one of the grpo, ppo and dpo stages")
+            raise ValueError("a run needs at least one stage: sft, grpo, ppo, dpo, rft or reward_model")
+        if sum(x is not None for x in (self.grpo, self.ppo, self.dpo, self.rft)) > 1:
+            raise ValueError("a run has at most one of the grpo, ppo, dpo and rft stages")
         return self
 
     @property
@@ -100,7 +104,7 @@ class RunConfig(_Strict):
     @property
     def trains_in_pipeline(self) -> bool:
         """Whether `textgym train` has a stage to run (every stage but `reward_model` is its)."""
-        return any(x is not None for x in (self.sft, self.grpo, self.ppo, self.dpo))
+        return any(x is not None for x in (self.sft, self.grpo, self.ppo, self.dpo, self.rft))
 
 
 def _set(data: dict[str, Any], key: str, value: Any, item: str) -> None:

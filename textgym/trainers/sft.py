@@ -1,8 +1,11 @@
-"""Supervised fine-tuning on an environment's gold solutions (the warm start before RL).
+"""Supervised fine-tuning on an environment's gold solutions (the warm start before RL), or on given examples.
 
 Each example is the env's first observation rendered by the chat template (exactly the
 prompt the policy sees in rollouts) followed by the task's `solution` and the
-end-of-turn token; the loss is the token-mean NLL of the solution tokens only.
+end-of-turn token; the loss is the token-mean NLL of the solution tokens only. Given an
+explicit list of `SFTExample`s (prompt token ids, completion token ids; e.g. the verified
+samples of rejection-sampling fine-tuning, `textgym.stages.rft`), the trainer walks those
+instead of the env's tasks, in the same seeded per-epoch permutation.
 Loop: 1 draw tasks · 2 build the batch · 3 forward/backward over micro-batches ·
 4 clip, step · 5 log and checkpoint · 6 with `cfg.target`, every `target.every` steps measure
 greedy accuracy on a probe set and stop once it reaches `target.accuracy`.
@@ -23,7 +26,9 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -59,8 +64,59 @@ from textgym.trainers.placement import shard
 from textgym.trainers.sampler import TaskSampler
 
 
+@dataclass(frozen=True)
+class SFTExample:
+    """One supervised sequence given explicitly: prompt tokens (not trained on), then completion tokens.
+
+    Attributes:
+        prompt_ids: [P] the prompt's token ids, as the policy sees it (the chat template's
+            rendering with the generation prompt).
+        completion_ids: [C] the completion's token ids (a sampled response with its end-of-turn
+            token, or `from_text`'s tokenized text plus the end-of-turn token).
+        completion_mask: [C] 1 on the tokens trained on, 0 on tokens that are context only (an
+            environment's turns inside a multi-turn completion); None: all of them.
+    """
+
+    prompt_ids: tuple[int, ...]
+    completion_ids: tuple[int, ...]
+    completion_mask: tuple[int, ...] | None = None
+
+    @classmethod
+    def from_text(cls, tokenizer: PreTrainedTokenizerBase, messages: list[Any], response: str) -> SFTExample:
+        """The example of (prompt messages, response text).
+
+        The messages are rendered by the chat template with the generation prompt; the response
+        is tokenized without special tokens, followed by the EOS token.
+        """
+        prompt = tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=True, return_dict=False
+        )
+        target = tokenizer(response, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        return cls(tuple(prompt), tuple(int(t) for t in target))  # type: ignore[arg-type]
+
+    def trajectory(self, messages: list[Any] | None = None) -> Trajectory:
+        """The example as a `Trajectory`: loss mask 0 on the prompt, `completion_mask` (or 1) after it.
+
+        Raises:
+            ValueError: if the completion is empty, trains on no token, or its mask has another length.
+        """
+        mask = self.completion_mask if self.completion_mask is not None else (1,) * len(self.completion_ids)
+        if len(mask) != len(self.completion_ids) or not any(mask):
+            raise ValueError("an SFTExample needs a non-empty completion and a mask of its length with a 1")
+        ids = list(self.prompt_ids) + list(self.completion_ids)
+        return Trajectory(
+            token_ids=torch.tensor(ids),
+            loss_mask=torch.tensor([0.0] * len(self.prompt_ids) + [float(m) for m in mask]),
+            logprobs=torch.zeros(len(ids)),
+            token_rewards=torch.zeros(len(ids)),
+            prompt_length=len(self.prompt_ids),
+            messages=list(messages or []),
+            reward=0.0,
+        )
+
+
 class SFTTrainer:
-    """Trains `model` in place on `(prompt, gold solution)` pairs of `cfg.env`.
+    """Trains `model` in place on `(prompt, gold solution)` pairs of `cfg.env`, or on `examples`.
 
     Args:
         cfg: the SFT stage config.
@@ -72,6 +128,8 @@ class SFTTrainer:
         parallel: sharding, mixed precision and gradient checkpointing.
         log_with: trackers beside `metrics.jsonl` ("tensorboard", "wandb", "mlflow", "trackio";
             `textgym.tracking`).
+        examples: train on these instead of the env's gold solutions (walked like a finite task
+            set: a seeded permutation per epoch); `cfg.env` then serves only `cfg.target`'s probe.
 
     Attributes:
         probe_accuracy: the last probe's greedy accuracy (None before the first probe or
@@ -79,7 +137,8 @@ class SFTTrainer:
         target_reached: whether the probe reached `cfg.target.accuracy`.
 
     Raises:
-        ValueError: if the environment's tasks carry no gold `solution`.
+        ValueError: if the environment's tasks carry no gold `solution` (without `examples`), or
+            `examples` is empty.
         ConfigError: under torchrun, if `batch_size` is not a multiple of the number of ranks.
     """
 
@@ -94,6 +153,7 @@ class SFTTrainer:
         resume: bool = False,
         parallel: ParallelConfig | None = None,
         log_with: Sequence[str] = ("tensorboard",),
+        examples: Sequence[SFTExample] | None = None,
     ):
         self.cfg, self.model, self.tokenizer, self.stage_dir = cfg, model, tokenizer, Path(stage_dir)
         self.world = distributed.world()
@@ -115,9 +175,13 @@ class SFTTrainer:
         self.model = model = shard(model, parallel, self.device)  # precision, then FSDP2 under torchrun
         self.env = make_text_env(cfg.env.id, **cfg.env.kwargs)
         tasks = self.env.tasks
-        if getattr(tasks[0], "solution", None) is None:
+        self.examples = None if examples is None else list(examples)
+        if self.examples is not None:
+            if not self.examples:
+                raise ValueError("SFTTrainer got an empty list of examples")
+        elif getattr(tasks[0], "solution", None) is None:
             raise ValueError(f"{cfg.env.id} tasks have no gold solutions to fine-tune on")
-        self.sampler = TaskSampler(len(tasks), seed)
+        self.sampler = TaskSampler(len(tasks) if self.examples is None else len(self.examples), seed)
         self.probe_indices = probe_indices(len(tasks), cfg.target.n, seed) if cfg.target else []
         self.probe_accuracy: float | None = None
         self.target_reached = False
@@ -133,27 +197,16 @@ class SFTTrainer:
             self.stage_dir, resume_step=self.step if ckpt is not None else None, log_with=log_with, config=cfg
         )
 
-    def example(self, task_index: int) -> Trajectory:
-        """The supervised sequence of one task: prompt (mask 0) + solution + end-of-turn (mask 1)."""
-        obs, _ = self.env.reset(options={"task_index": task_index})
+    def example(self, index: int) -> Trajectory:
+        """The supervised sequence of task `index`: prompt (mask 0) + solution + end-of-turn (mask 1).
+
+        With `examples`, the sequence of `examples[index]` instead.
+        """
+        if self.examples is not None:
+            return self.examples[index].trajectory()
+        obs, _ = self.env.reset(options={"task_index": index})
         task = self.env.unwrapped.task  # type: ignore[attr-defined]
-        prompt = self.tokenizer.apply_chat_template(
-            obs, add_generation_prompt=True, tokenize=True, return_dict=False
-        )
-        target = self.tokenizer(task.solution, add_special_tokens=False)["input_ids"] + [
-            self.tokenizer.eos_token_id
-        ]
-        ids = list(prompt) + list(target)  # type: ignore[arg-type]
-        mask = torch.tensor([0.0] * len(prompt) + [1.0] * len(target))
-        return Trajectory(
-            token_ids=torch.tensor(ids),
-            loss_mask=mask,
-            logprobs=torch.zeros(len(ids)),
-            token_rewards=torch.zeros(len(ids)),
-            prompt_length=len(prompt),
-            messages=list(obs),
-            reward=0.0,
-        )
+        return SFTExample.from_text(self.tokenizer, obs, task.solution).trajectory(list(obs))
 
     def train_step(self) -> dict[str, float]:
         """One optimizer step on `batch_size` examples; returns its metrics."""

@@ -1,0 +1,254 @@
+"""The `rft:` stage: rounds of sample K per prompt → keep the verified → SFT on them (RAFT / ReST-EM, STaR).
+
+Round r, in `<run_dir>/rft/round_<r>/`:
+
+1. sample: the latest model answers `collect.n` tasks `collect.samples` times each
+   (`trajectories/`, a trajectory store);
+2. filter: per prompt, the correct samples (`filter`: reward threshold, duplicates once, the best
+   `max_per_prompt`; `textgym.offline.rejection.select_responses`);
+3. rationalise (STaR, with `rationalize`): the prompts with no kept sample are sampled again with
+   the gold answer as a hint (`rationalized/`); the samples that pass the filter are kept with
+   the prompt as it was, without the hint;
+4. write the kept set (`kept.jsonl`: prompt and completion messages and token ids) and the
+   counts (`counts.json`);
+5. SFT on the kept set (`train/`, `SFTTrainer` on explicit examples, a fresh optimizer), starting
+   from the latest model (`from: previous`, RAFT) or the stage's start model (`from: start`,
+   ReST-EM); `done.json` marks the round finished.
+
+With `resume`, finished rounds are skipped and an unfinished one continues (its stored samples
+are kept, its SFT resumes from its newest checkpoint). Under torchrun, rank 0 samples and
+filters with the whole model and every rank trains its share of each batch (sharded).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from textgym import distributed
+from textgym.agents.llm_agent import LLMAgent, SamplingParams
+from textgym.config import ConfigError, RunConfig, SFTConfig
+from textgym.config.rft import RFTConfig
+from textgym.models import load_model
+from textgym.trainers.seeding import seed_everything
+from textgym.trainers.sft import SFTExample
+
+
+def preflight_rft(rc: RFTConfig) -> None:
+    """Check the `rft:` stage against its env before any work.
+
+    Raises:
+        ConfigError: when the env has too few tasks for the rounds, has a reward model (not
+            supported: samples are scored by the env's own verifier), or (with `rationalize`)
+            gives no gold answer to hint with.
+    """
+    from textgym.envs.registry import make as make_env
+    from textgym.envs.registry import task_count
+
+    if rc.env.reward_model is not None:
+        raise ConfigError("rft.env.reward_model: not supported; rft samples are scored by the env's verifier")
+    env = make_env(rc.env.id, **rc.env.kwargs)
+    try:
+        c = rc.collect
+        last = c.start + c.n * (rc.rounds if c.fresh_tasks else 1)
+        if last > task_count(env):
+            raise ConfigError(
+                f"rft.collect.n: {rc.env.id} has {task_count(env)} tasks; {rc.rounds} rounds of n={c.n} "
+                f"from start={c.start} need {last} (or set rft.collect.fresh_tasks: false)"
+            )
+        if rc.rationalize is not None:
+            _, info = env.reset(options={"task_index": c.start})
+            if info.get("answer") is None:
+                raise ConfigError(
+                    f"rft.rationalize: {rc.env.id} gives no gold answer in its reset info to hint with"
+                )
+    finally:
+        env.close()
+
+
+def round_sft_config(rc: RFTConfig, kept: int) -> SFTConfig:
+    """The SFT config of a round with `kept` examples: `rc.steps`, else ⌈epochs · kept / batch_size⌉ steps."""
+    steps = rc.steps or max(1, math.ceil(rc.epochs * kept / rc.batch_size))
+    fields = ["batch_size", "micro_batch_size", "micro_batch_tokens", "packing", "optim", "lora"]
+    fields += ["log_every", "checkpoint_every", "keep_checkpoints"]
+    data = rc.model_dump(include=set(fields))
+    return SFTConfig.model_validate({"env": rc.env.model_dump(), "steps": steps, **data})
+
+
+def record_example(record: dict[str, Any]) -> SFTExample:
+    """The `SFTExample` of a kept-set record (`textgym.offline.rejection.kept_records`)."""
+    return SFTExample(
+        tuple(record["prompt_ids"]), tuple(record["completion_ids"]), tuple(record["completion_mask"])
+    )
+
+
+def rft_rounds(
+    cfg: RunConfig,
+    run_dir: Path,
+    model_path: Path,
+    device: torch.device,
+    resume: bool,
+    echo: Callable[[str], None],
+) -> tuple[Path, list[dict[str, Any]]]:
+    """Run `cfg.rft.rounds` rounds of sample → filter → SFT; return the last model and per-round counts.
+
+    Returns:
+        (the last round's model folder, one dict of counts per round: `round`, `rollouts`,
+        `sample_accuracy`, `kept`, `prompts_kept`, …, `sft_steps`, `model`; skipped rounds give
+        the counts they recorded).
+    """
+    from textgym.trainers.sft import SFTTrainer
+
+    rc = cfg.rft
+    assert rc is not None
+    start_path = model_path
+    dtype = getattr(torch, cfg.model.dtype)
+    info: list[dict[str, Any]] = []
+    for r in range(rc.rounds):
+        round_dir = run_dir / "rft" / f"round_{r}"
+        done = round_dir / "done.json"
+        if resume and done.is_file():
+            counts = json.loads(done.read_text(encoding="utf-8"))
+            echo(f"rft round {r}: finished earlier, skipped")
+            model_path = Path(counts["model"])
+            info.append(counts)
+            continue
+        # 1-4. Rank 0 samples the latest model, filters and writes the kept set; every rank gets it.
+        model, tok = load_model(model_path, dtype, device)
+        agent = LLMAgent(model, tok, batch_size=256)
+        collect = functools.partial(collect_round, cfg, r, round_dir, agent, model_path, echo)
+        records, counts = distributed.on_main(collect)
+        # 5. SFT on the kept set, from the latest model (RAFT) or the stage's start model (ReST-EM).
+        final = model_path
+        counts["sft_steps"] = 0
+        if not records:
+            echo(f"rft round {r}: no sample was kept; the model is unchanged")
+        else:
+            if rc.from_ == "start" and model_path != start_path:
+                del model
+                model, tok = load_model(start_path, dtype, device)
+            sft_cfg = round_sft_config(rc, len(records))
+            seed_everything(distributed.rank_seed(cfg.seed + 100 + r))
+            trainer = SFTTrainer(
+                sft_cfg,
+                model,
+                tok,
+                round_dir / "train",
+                seed=cfg.seed + r,
+                resume=resume,
+                parallel=cfg.parallel,
+                log_with=cfg.log_with,
+                examples=[record_example(x) for x in records],
+            )
+            final = trainer.train(echo)
+            counts["sft_steps"] = sft_cfg.steps
+        counts["model"] = str(final)
+        if distributed.is_main():
+            done.write_text(json.dumps(counts, indent=2), encoding="utf-8")
+        distributed.barrier()
+        model_path = final
+        info.append(counts)
+    return model_path, info
+
+
+def collect_round(
+    cfg: RunConfig,
+    r: int,
+    round_dir: Path,
+    agent: LLMAgent,
+    model_path: Path,
+    echo: Callable[[str], None],
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Steps 1-4 of round `r`: sample, filter, rationalise, write `kept.jsonl` and `counts.json`.
+
+    `agent` is the policy of `model_path` (recorded in the stored rows as their `policy`).
+
+    Returns:
+        (the kept set's records, in `kept.jsonl`'s order; the round's counts).
+    """
+    from textgym.evaluation.core import episode_correct
+    from textgym.offline import collect_rollouts, read_trajectories
+    from textgym.offline.rejection import (
+        collect_hinted,
+        kept_records,
+        select_responses,
+        task_prompts,
+        write_jsonl,
+    )
+
+    rc = cfg.rft
+    assert rc is not None
+    c, f = rc.collect, rc.filter.model_dump()
+    t0 = time.perf_counter()
+    collect_rollouts(
+        agent,
+        rc.env.id,
+        round_dir / "trajectories",
+        env_kwargs=rc.env.kwargs,
+        n=c.n,
+        samples=c.samples,
+        start=c.start + (r * c.n if c.fresh_tasks else 0),
+        params=SamplingParams(**c.sampling.model_dump()),
+        policy=str(model_path),
+        policy_version=r,
+        seed=cfg.seed,
+        run=cfg.name,
+    )
+    table = read_trajectories(round_dir / "trajectories")
+    sel = select_responses(table, **f)
+    records = kept_records(table, sel.rows)
+    terms, rewards = table.column("reward_terms").to_pylist(), table.column("reward").to_pylist()
+    correct = sum(episode_correct(json.loads(t), x) for t, x in zip(terms, rewards, strict=True))
+    counts: dict[str, Any] = {
+        "round": r,
+        "rollouts": table.num_rows,
+        "prompts": sel.prompts,
+        "sample_accuracy": correct / max(table.num_rows, 1),
+        "passed": sel.passed,
+        "duplicates_dropped": sel.duplicates_dropped,
+        "prompts_kept": sel.prompts_kept,
+        "kept": len(records),
+    }
+    if rc.rationalize is not None:
+        ra = rc.rationalize
+        hinted = collect_hinted(
+            agent,
+            rc.env.id,
+            sel.unsolved,
+            round_dir / "rationalized",
+            hint=ra.hint,
+            env_kwargs=rc.env.kwargs,
+            samples=ra.samples or c.samples,
+            params=SamplingParams(**(ra.sampling or c.sampling).model_dump()),
+            policy=str(model_path),
+            policy_version=r,
+            seed=cfg.seed,
+            run=cfg.name,
+        )
+        hsel = select_responses(hinted, **f)
+        records += kept_records(hinted, hsel.rows, prompts=task_prompts(table))
+        counts.update(
+            {
+                "rationalize_prompts": len(sel.unsolved),
+                "rationalize_rollouts": hinted.num_rows,
+                "rationalize_prompts_kept": hsel.prompts_kept,
+                "rationalized": len(hsel.rows),
+                "kept": len(records),
+            }
+        )
+    write_jsonl(records, round_dir / "kept.jsonl")
+    (round_dir / "counts.json").write_text(json.dumps(counts, indent=2), encoding="utf-8")
+    star = f", +{counts['rationalized']} rationalised" if rc.rationalize is not None else ""
+    echo(
+        f"rft round {r}: {table.num_rows} samples of {sel.prompts} prompts (accuracy "
+        f"{counts['sample_accuracy']:.3f}, {time.perf_counter() - t0:.0f}s) -> kept "
+        f"{len(sel.rows)} samples of {sel.prompts_kept} prompts{star}"
+    )
+    return records, counts
