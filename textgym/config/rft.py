@@ -105,7 +105,16 @@ class RFTConfig(_Batching):
     )
 
     env: EnvConfig
-    """Where the policy is sampled and verified."""
+    """Where the policy is sampled and verified (by the env's own reward; a `reward_model` is not
+    supported here)."""
+
+    @field_validator("env")
+    @classmethod
+    def _no_reward_model(cls, v: EnvConfig) -> EnvConfig:
+        if v.reward_model is not None:
+            raise ValueError("reward_model is not supported by rft: samples are scored by the env's verifier")
+        return v
+
     rounds: int = Field(1, ge=1)
     """sample → filter → SFT rounds."""
     collect: RFTCollectConfig = Field(default_factory=RFTCollectConfig)

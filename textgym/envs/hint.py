@@ -19,12 +19,12 @@ class AnswerHintWrapper(gym.Wrapper):
 
     Args:
         env: a text env whose `reset` info carries the task's gold answer under "answer"
-            (textgym's `TextEnv` does).
+            (textgym's `TextEnv` does; "" means none).
         hint: a format string of `{content}` (the message's text) and `{answer}`, e.g.
             `"{content}\\nHint: the answer is {answer}."`.
 
     Raises:
-        ValueError: from `reset`, when the info has no "answer" or the observation no user message.
+        ValueError: from `reset`, when the info has no "answer" (or "") or the observation no user message.
 
     Examples:
         >>> import textgym.envs
@@ -42,7 +42,7 @@ class AnswerHintWrapper(gym.Wrapper):
         """Reset the env and put the hint into the last user message of its observation."""
         obs, info = self.env.reset(**kwargs)
         answer = info.get("answer")
-        if answer is None:
+        if answer is None or answer == "":
             raise ValueError("the env's reset info has no gold 'answer' to hint with (rationalisation)")
         messages = [dict(m) for m in obs]
         users = [j for j, m in enumerate(messages) if m.get("role") == "user"]

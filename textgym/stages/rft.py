@@ -45,15 +45,12 @@ def preflight_rft(rc: RFTConfig) -> None:
     """Check the `rft:` stage against its env before any work.
 
     Raises:
-        ConfigError: when the env has too few tasks for the rounds, has a reward model (not
-            supported: samples are scored by the env's own verifier), or (with `rationalize`)
-            gives no gold answer to hint with.
+        ConfigError: when the env has too few tasks for the rounds, or (with `rationalize`) gives
+            no gold answer to hint with.
     """
     from textgym.envs.registry import make as make_env
     from textgym.envs.registry import task_count
 
-    if rc.env.reward_model is not None:
-        raise ConfigError("rft.env.reward_model: not supported; rft samples are scored by the env's verifier")
     env = make_env(rc.env.id, **rc.env.kwargs)
     try:
         c = rc.collect
@@ -65,7 +62,7 @@ def preflight_rft(rc: RFTConfig) -> None:
             )
         if rc.rationalize is not None:
             _, info = env.reset(options={"task_index": c.start})
-            if info.get("answer") is None:
+            if info.get("answer") in (None, ""):
                 raise ConfigError(
                     f"rft.rationalize: {rc.env.id} gives no gold answer in its reset info to hint with"
                 )
