@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-ALGOS = ["ppo", "grpo", "dapo", "rloo", "drgrpo"]
+ALGOS = ["ppo", "grpo", "dapo", "rloo", "drgrpo", "rft"]
 
 
 def textgym(*args: str) -> None:
@@ -83,7 +83,8 @@ def main() -> None:
     results = [r for r in previous if r["algo"] not in args.algos]  # keep other algorithms' rows
     for algo in args.algos:
         stage = rl_stage(Path(f"configs/{algo}_arithmetic.yaml"))
-        extra = [f"{stage}.steps={args.steps}"] if args.steps else []
+        # --steps is the RL stages' step count; rft's `steps` would be SFT steps per round
+        extra = [f"{stage}.steps={args.steps}"] if args.steps and stage in ("grpo", "ppo") else []
         t = time.perf_counter()
         textgym(
             "train", f"configs/{algo}_arithmetic.yaml", f"name={algo}", f"out_dir={out}",
