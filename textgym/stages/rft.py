@@ -122,6 +122,7 @@ def rft_rounds(
         agent = LLMAgent(model, tok, batch_size=256)
         collect = functools.partial(collect_round, cfg, r, round_dir, agent, model_path, echo)
         records, counts = distributed.on_main(collect)
+        del agent
         # 5. SFT on the kept set, from the latest model (RAFT) or the stage's start model (ReST-EM).
         final = model_path
         counts["sft_steps"] = 0
