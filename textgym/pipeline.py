@@ -64,7 +64,7 @@ def preflight(cfg: RunConfig) -> None:
             )
     for stage_name, stage in (("grpo", cfg.grpo), ("ppo", cfg.ppo)):
         if stage is not None:
-            from textgym.trainers.losses import available_policy_losses
+            from textgym.trainers.policy_losses import available_policy_losses
 
             losses = available_policy_losses()
             if stage.policy_loss not in losses:
