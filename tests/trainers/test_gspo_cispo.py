@@ -6,7 +6,7 @@ it reads, with its model forward replaced by the given per-token log-probs (as i
 `test_trl_parity.py`), so both libraries see exactly the same tensors. TRL 1.16 has GSPO as
 `importance_sampling_level="sequence"` and CISPO as `loss_type="cispo"` (its cap is
 `epsilon_high` itself, textgym's is 1 + `cispo_clip_high`); it has no GSPO-token, which equals
-GSPO with per-sequence advantages (Zheng et al. 2025, eq. 11 vs 17) and is checked against it
+GSPO with per-sequence advantages (Zheng et al. 2025, §4.3) and is checked against it
 there, and against hand values with per-token advantages.
 """
 
@@ -16,6 +16,7 @@ import collections
 import copy
 import math
 import types
+from pathlib import Path
 
 import pytest
 import torch
@@ -27,10 +28,11 @@ from textgym.trainers import registry
 from textgym.trainers.batch import RolloutBatch
 from textgym.trainers.common import seed_everything
 from textgym.trainers.grpo import GRPOTrainer
+from textgym.trainers.losses import clipped_policy_loss
 from textgym.trainers.policy_losses import available_policy_losses, cispo_loss, gspo_loss
 from textgym.trainers.registry import AdvantageInputs, PolicyLossInputs, get_policy_loss, register_advantage
 
-trl_grpo = pytest.importorskip("trl.trainer.grpo_trainer")
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 
 class _Accelerator:
@@ -48,7 +50,9 @@ class _Accelerator:
 
 def trl_loss(logps, old, ref, adv, mask, *, loss_type, level, eps_low, eps_high, beta, max_len, tis=None):
     """TRL 1.16's loss on the given tensors (its model forward replaced by `logps`); `tis`: the
-    per-token vLLM importance weights it multiplies the policy term by."""
+    per-token vLLM importance weights it multiplies the policy term by. Skips without TRL (a
+    test-only dependency: the `dev` extra)."""
+    trl_grpo = pytest.importorskip("trl.trainer.grpo_trainer")
     trainer = object.__new__(trl_grpo.GRPOTrainer)
     B, L = logps.shape
     trainer.__dict__.update(
@@ -261,7 +265,8 @@ def test_cispo_hand_values(clip_low, weights):
     log π = −1, −2, −0.5. token_mean: loss = −Σ_t r̂_t·Â·log π_t / 3, gradient −r̂_t·Â/3."""
     logp = torch.tensor([[-1.0, -2.0, -0.5]], requires_grad=True)
     old = logp.detach() - torch.log(torch.tensor([[1.5, 0.5, 1.0]]))
-    loss, stats = cispo_loss(logp, old, torch.tensor([2.0]), torch.ones(1, 3), clip_low=clip_low, clip_high=0.2)
+    adv, mask = torch.tensor([2.0]), torch.ones(1, 3)
+    loss, stats = cispo_loss(logp, old, adv, mask, clip_low=clip_low, clip_high=0.2)
     loss.backward()
     w = torch.tensor([weights])
     assert float(loss.detach()) == pytest.approx(float(-(w * 2.0 * logp.detach()).sum() / 3), abs=1e-6)
@@ -270,6 +275,25 @@ def test_cispo_hand_values(clip_low, weights):
     assert stats["clip/frac_high"] == pytest.approx(1 / 3)
     assert stats["clip/frac_low"] == pytest.approx(0.0 if clip_low is None else 1 / 3)
     assert stats["cispo/weight_mean"] == pytest.approx(sum(weights) / 3, abs=1e-6)
+
+
+def test_on_policy_the_gradients_are_grpos():
+    """At π_θ = π_old (one optimizer step per rollout batch) every ratio is 1: GSPO's gradient is
+    GRPO's (PPO clip, per-sequence token mean) and CISPO's is GRPO's with the token mean."""
+    logp, _, _, adv, mask, _ = tensors(5)
+    old = logp.clone()
+
+    def grad(fn, **kw):
+        lp = logp.clone().requires_grad_(True)
+        fn(lp, old, adv, mask, **kw)[0].backward()
+        assert lp.grad is not None
+        return lp.grad
+
+    for aggregation in ("seq_mean_token_mean", "token_mean"):
+        grpo = grad(clipped_policy_loss, aggregation=aggregation)
+        assert grpo.abs().max() > 0
+        assert torch.allclose(grad(gspo_loss, aggregation=aggregation) * mask, grpo, atol=1e-7)
+        assert torch.allclose(grad(cispo_loss, aggregation=aggregation) * mask, grpo, atol=1e-7)
 
 
 @pytest.mark.parametrize("aggregation", ["seq_mean_token_mean", "token_mean", "seq_mean_token_sum_norm"])
@@ -346,19 +370,20 @@ def test_the_config_refuses_options_a_loss_would_ignore(over, message):
 
 def test_the_presets_load_and_name_the_bad_field():
     for name, loss in (("gspo", "gspo"), ("cispo", "cispo")):
-        cfg = load_config(f"configs/{name}_arithmetic.yaml")
+        cfg = load_config(CONFIGS / f"{name}_arithmetic.yaml")
         assert cfg.grpo is not None and cfg.grpo.policy_loss == loss
         # the resolved config (as written to the run folder) validates again
         assert type(cfg).model_validate(cfg.model_dump(mode="json")) == cfg
     with pytest.raises(ConfigError, match=r"grpo: .*dual_clip: not used by policy_loss 'cispo'"):
-        load_config("configs/cispo_arithmetic.yaml", ["grpo.dual_clip=3"])
-    gspo = load_config("configs/gspo_arithmetic.yaml").grpo
-    grpo = load_config("configs/grpo_arithmetic.yaml").grpo
+        load_config(CONFIGS / "cispo_arithmetic.yaml", ["grpo.dual_clip=3"])
+    gspo = load_config(CONFIGS / "gspo_arithmetic.yaml").grpo
+    grpo = load_config(CONFIGS / "grpo_arithmetic.yaml").grpo
     assert gspo is not None and grpo is not None
     assert (gspo.clip_low, gspo.clip_high) == (3e-4, 4e-4)  # the paper's (Zheng et al. 2025, §5.1)
-    loss_keys = {"policy_loss", "clip_low", "clip_high", "cispo_clip_low", "cispo_clip_high", "loss_aggregation"}
+    loss_keys = {"policy_loss", "clip_low", "clip_high", "cispo_clip_low", "cispo_clip_high"}
+    loss_keys.add("loss_aggregation")
     for preset in ("gspo", "cispo"):
-        other = load_config(f"configs/{preset}_arithmetic.yaml").grpo
+        other = load_config(CONFIGS / f"{preset}_arithmetic.yaml").grpo
         assert other is not None
         same = {k for k in GRPOConfig.model_fields if k not in loss_keys}
         assert {k: getattr(other, k) for k in same} == {k: getattr(grpo, k) for k in same}

@@ -70,7 +70,7 @@ def sequence_log_ratio(
 ) -> torch.Tensor:
     """GSPO's length-normalised sequence log-ratio log s_i = (1/|y_i|) Σ_t log(π_θ(y_{i,t}) / π_old(y_{i,t})).
 
-    Zheng et al. 2025, "Group Sequence Policy Optimization", arXiv:2507.18071, eq. 7 (the
+    Zheng et al. 2025, "Group Sequence Policy Optimization", arXiv:2507.18071, eq. 5-7 (the
     |y_i|-th root of the sequence likelihood ratio). A row with no policy token gets 0 (s = 1).
 
     Args:
@@ -114,8 +114,8 @@ def gspo_loss(
     GSPO-token (`token_level=True`, eq. 13-14): s_{i,t} = sg[s_i] · π_θ(y_{i,t}) / sg[π_θ(y_{i,t})]
     replaces s_i in every token's term: its value is s_i (same clip decisions) and its
     gradient is s_i·∇log π_θ(y_{i,t}), so each token can carry its own advantage Â_{i,t}. With
-    one advantage per sequence the two are the same objective, clip and gradient (eq. 11 vs
-    17): textgym's tests check it, in every aggregation.
+    one advantage per sequence (and one TIS weight) the two are the same objective, clip and
+    gradient (the paper's §4.3): textgym's tests check it, in every aggregation.
 
     Per token the loss is `−min(w·Â, clip(w)·Â)` (w = s_i broadcast over the sequence, or
     s_{i,t}), then dual-clip, the importance weights and the KL term as in
@@ -123,7 +123,7 @@ def gspo_loss(
     objective is `seq_mean_token_mean` (each sequence weighs 1/B); `token_mean` and
     `seq_mean_token_sum_norm` weigh sequence i by its length |y_i| instead (TRL does the same
     for its `dapo`/`bnpo`/`dr_grpo` loss types, with a warning). The sequence log-ratio is
-    capped at `RATIO_LOG_CAP` = 20 before `exp` (verl does the same; TRL does not): s_i then
+    capped at `RATIO_LOG_CAP` = 20 before `exp` (as `ppo_clip` caps its; TRL does not): s_i then
     stays at e^20, clipped for Â > 0 and bounded by `dual_clip` for Â < 0.
 
     TRL 1.16 (`importance_sampling_level="sequence"`) computes the same s_i and loss (the tests
