@@ -381,12 +381,13 @@ def test_the_presets_load_and_name_the_bad_field():
     assert gspo is not None and grpo is not None
     assert (gspo.clip_low, gspo.clip_high) == (3e-4, 4e-4)  # the paper's (Zheng et al. 2025, §5.1)
     loss_keys = {"policy_loss", "clip_low", "clip_high", "cispo_clip_low", "cispo_clip_high"}
-    loss_keys.add("loss_aggregation")
+    loss_keys |= {"loss_aggregation", "minibatch_size"}  # 4 minibatches: the ratio moves from the 2nd on
     for preset in ("gspo", "cispo"):
         other = load_config(CONFIGS / f"{preset}_arithmetic.yaml").grpo
         assert other is not None
         same = {k for k in GRPOConfig.model_fields if k not in loss_keys}
         assert {k: getattr(other, k) for k in same} == {k: getattr(grpo, k) for k in same}
+        assert other.minibatch_size == 32 and grpo.minibatch_size is None
 
 
 # --- through the trainer ----------------------------------------------------------------------
