@@ -1,4 +1,4 @@
-"""`textgym verify judge` and `textgym audit` end to end against a judge on 127.0.0.1 (`judge_fakes.FakeJudge`)."""
+"""`textgym verify judge` and `textgym audit` end to end against a judge on 127.0.0.1 (`judge_fakes`)."""
 
 from __future__ import annotations
 
@@ -129,8 +129,10 @@ def test_endpoint_and_usage_errors(server, tmp_path):
     path = write_jsonl(tmp_path / "in.jsonl", [{"prompt": "q", "completion": "c"}])
     r = invoke("verify", "judge", "--endpoint", judge.url, "--model", "nope", "--input", path)
     assert r.exit_code == 1
-    assert re.search(r"error: judge endpoint http://127\.0\.0\.1:\d+/v1/chat/completions refused the request: "
-                     r"HTTP 404: .*'nope' not found", r.stderr)  # fmt: skip
+    url = r"http://127\.0\.0\.1:\d+/v1/chat/completions"
+    assert re.search(
+        rf"error: judge endpoint {url} refused the request: HTTP 404: .*'nope' not found", r.stderr
+    )
     assert len(judge.requests) == 1
     r = invoke(
         "verify", "judge", "--endpoint", judge.url, "--model", "judge", "--input", tmp_path / "missing.jsonl"
