@@ -118,8 +118,7 @@ def test_ppo_puts_the_judges_reward_on_the_last_token(tiny_model_dir, tmp_path, 
 def test_a_judge_that_cannot_be_used_fails_before_training(tiny_model_dir, tmp_path, judge):
     model, tok = load_model(tiny_model_dir)
     with pytest.raises(JudgeError, match=r"does not serve 'other'; it serves \['judge'\]"):
-        GRPOTrainer(stage(GRPOConfig, judge.url).model_copy(update={"env": _env(judge.url, model="other")}), model,
-                    tok, tmp_path)  # fmt: skip
+        GRPOTrainer(stage(GRPOConfig, judge.url, model="other"), model, tok, tmp_path)
     with pytest.raises(ConfigError, match=r"env\.judge\.rubric: Value error, cannot read the rubric file"):
         validate_runtime(stage(GRPOConfig, judge.url, rubric=str(tmp_path / "none.txt")))
     rubric = tmp_path / "r.txt"
@@ -128,9 +127,3 @@ def test_a_judge_that_cannot_be_used_fails_before_training(tiny_model_dir, tmp_p
         validate_runtime(stage(GRPOConfig, judge.url, rubric=str(rubric), mode="group"))
     with pytest.raises(ValueError, match="mode"):
         stage(GRPOConfig, judge.url, mode="pairwise")
-
-
-def _env(url: str, **over):
-    from textgym.config import EnvConfig
-
-    return EnvConfig.model_validate({**ENV, "judge": {"endpoint": url, "model": "judge", **over}})
