@@ -132,3 +132,24 @@ def right_answer_judge(prompt: str) -> str:
     if groups:
         return "\n".join(f"SCORE {i}: {10 if right(t) else 0}" for i, t in groups)
     return f"Graded against {gold}.\nSCORE: {10 if right(block(prompt, 'response')) else 0}"
+
+
+def serve_app(app: Any) -> tuple[str, Any, threading.Thread]:
+    """Run an ASGI app (e.g. `textgym.serve.build_app(...)`) with uvicorn on a free 127.0.0.1 port.
+
+    Returns `(url, server, thread)`; stop it with `server.should_exit = True; thread.join()`.
+    """
+    import socket
+
+    import uvicorn
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert server.started
+    return f"http://127.0.0.1:{sock.getsockname()[1]}", server, thread
