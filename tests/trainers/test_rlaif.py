@@ -127,3 +127,28 @@ def test_a_judge_that_cannot_be_used_fails_before_training(tiny_model_dir, tmp_p
         validate_runtime(stage(GRPOConfig, judge.url, rubric=str(rubric), mode="group"))
     with pytest.raises(ValueError, match="mode"):
         stage(GRPOConfig, judge.url, mode="pairwise")
+
+
+def test_train_preflight_checks_the_judge_before_any_work(judge):
+    from pathlib import Path
+
+    from textgym.config import load_config
+    from textgym.pipeline import preflight
+
+    preset = Path(__file__).resolve().parents[2] / "configs" / "rlaif_arithmetic.yaml"
+    fast = ["sft=null", "eval.n=10"]
+    preflight(
+        load_config(preset, [*fast, f"grpo.env.judge.endpoint={judge.url}", "grpo.env.judge.model=judge"])
+    )
+    with pytest.raises(
+        ConfigError, match=r"grpo\.env\.judge: cannot reach the judge endpoint .*start the judge"
+    ):
+        preflight(load_config(preset, [*fast, "grpo.env.judge.endpoint=http://127.0.0.1:9"]))
+    with pytest.raises(ConfigError, match=r"grpo\.env\.judge: .*does not serve 'verifier-judge'"):
+        preflight(load_config(preset, [*fast, f"grpo.env.judge.endpoint={judge.url}"]))
+    with pytest.raises(
+        ConfigError, match=r"eval\.env\.judge: only the grpo and ppo stages' envs take a judge"
+    ):
+        preflight(
+            load_config(preset, [*fast, f"eval.env.judge.endpoint={judge.url}", "eval.env.judge.model=judge"])
+        )

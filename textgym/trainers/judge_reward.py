@@ -14,10 +14,11 @@ from __future__ import annotations
 import time
 
 from textgym.agents.trajectory import Trajectory
-from textgym.config import JudgeTermConfig
+from textgym.config import ConfigError, JudgeTermConfig
 from textgym.types import Message
 from textgym.verifiers.base import Score
 from textgym.verifiers.judge import JudgeItem, JudgeVerifier, api_key_from_env
+from textgym.verifiers.judge_client import JudgeError
 from textgym.verifiers.judge_prompts import load_rubric
 
 
@@ -33,6 +34,28 @@ def conversation_prompt(messages: list[Message]) -> tuple[str, str]:
     if len(before) == 1 and before[0].get("role") == "user":
         return str(before[0].get("content") or ""), completion
     return "\n".join(f"[{m.get('role')}] {m.get('content') or ''}" for m in before), completion
+
+
+def check_judge(cfg: JudgeTermConfig, field: str = "env.judge") -> None:
+    """Check before a run that the judge's endpoint answers and serves its model (`GET /v1/models`).
+
+    Raises:
+        ConfigError: naming `field`, when it does not (or its API-key variable is not set).
+    """
+    try:
+        judge = JudgeVerifier(
+            **{**cfg.verifier_kwargs(), "cache_path": None},
+            cache=False,
+            api_key=api_key_from_env(cfg.api_key_env),
+        )
+    except ValueError as e:
+        raise ConfigError(f"{field}: {e}") from None
+    try:
+        judge.check()
+    except JudgeError as e:
+        raise ConfigError(f"{field}: {e} (start the judge's server first)") from None
+    finally:
+        judge.close()
 
 
 class JudgeTerm:
