@@ -179,9 +179,11 @@ def make_server(host: str, port: int, model: str, delay_s: float = 0.0) -> Threa
             )
             stats.add(t0, time.monotonic())
 
-    server = ThreadingHTTPServer((host, port), Handler)
-    server.daemon_threads = True
-    return server
+    class Server(ThreadingHTTPServer):
+        request_queue_size = 256  # the listen backlog: a trainer sends a whole batch at once
+        daemon_threads = True
+
+    return Server((host, port), Handler)
 
 
 def main() -> None:

@@ -105,8 +105,9 @@ class EnvConfig(_Strict):
     """Where the reward model runs ("cuda:1": another GPU; it scores in the env workers)."""
     judge: JudgeTermConfig | None = None
     """An LLM judge's reward as a term of the env's reward (RLAIF): `weight · reward/judge` is
-    added to each episode's reward by the on-policy trainers (GRPO family, PPO) after the rollout;
-    other stages ignore it. See `JudgeTermConfig`."""
+    added to each episode's reward by the on-policy trainers (GRPO family, PPO) after the rollout.
+    Only the grpo and ppo stages' envs take one (`textgym train` refuses it elsewhere, and checks
+    that the endpoint answers before any work). See `JudgeTermConfig`."""
 
     # Building the env (with the reward-model wrapper) is runtime work:
     # `textgym.trainers.env_factory.make_env`. That `reward_model` holds a trained model is

@@ -90,7 +90,10 @@ class JudgeVerifier:
         system_prompt: an optional system message before the rubric.
         reference: show the task's gold answer to the judge (`{answer}`, `{reference}`).
         concurrency: judge requests in flight at once (shared by every thread using this judge).
-        timeout_s, max_retries, backoff_s, max_backoff_s: see `JudgeClient`.
+        timeout_s: per-request timeout (seconds).
+        max_retries: retries of a 429, 5xx, timeout or dropped connection (see `JudgeClient`).
+        backoff_s: the first retry's delay (seconds), doubled at each retry.
+        max_backoff_s: the longest wait between two attempts (a Retry-After included).
         api_key: bearer token for the endpoint, if it needs one.
         cache: keep judgements in memory (a repeated request is not sent again).
         cache_path: also append them to this JSONL file, and reload it when it exists.

@@ -212,7 +212,7 @@ class JudgementCache:
         """The cached judgement for `key`, or `compute()`'s (stored); and whether it was a hit.
 
         Raises:
-            whatever `compute` raises (to every caller waiting on it); nothing is stored then.
+            Exception: whatever `compute` raises, to every caller waiting on it; nothing is stored then.
         """
         with self._lock:
             if key in self._done:
