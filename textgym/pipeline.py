@@ -84,15 +84,14 @@ def preflight(cfg: RunConfig) -> None:
     if cfg.eval:
         envs.append(("eval.env", cfg.eval.env))
     preflight_envs(envs)
-    for field, env_cfg in envs:
-        if env_cfg.judge is not None:
-            if field not in ("grpo.env", "ppo.env"):
-                raise ConfigError(
-                    f"{field}.judge: only the grpo and ppo stages' envs take a judge reward term"
-                )
-            from textgym.trainers.judge_reward import check_judge
+    judged = [(field, env_cfg.judge) for field, env_cfg in envs if env_cfg.judge is not None]
+    for field, _ in judged:
+        if field not in ("grpo.env", "ppo.env"):
+            raise ConfigError(f"{field}.judge: only the grpo and ppo stages' envs take a judge reward term")
+    for field, judge in judged:
+        from textgym.trainers.judge_reward import check_judge
 
-            check_judge(env_cfg.judge, f"{field}.judge")
+        check_judge(judge, f"{field}.judge")
     if cfg.eval:
         n_tasks = task_count(make_env(cfg.eval.env.id, **cfg.eval.env.kwargs))
         if cfg.eval.n > n_tasks:
