@@ -80,8 +80,9 @@ class JudgeVerifier:
         endpoint: the OpenAI-compatible server (`textgym serve`, vLLM, ...), e.g. "http://127.0.0.1:8000".
         model: the served judge model's name.
         rubric: the rubric template text for `mode` (see `judge_prompts`); None: the built-in one.
-        mode: "pointwise", "pairwise" or "group" (what `score` asks; `compare` and `rank` always
-            ask pairwise and group).
+        mode: "pointwise", "pairwise" or "group": the mode `rubric` is written for, and the one the
+            audit and the trainers use. `score` (and `__call__`), `compare` and `rank` always ask
+            pointwise, pairwise and group, each with its own rubric (the built-in one unless given).
         temperature: the judge's sampling temperature (0: greedy, the default).
         max_tokens: the judge's reply budget, in tokens.
         top_p: nucleus mass of the judge's sampling.
