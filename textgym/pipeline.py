@@ -43,7 +43,7 @@ from textgym.trainers.seeding import seed_everything
 
 
 def preflight(cfg: RunConfig) -> None:
-    """Check what pydantic cannot before any work: env kwargs construct, the model folder exists.
+    """Check what pydantic cannot before any work: env kwargs build, the model folder exists, judges answer.
 
     Raises:
         ConfigError: naming the field that is wrong.
@@ -84,6 +84,14 @@ def preflight(cfg: RunConfig) -> None:
     if cfg.eval:
         envs.append(("eval.env", cfg.eval.env))
     preflight_envs(envs)
+    judged = [(field, env_cfg.judge) for field, env_cfg in envs if env_cfg.judge is not None]
+    for field, _ in judged:
+        if field not in ("grpo.env", "ppo.env"):
+            raise ConfigError(f"{field}.judge: only the grpo and ppo stages' envs take a judge reward term")
+    for field, judge in judged:
+        from textgym.trainers.judge_reward import check_judge
+
+        check_judge(judge, f"{field}.judge")
     if cfg.eval:
         n_tasks = task_count(make_env(cfg.eval.env.id, **cfg.eval.env.kwargs))
         if cfg.eval.n > n_tasks:
