@@ -30,7 +30,10 @@ MODULES = (
     "textgym.verifiers.base",
     "textgym.verifiers.code",
     "textgym.verifiers.format",
+    "textgym.verifiers.judge",
+    "textgym.verifiers.judge_prompts",
     "textgym.verifiers.math",
+    "textgym.evaluation.audit_set",
 )
 # The other ecosystems' envs (the `[interop]` extra): their examples run where the library is installed.
 INTEROP = {
@@ -41,7 +44,7 @@ INTEROP = {
 }
 MODULES += tuple(m for m, lib in INTEROP.items() if importlib.util.find_spec(lib) is not None)
 # Data types and protocols: nothing to run.
-NO_EXAMPLE = {"Score", "RubricTerm", "Verifier"}
+NO_EXAMPLE = {"Score", "RubricTerm", "Verifier", "JudgeItem"}
 
 
 def _doctests() -> list[doctest.DocTest]:

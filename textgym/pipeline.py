@@ -43,7 +43,7 @@ from textgym.trainers.seeding import seed_everything
 
 
 def preflight(cfg: RunConfig) -> None:
-    """Check what pydantic cannot before any work: env kwargs construct, the model folder exists.
+    """Check what pydantic cannot before any work: env kwargs build, the model folder exists, judges answer.
 
     Raises:
         ConfigError: naming the field that is wrong.
@@ -64,7 +64,7 @@ def preflight(cfg: RunConfig) -> None:
             )
     for stage_name, stage in (("grpo", cfg.grpo), ("ppo", cfg.ppo)):
         if stage is not None:
-            from textgym.trainers.losses import available_policy_losses
+            from textgym.trainers.policy_losses import available_policy_losses
 
             losses = available_policy_losses()
             if stage.policy_loss not in losses:
@@ -86,6 +86,14 @@ def preflight(cfg: RunConfig) -> None:
     if cfg.eval:
         envs.append(("eval.env", cfg.eval.env))
     preflight_envs(envs)
+    judged = [(field, env_cfg.judge) for field, env_cfg in envs if env_cfg.judge is not None]
+    for field, _ in judged:
+        if field not in ("grpo.env", "ppo.env"):
+            raise ConfigError(f"{field}.judge: only the grpo and ppo stages' envs take a judge reward term")
+    for field, judge in judged:
+        from textgym.trainers.judge_reward import check_judge
+
+        check_judge(judge, f"{field}.judge")
     if cfg.rft:
         from textgym.stages.rft import preflight_rft
 

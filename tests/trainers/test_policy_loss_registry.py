@@ -12,7 +12,8 @@ from textgym.pipeline import preflight
 from textgym.trainers import registry
 from textgym.trainers.common import seed_everything
 from textgym.trainers.grpo import GRPOTrainer
-from textgym.trainers.losses import available_policy_losses, clipped_policy_loss, ppo_clip_loss
+from textgym.trainers.losses import clipped_policy_loss, ppo_clip_loss
+from textgym.trainers.policy_losses import available_policy_losses
 from textgym.trainers.registry import (
     AdvantageInputs,
     PolicyLossInputs,

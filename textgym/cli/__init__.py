@@ -17,6 +17,8 @@ prints. The whole command tree is registered below:
 | `train` | `train` | `textgym.pipeline.run` |
 | `eval`, `report compare` | `eval` | `textgym.evaluation.job.run_eval`, `textgym.suites.compare_reports` |
 | `score`, `verify math` | `score` | an env's verifier, `textgym.verifiers.math.MathVerifier` |
+| `verify judge` | `judge` | `textgym.verifiers.judge.JudgeVerifier` |
+| `audit` | `audit` | `textgym.evaluation.audit.run_audit` |
 | `model init`, `check-template`, `serve` | `models` | `init_model`, `check_template`, `serve.build_app` |
 | `rollouts collect`, `pairs build` | `data` | `textgym.offline.collect_rollouts`, `build_pairs` |
 | `rm train` | `rm` | `textgym.pipeline.run_reward_model` |
@@ -31,7 +33,7 @@ from typing import Annotated
 
 import typer
 
-from textgym.cli import data, env, envs, eval, models, rm, sandbox, score, train
+from textgym.cli import audit, data, env, envs, eval, judge, models, rm, sandbox, score, train
 
 app = typer.Typer(
     help="textgym: text environments, verifiers and RL trainers for LLM agents.",
@@ -71,7 +73,9 @@ app.command("train")(train.train_cmd)
 app.command("eval")(eval.eval_cmd)
 app.add_typer(eval.report_app, name="report")
 app.command("score")(score.score_cmd)
+score.verify_app.command("judge")(judge.verify_judge_cmd)
 app.add_typer(score.verify_app, name="verify")
+app.command("audit")(audit.audit_cmd)
 app.command("plot")(envs.plot_cmd)
 app.add_typer(models.model_app, name="model")
 app.command("check-template")(models.check_template_cmd)

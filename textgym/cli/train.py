@@ -26,6 +26,7 @@ def train_cmd(
     from textgym.config import ConfigError, load_config
     from textgym.envs.registry import EnvError
     from textgym.pipeline import run
+    from textgym.verifiers.judge_client import JudgeError
 
     try:
         cfg = load_config(config, overrides or [])
@@ -39,6 +40,14 @@ def train_cmd(
             error=RuntimeError(
                 f"{e}\nThe run directory {cfg.run_dir} keeps its last checkpoint and logs: fix the env, "
                 f"then continue with `textgym train {config} --resume`."
+            ),
+            code=1,
+        )
+    except JudgeError as e:  # the judge's endpoint failed mid-run (4xx, or 5xx after the retries)
+        leave_world(
+            error=RuntimeError(
+                f"{e}\nThe run directory {cfg.run_dir} keeps its last checkpoint and logs: once the judge "
+                f"answers again, continue with `textgym train {config} --resume`."
             ),
             code=1,
         )

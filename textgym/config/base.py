@@ -12,6 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 import textgym.envs  # noqa: F401  (registers the textgym/... ids that `EnvConfig.id` is checked against)
+from textgym.config.judge import JudgeTermConfig
 from textgym.envs.registry import ensure_registered, import_modules
 from textgym.sandbox import BACKENDS
 
@@ -102,6 +103,11 @@ class EnvConfig(_Strict):
     """Scale of the reward model's score."""
     reward_model_device: str = "cpu"
     """Where the reward model runs ("cuda:1": another GPU; it scores in the env workers)."""
+    judge: JudgeTermConfig | None = None
+    """An LLM judge's reward as a term of the env's reward (RLAIF): `weight · reward/judge` is
+    added to each episode's reward by the on-policy trainers (GRPO family, PPO) after the rollout.
+    Only the grpo and ppo stages' envs take one (`textgym train` refuses it elsewhere, and checks
+    that the endpoint answers before any work). See `JudgeTermConfig`."""
 
     # Building the env (with the reward-model wrapper) is runtime work:
     # `textgym.trainers.env_factory.make_env`. That `reward_model` holds a trained model is

@@ -110,9 +110,21 @@ class _PolicyGradientConfig(_Batching):
     """How per-token losses are reduced (see `textgym.trainers.losses.aggregate`)."""
     policy_loss: str = Field("ppo_clip", min_length=1)
     """A registered policy loss: PPO's clipped surrogate ("ppo_clip", with `clip_low`,
-    `clip_high`, `dual_clip`), or one registered with
+    `clip_high`, `dual_clip`); GSPO's sequence-level ratio ("gspo", Zheng et al. 2025, with
+    `clip_low`, `clip_high` — the paper's are 3e-4 / 4e-4 — and `dual_clip`) or its token
+    variant for per-token advantages ("gspo_token"); CISPO's clipped importance weight on
+    REINFORCE ("cispo", MiniMax 2025, with `cispo_clip_low`, `cispo_clip_high`, and
+    `loss_aggregation: token_mean` as in the paper); or one registered with
     `@textgym.trainers.registry.register_policy_loss(name)`; the name is checked against the
-    registry before work starts (`textgym.pipeline.preflight`)."""
+    registry before work starts (`textgym.pipeline.preflight`). A built-in refuses the clip
+    options it does not use (see `textgym.trainers.policy_losses`)."""
+    cispo_clip_low: float | None = Field(None, ge=0.0, lt=1.0)
+    """ε_low^IS of `policy_loss: cispo`: its importance weight is clipped below at
+    1 − cispo_clip_low; null: no lower bound (MiniMax-M1's setting)."""
+    cispo_clip_high: float = Field(4.0, ge=0.0)
+    """ε_high^IS of `policy_loss: cispo`: its importance weight is capped at 1 + cispo_clip_high.
+    The default cap 5 is TRL's recommended `epsilon_high=5.0` (TRL's CISPO cap is
+    `epsilon_high` itself, the paper's is 1 + ε_high^IS)."""
     kl_coef: float = Field(0.0, ge=0.0)
     """β of the KL-to-reference term; 0 skips loading the reference model."""
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"
@@ -173,6 +185,30 @@ class _PolicyGradientConfig(_Batching):
         return self
 
     @model_validator(mode="after")
+    def _policy_loss_options(self) -> _PolicyGradientConfig:
+        # The built-in losses refuse the options they would ignore (a user-registered loss may
+        # read any field, so it is not checked).
+        def changed(*names: str) -> list[str]:
+            fields = type(self).model_fields
+            return [n for n in names if getattr(self, n) != fields[n].default]
+
+        if self.policy_loss == "cispo":
+            unused = changed("clip_low", "clip_high", "dual_clip")
+            if unused:
+                raise ValueError(
+                    f"{', '.join(unused)}: not used by policy_loss 'cispo', which has no clipped "
+                    "surrogate; it clips its importance weight with cispo_clip_low / cispo_clip_high"
+                )
+        elif self.policy_loss in ("ppo_clip", "gspo", "gspo_token"):
+            unused = changed("cispo_clip_low", "cispo_clip_high")
+            if unused:
+                raise ValueError(
+                    f"{', '.join(unused)}: only policy_loss 'cispo' uses it, not {self.policy_loss!r} "
+                    "(whose clip range is clip_low / clip_high)"
+                )
+        return self
+
+    @model_validator(mode="after")
     def _batch_sizes(self) -> _PolicyGradientConfig:
         total = self.prompts_per_step * self.group_size  # type: ignore[attr-defined]
         mb = self.minibatch_size or total
@@ -184,10 +220,10 @@ class _PolicyGradientConfig(_Batching):
 
 
 class GRPOConfig(_PolicyGradientConfig):
-    """GRPO (Shao et al. 2024) and its family: DAPO, Dr. GRPO, RLOO, REINFORCE++ — options of one trainer.
+    """GRPO (Shao et al. 2024) and its family (DAPO, Dr. GRPO, RLOO, REINFORCE++, GSPO, CISPO): one trainer.
 
     Presets: `configs/grpo_arithmetic.yaml`, `dapo_arithmetic.yaml`, `drgrpo_arithmetic.yaml`,
-    `rloo_arithmetic.yaml`.
+    `rloo_arithmetic.yaml`, `gspo_arithmetic.yaml`, `cispo_arithmetic.yaml`.
     """
 
     group_size: int = Field(8, ge=2)

@@ -2,7 +2,8 @@
 
 A schema validates the same everywhere, so a config can be written and checked on a laptop for
 a GPU machine. What depends on the machine is checked here: that a reward-model folder holds a
-trained model, and that vLLM is installed when an RL stage generates with it. `textgym.pipeline`
+trained model, that vLLM is installed when an RL stage generates with it, and that a judge's
+rubric file and API-key variable exist (`env.judge`). `textgym.pipeline`
 calls `validate_runtime` before a run starts and `textgym.trainers.env_factory.make_env` before
 it builds an env, so the errors are as clear (and as early) as when the schemas checked them.
 """
@@ -10,11 +11,13 @@ it builds an env, so the errors are as clear (and as early) as when the schemas 
 from __future__ import annotations
 
 import importlib.util
+import os
 from pathlib import Path
 
 from pydantic import BaseModel
 
 from textgym.config.base import ConfigError, EnvConfig
+from textgym.config.judge import JudgeTermConfig
 from textgym.config.rl import RolloutEngineConfig
 
 
@@ -33,6 +36,8 @@ def _problems(cfg: BaseModel, prefix: str) -> list[str]:
             f"{prefix.rstrip('.') or '<root>'}: Value error, backend 'vllm' needs vLLM installed: "
             "pip install 'textgym[vllm]'"
         )
+    if isinstance(cfg, JudgeTermConfig):
+        out.extend(_judge_problems(cfg, prefix))
     for name in type(cfg).model_fields:
         child = getattr(cfg, name)
         if isinstance(child, BaseModel):
@@ -40,8 +45,28 @@ def _problems(cfg: BaseModel, prefix: str) -> list[str]:
     return out
 
 
+def _judge_problems(cfg: JudgeTermConfig, prefix: str) -> list[str]:
+    """A judge's rubric file that is missing or lacks its mode's placeholders; an unset API-key variable."""
+    from textgym.verifiers.judge_prompts import load_rubric
+
+    out: list[str] = []
+    if cfg.rubric is not None:
+        try:
+            load_rubric(cfg.rubric, cfg.mode)
+        except OSError as e:
+            out.append(f"{prefix}rubric: Value error, cannot read the rubric file: {e} (got {cfg.rubric!r})")
+        except ValueError as e:
+            out.append(f"{prefix}rubric: Value error, {e} (got {cfg.rubric!r})")
+    if cfg.api_key_env is not None and not os.environ.get(cfg.api_key_env):
+        out.append(
+            f"{prefix}api_key_env: Value error, environment variable ${cfg.api_key_env} is not set "
+            f"(got {cfg.api_key_env!r})"
+        )
+    return out
+
+
 def validate_runtime(cfg: BaseModel) -> None:
-    """Check what a config needs from this machine: reward-model folders, an installed vLLM.
+    """Check what a config needs from this machine: reward-model folders, an installed vLLM, judge rubrics.
 
     Args:
         cfg: any config (a `RunConfig`, one stage, an `EnvConfig`); every nested config is checked.

@@ -12,7 +12,7 @@ from typing import Literal
 
 import torch
 
-from textgym.trainers.registry import PolicyLossInputs, register_policy_loss, registered_policy_losses
+from textgym.trainers.registry import PolicyLossInputs, register_policy_loss
 
 Aggregation = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"]
 KLEstimator = Literal["k1", "k2", "k3"]
@@ -420,8 +420,3 @@ def ppo_clip_loss(x: PolicyLossInputs) -> tuple[torch.Tensor, dict[str, float]]:
         norm_len=c.sampling.max_new_tokens,
         is_weights=x.is_weights,
     )
-
-
-def available_policy_losses() -> list[str]:
-    """Every registered policy loss's name, the built-ins included (for config validation)."""
-    return registered_policy_losses()

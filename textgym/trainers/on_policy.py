@@ -1,7 +1,7 @@
 """The on-policy loop every RL trainer shares (GRPO family and PPO).
 
-One iteration: 1 rollout (`collect`) · 2 score and shape rewards (the env's rubric,
-DAPO's overlong penalty, a KL penalty when it goes in the reward) · 3 advantages
+One iteration: 1 rollout (`collect`) · 2 score and shape rewards (the env's rubric, an LLM
+judge's term (`env.judge`), DAPO's overlong penalty, a KL penalty when it goes in the reward) · 3 advantages
 (`compute_advantages`, the subclass's estimator) · 4 update: μ epochs over shuffled
 minibatches of the clipped surrogate, accumulating over micro-batches, plus the
 critic's value loss when there is one · 5 log (the loop checkpoints).
@@ -63,6 +63,7 @@ from textgym.trainers.checkpoint import (
 )
 from textgym.trainers.engine import build_engine, sync_weights
 from textgym.trainers.env_factory import make_env
+from textgym.trainers.judge_reward import JudgeTerm
 from textgym.trainers.logging import metrics_logger
 from textgym.trainers.loop import run_loop
 from textgym.trainers.losses import kl_estimate, rollout_correction
@@ -141,6 +142,7 @@ class OnPolicyTrainer(PolicyUpdate):
         self.params = SamplingParams(**cfg.sampling.model_dump())
         self.envs = [make_env(cfg.env) for _ in range(B // W)]
         self.sampler = TaskSampler(task_count(self.envs[0]), seed)
+        self.judge = None if cfg.env.judge is None else JudgeTerm(cfg.env.judge, cfg.group_size)
         self.minibatch_size = (cfg.minibatch_size or B) // W  # rows of a minibatch on this rank
         self.micro_batch_size = cfg.micro_batch_size or self.minibatch_size
         updates = cfg.steps * cfg.epochs * (B // (cfg.minibatch_size or B))
@@ -247,6 +249,8 @@ class OnPolicyTrainer(PolicyUpdate):
                 env_id=cfg.env.id,
                 seeds=seeds,
             )
+        if self.judge is not None:  # the LLM judge's reward term (`env.judge`), the whole batch at once
+            self.judge.apply(trajs)
         for t in trajs:
             t.group += first  # the group's index in the step's global batch
         if cfg.overlong_penalty is not None:
@@ -272,6 +276,8 @@ class OnPolicyTrainer(PolicyUpdate):
         self._loss_rows = None
         # 1 rollout: the step's trajectories, rewards shaped (`collect`, `sample`)
         trajs = self.sample(metrics)
+        if self.judge is not None:
+            metrics.update(self.judge.pop_metrics())
         t_rollout = time.perf_counter() - t0
         # 2 the trajectory store (rank 0 writes the global batch)
         if cfg.log_trajectories:
@@ -406,7 +412,9 @@ class OnPolicyTrainer(PolicyUpdate):
         return final
 
     def close(self) -> None:
-        """Release the rollout engine (vLLM) and the environments."""
+        """Release the rollout engine (vLLM), the judge and the environments."""
+        if self.judge is not None:
+            self.judge.close()
         if self.engine is not None:
             self.engine.close()
             self.engine = None

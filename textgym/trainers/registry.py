@@ -33,7 +33,8 @@ scalar loss of one micro-batch (reduced with `textgym.trainers.losses.aggregate`
 micro-batch losses add up to the minibatch's) and detached float stats (`loss/policy`,
 `clip/frac`, ...). The built-in `ppo_clip` (PPO's clipped surrogate with the config's clip
 range, dual-clip, KL in the loss and importance weights) is registered in
-`textgym.trainers.losses`; `available_policy_losses()` there lists every name.
+`textgym.trainers.losses`; `gspo`, `gspo_token` (Zheng et al. 2025) and `cispo` (MiniMax 2025)
+in `textgym.trainers.policy_losses`, whose `available_policy_losses()` lists every name.
 
 This module imports nothing heavy, so the config can validate names against it.
 """
@@ -187,7 +188,7 @@ def get_policy_loss(name: str) -> PolicyLossFn:
 
 
 def registered_policy_losses() -> list[str]:
-    """The names registered so far, sorted (the built-ins once `textgym.trainers.losses` is imported)."""
+    """The names registered so far, sorted (all built-ins once `trainers.policy_losses` is imported)."""
     return sorted(_POLICY_LOSSES)
 
 

@@ -9,7 +9,8 @@ iteration needs (π_old recomputed by the trainer, π_ref of the reference).
 The loss is the one the config's `policy_loss` names in the registry
 (`textgym.trainers.registry.register_policy_loss`); the default, "ppo_clip"
 (`textgym.trainers.losses.clipped_policy_loss`), is PPO's clipped surrogate (Schulman et al.
-2017, arXiv:1707.06347, eq. 7) with the options of the GRPO family.
+2017, arXiv:1707.06347, eq. 7) with the options of the GRPO family; "gspo", "gspo_token" and
+"cispo" are in `textgym.trainers.policy_losses`.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from transformers import PreTrainedModel
 from textgym import distributed
 from textgym.config import GRPOConfig, PPOConfig
 from textgym.distributed.process_group import World
+from textgym.trainers import policy_losses  # noqa: F401  (registers gspo, gspo_token, cispo)
 from textgym.trainers.batch import RolloutBatch, row_lengths, token_budget_micro_batches
 from textgym.trainers.logprobs import sequence_logprobs
 from textgym.trainers.losses import aggregate

@@ -1,0 +1,155 @@
+"""A scripted OpenAI-compatible judge on 127.0.0.1 for the LLM-judge tests (a real HTTP server in a thread).
+
+`FakeJudge(reply)` answers `POST /v1/chat/completions` with `reply(prompt_text)` as the
+assistant's message (the prompt text is the last message's content), after `delay_s`. Scripted
+failures come first: each `fail(status, body, headers)` is answered once, in order, before any
+judgement. It records every request body, and the most requests it ever held at once
+(`max_in_flight`). `GET /v1/models` lists `models`. Imported by tests as `from judge_fakes import ...`
+(tests/ is on sys.path).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+
+class FakeJudge:
+    """A judge endpoint whose answers are `reply(prompt_text)`; see the module docstring."""
+
+    def __init__(
+        self,
+        reply: Callable[[str], str] | None = None,
+        delay_s: float = 0.0,
+        models: tuple[str, ...] = ("judge",),
+    ):
+        self.reply = reply or (lambda prompt: "SCORE: 5")
+        self.delay_s = delay_s
+        self.models = list(models)
+        self.requests: list[dict[str, Any]] = []
+        self.times: list[float] = []
+        self.script: list[tuple[int, str, dict[str, str]]] = []
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self._lock = threading.Lock()
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:  # quiet
+                pass
+
+            def _send(self, status: int, body: str, headers: dict[str, str] | None = None) -> None:
+                data = body.encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                for k, v in (headers or {}).items():
+                    self.send_header(k, v)
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self) -> None:
+                if self.path.rstrip("/") == "/v1/models":
+                    self._send(200, json.dumps({"object": "list", "data": [{"id": m} for m in fake.models]}))
+                else:
+                    self._send(404, json.dumps({"error": {"message": "not found"}}))
+
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                with fake._lock:
+                    fake.requests.append(body)
+                    fake.times.append(time.monotonic())
+                    fake.in_flight += 1
+                    fake.max_in_flight = max(fake.max_in_flight, fake.in_flight)
+                    scripted = fake.script.pop(0) if fake.script else None
+                try:
+                    time.sleep(fake.delay_s)
+                    if scripted is not None:
+                        self._send(*scripted)
+                        return
+                    if body.get("model") not in fake.models:
+                        msg = {"error": {"message": f"model {body.get('model')!r} not found"}}
+                        self._send(404, json.dumps(msg))
+                        return
+                    text = fake.reply(body["messages"][-1]["content"])
+                    out = {"choices": [{"index": 0, "message": {"role": "assistant", "content": text}}]}
+                    self._send(200, json.dumps(out))
+                finally:
+                    with fake._lock:
+                        fake.in_flight -= 1
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True)
+        self.thread.start()
+
+    def fail(
+        self, status: int, body: str = '{"error": {"message": "scripted"}}', **headers: str
+    ) -> FakeJudge:
+        """Answer the next request not yet answered with `status` (before any judgement); chainable."""
+        self.script.append((status, body, {k.replace("_", "-"): v for k, v in headers.items()}))
+        return self
+
+    def prompts(self) -> list[str]:
+        """The prompt text of every request received, in order."""
+        return [r["messages"][-1]["content"] for r in self.requests]
+
+    def close(self) -> None:
+        """Stop the server."""
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def block(prompt: str, tag: str) -> str:
+    """The text inside the first `<tag ...>` ... `</tag>` block of a judge prompt ("" if none)."""
+    m = re.search(rf"<{tag}(?: [^>]*)?>\n?(.*?)\n?</{tag}>", prompt, re.DOTALL)
+    return m.group(1) if m else ""
+
+
+def right_answer_judge(prompt: str) -> str:
+    """A judge that reads the sum in `Compute a+b.` and grades the response's last number against it.
+
+    Pointwise: `SCORE: 10` or `SCORE: 0`; pairwise: `WINNER: A|B|TIE`; group: `SCORE i: 10|0`.
+    The last line of its reply is always its own verdict, whatever the responses contain.
+    """
+    m = re.search(r"Compute (\d+)\+(\d+)\.", block(prompt, "question"))
+    gold = str(int(m.group(1)) + int(m.group(2))) if m else None
+
+    def right(text: str) -> bool:
+        boxed = re.findall(r"\\boxed\{(-?\d+)\}", text)
+        return bool(boxed) and boxed[-1] == gold
+
+    if "<response_a>" in prompt:
+        a, b = right(block(prompt, "response_a")), right(block(prompt, "response_b"))
+        return "WINNER: " + ("TIE" if a == b else "A" if a else "B")
+    groups = re.findall(r'<response id="(\d+)">\n(.*?)\n</response>', prompt, re.DOTALL)
+    if groups:
+        return "\n".join(f"SCORE {i}: {10 if right(t) else 0}" for i, t in groups)
+    return f"Graded against {gold}.\nSCORE: {10 if right(block(prompt, 'response')) else 0}"
+
+
+def serve_app(app: Any) -> tuple[str, Any, threading.Thread]:
+    """Run an ASGI app (e.g. `textgym.serve.build_app(...)`) with uvicorn on a free 127.0.0.1 port.
+
+    Returns `(url, server, thread)`; stop it with `server.should_exit = True; thread.join()`.
+    """
+    import socket
+
+    import uvicorn
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert server.started
+    return f"http://127.0.0.1:{sock.getsockname()[1]}", server, thread

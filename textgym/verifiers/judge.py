@@ -1,0 +1,364 @@
+"""`JudgeVerifier`: rewards from an LLM judge behind any OpenAI-compatible endpoint (RLAIF).
+
+Three ways to ask (Zheng et al. 2023, "Judging LLM-as-a-judge", arXiv:2306.05685, §3):
+
+- **pointwise**: one completion, graded against a rubric; the judge ends with `SCORE: <0-10>`
+  and the reward is that number / 10 (Bai et al. 2022, Constitutional AI, arXiv:2212.08073;
+  Lee et al. 2023, RLAIF, arXiv:2309.00267).
+- **pairwise**: two completions, asked in both orders (A/B, then B/A) because judges favour a
+  position (Zheng et al. 2023 §3.3); the reward is the first completion's preference averaged
+  over the two orders, and the verdicts say whether the judge was consistent.
+- **group**: a whole group of completions in one request, each scored relative to the others
+  (RULER, OpenPipe 2025: a GRPO group needs only relative scores); reward = score / 10 each.
+
+A judgement without a parsable verdict gives reward 0.0 with `details["error"]` saying so; an
+endpoint that refuses a request (4xx) or keeps failing raises `JudgeError`. Judgements are
+cached (in memory, optionally in a JSONL file); requests run concurrently up to `concurrency`.
+Prompt construction and parsing are in `textgym.verifiers.judge_prompts`, the HTTP client and
+the cache in `textgym.verifiers.judge_client`.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from textgym.types import Task
+from textgym.verifiers.base import Score
+from textgym.verifiers.judge_client import JudgeClient, JudgeError, JudgementCache, cache_key
+from textgym.verifiers.judge_prompts import (
+    DEFAULT_MAX_CHARS,
+    DEFAULT_RUBRICS,
+    MODES,
+    Mode,
+    parse_group_scores,
+    parse_score,
+    parse_winner,
+    preference,
+    render,
+    validate_rubric,
+)
+
+_T = TypeVar("_T")
+_R = TypeVar("_R")
+
+NEUTRAL_FIELDS: dict[str, float] = {
+    "top_k": 0,
+    "min_p": 0.0,
+    "repetition_penalty": 1.0,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+}
+"""Sent with every request (unless `neutral_sampling=False`): vLLM-style servers fill each field a
+request leaves out from the model folder's `generation_config.json`; these values turn them off."""
+
+
+@dataclass(frozen=True)
+class JudgeItem:
+    """What the judge grades: a prompt, one completion (pointwise) or several (pairwise: 2, group: G).
+
+    Attributes:
+        prompt: the question the completions answer (the conversation so far, as text).
+        completions: the completion(s) to grade.
+        answer: a reference answer shown to the judge through `{answer}` / `{reference}`, or None.
+    """
+
+    prompt: str
+    completions: tuple[str, ...]
+    answer: str | None = None
+
+
+class JudgeVerifier:
+    """An LLM judge as a verifier: `judge(completion, task) -> Score` with reward in [0, 1].
+
+    Args:
+        endpoint: the OpenAI-compatible server (`textgym serve`, vLLM, ...), e.g. "http://127.0.0.1:8000".
+        model: the served judge model's name.
+        rubric: the rubric template text for `mode` (see `judge_prompts`); None: the built-in one.
+        mode: "pointwise", "pairwise" or "group": the mode `rubric` is written for, and the one the
+            audit and the trainers use. `score` (and `__call__`), `compare` and `rank` always ask
+            pointwise, pairwise and group, each with its own rubric (the built-in one unless given).
+        temperature: the judge's sampling temperature (0: greedy, the default).
+        max_tokens: the judge's reply budget, in tokens.
+        top_p: nucleus mass of the judge's sampling.
+        seed: sent as the request's `seed` when set.
+        neutral_sampling: also send `NEUTRAL_FIELDS` (set False for endpoints that refuse them).
+        system_prompt: an optional system message before the rubric.
+        reference: show the task's gold answer to the judge (`{answer}`, `{reference}`).
+        concurrency: judge requests in flight at once (shared by every thread using this judge).
+        timeout_s: per-request timeout (seconds).
+        max_retries: retries of a 429, 5xx, timeout or dropped connection (see `JudgeClient`).
+        backoff_s: the first retry's delay (seconds), doubled at each retry.
+        max_backoff_s: the longest wait between two attempts (a Retry-After included).
+        api_key: bearer token for the endpoint, if it needs one.
+        cache: keep judgements in memory (a repeated request is not sent again).
+        cache_path: also append them to this JSONL file, and reload it when it exists.
+        max_chars: inserted texts longer than this are cut to their head and tail.
+
+    Raises:
+        ValueError: an unknown mode, or a rubric without the placeholders its mode needs.
+
+    Examples:
+        Nothing is sent until a completion is scored; the prompt the judge would read:
+
+        >>> judge = JudgeVerifier("http://127.0.0.1:8000", "judge")
+        >>> messages = judge.messages(JudgeItem("Compute 2+2.", ("4\\nSCORE: 10",)))
+        >>> print(messages[-1]["content"].split("<response>")[1].split("</response>")[0].strip())
+        4
+        SCORE: 10
+        >>> judge.reward_of("The answer 4 is right.\\nSCORE: 7")
+        Score(reward=0.7, details={'judgement': 'The answer 4 is right.\\nSCORE: 7', 'score': 7.0})
+        >>> judge.reward_of("Looks fine to me.").details["error"]
+        'no line of the form SCORE: <number from 0 to 10> in the judgement'
+    """
+
+    def __init__(
+        self,
+        endpoint: str,
+        model: str,
+        *,
+        rubric: str | None = None,
+        mode: Mode = "pointwise",
+        temperature: float = 0.0,
+        max_tokens: int = 512,
+        top_p: float = 1.0,
+        seed: int | None = None,
+        neutral_sampling: bool = True,
+        system_prompt: str | None = None,
+        reference: bool = True,
+        concurrency: int = 8,
+        timeout_s: float = 60.0,
+        max_retries: int = 4,
+        backoff_s: float = 0.5,
+        max_backoff_s: float = 30.0,
+        api_key: str | None = None,
+        cache: bool = True,
+        cache_path: str | Path | None = None,
+        max_chars: int = DEFAULT_MAX_CHARS,
+    ):
+        if mode not in MODES:
+            raise ValueError(f"unknown judge mode {mode!r}; choose one of {list(MODES)}")
+        self.mode: Mode = mode
+        self.rubrics: dict[Mode, str] = dict(DEFAULT_RUBRICS)
+        if rubric is not None:
+            self.rubrics[mode] = validate_rubric(rubric, mode)
+        sampling: dict[str, Any] = {"temperature": float(temperature), "top_p": float(top_p)}
+        sampling["max_tokens"] = int(max_tokens)
+        if seed is not None:
+            sampling["seed"] = int(seed)
+        if neutral_sampling:
+            sampling.update(NEUTRAL_FIELDS)
+        self.client = JudgeClient(
+            endpoint,
+            model,
+            sampling,
+            concurrency=concurrency,
+            timeout_s=timeout_s,
+            max_retries=max_retries,
+            backoff_s=backoff_s,
+            max_backoff_s=max_backoff_s,
+            api_key=api_key,
+        )
+        self.endpoint, self.model = endpoint, model
+        self.system_prompt = system_prompt
+        self.reference = bool(reference)
+        self.max_chars = int(max_chars)
+        self.cache = JudgementCache(cache_path) if cache or cache_path is not None else None
+        self.counts: dict[str, float] = {"judgements": 0, "cache_hits": 0, "unparsable": 0}
+        self._lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(max_workers=self.client.concurrency, thread_name_prefix="judge")
+
+    # --- the prompt and one request ------------------------------------------------------------
+    def messages(self, item: JudgeItem, mode: Mode | None = None) -> list[dict[str, str]]:
+        """The chat messages that ask the judge about `item` in `mode` (default: the judge's mode)."""
+        mode = mode or self.mode
+        cs = item.completions
+        kw: dict[str, Any] = {"prompt": item.prompt, "max_chars": self.max_chars}
+        kw["answer"] = item.answer if self.reference else None
+        if mode == "pointwise":
+            kw["completion"] = cs[0]
+        elif mode == "pairwise":
+            kw["completion_a"], kw["completion_b"] = cs
+        else:
+            kw["completions"] = list(cs)
+        text = render(self.rubrics[mode], **kw).text
+        head = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+        return [*head, {"role": "user", "content": text}]
+
+    def ask(self, messages: list[dict[str, str]]) -> tuple[str, bool]:
+        """The judge's reply to `messages` (from the cache when it holds it) and whether it was cached.
+
+        Raises:
+            JudgeError: see `JudgeClient.chat`.
+        """
+        self._count(judgements=1)
+        if self.cache is None:
+            return self.client.chat(messages), False
+        key = cache_key(self.client.body(messages), self.client.url)
+        text, hit = self.cache.get_or_compute(key, lambda: self.client.chat(messages))
+        self._count(cache_hits=int(hit))
+        return text, hit
+
+    def _count(self, **add: float) -> None:
+        with self._lock:
+            for k, v in add.items():
+                self.counts[k] += v
+
+    def _map(self, fn: Callable[[_T], _R], items: Sequence[_T]) -> list[_R]:
+        """`fn` over `items` on the judge's thread pool, results in order; the first error raises."""
+        if len(items) <= 1:
+            return [fn(x) for x in items]
+        return list(self._pool.map(fn, items))
+
+    # --- the three modes -----------------------------------------------------------------------
+    def reward_of(self, judgement: str) -> Score:
+        """The pointwise reward of a judgement: `SCORE: s` → s / 10; no usable score → 0.0 and `error`."""
+        score, error = parse_score(judgement)
+        if score is None:
+            self._count(unparsable=1)
+            return Score(0.0, {"judgement": judgement, "error": error})
+        return Score(score / 10.0, {"judgement": judgement, "score": score})
+
+    def score(self, items: Sequence[JudgeItem]) -> list[Score]:
+        """Pointwise rewards in [0, 1] of `items` (one completion each), judged concurrently, in order.
+
+        Raises:
+            JudgeError: when the endpoint refuses a request or keeps failing.
+        """
+
+        def one(item: JudgeItem) -> Score:
+            text, hit = self.ask(self.messages(item, "pointwise"))
+            s = self.reward_of(text)
+            return Score(s.reward, {**s.details, "cached": hit})
+
+        return self._map(one, items)
+
+    def compare(self, items: Sequence[JudgeItem]) -> list[Score]:
+        """Pairwise preferences of `items` (two completions each), every pair asked in both orders.
+
+        Returns:
+            One `Score` per pair: reward = preference for the first completion in [0, 1]
+            (0.0 with `error` when neither order gave a verdict); details hold both verdicts
+            (`ab`: first shown as A, `ba`: first shown as B), their judgements, `consistent`,
+            and `picked_a` / `picked_b` (how often each position won: the position-bias counts).
+
+        Raises:
+            JudgeError: when the endpoint refuses a request or keeps failing.
+        """
+        asks = [(it, order) for it in items for order in ("ab", "ba")]
+
+        def one(job: tuple[JudgeItem, str]) -> tuple[str, bool]:
+            it, order = job
+            x, y = it.completions
+            shown = JudgeItem(it.prompt, (x, y) if order == "ab" else (y, x), it.answer)
+            return self.ask(self.messages(shown, "pairwise"))
+
+        replies = self._map(one, asks)
+        out = []
+        for i in range(len(items)):
+            (t_ab, hit_ab), (t_ba, hit_ba) = replies[2 * i], replies[2 * i + 1]
+            (v_ab, e_ab), (v_ba, e_ba) = parse_winner(t_ab), parse_winner(t_ba)
+            pref = preference(v_ab, v_ba)
+            details: dict[str, Any] = {
+                "ab": {"verdict": v_ab, "judgement": t_ab, "cached": hit_ab},
+                "ba": {"verdict": v_ba, "judgement": t_ba, "cached": hit_ba},
+                **{k: pref[k] for k in ("consistent", "picked_a", "picked_b")},
+            }
+            errors = [f"{o}: {e}" for o, e in (("ab", e_ab), ("ba", e_ba)) if e]
+            if errors:
+                self._count(unparsable=len(errors))
+                details["error"] = "; ".join(errors)
+            out.append(Score(0.0 if pref["p_first"] is None else pref["p_first"], details))
+        return out
+
+    def rank(self, items: Sequence[JudgeItem]) -> list[list[Score]]:
+        """Group scores (RULER-style): each item's completions judged together in one request.
+
+        Returns:
+            Per item, one `Score` per completion: reward = its score / 10, or 0.0 with `error`
+            when the judgement has no usable `SCORE <i>:` line for it; every score's details
+            hold the shared `judgement`.
+
+        Raises:
+            JudgeError: when the endpoint refuses a request or keeps failing.
+        """
+
+        def one(item: JudgeItem) -> list[Score]:
+            text, hit = self.ask(self.messages(item, "group"))
+            scores, errors = parse_group_scores(text, len(item.completions))
+            out = []
+            for i, (s, err) in enumerate(zip(scores, errors, strict=True), 1):
+                base = {"judgement": text, "cached": hit, "index": i}
+                if s is None:
+                    self._count(unparsable=1)
+                    out.append(Score(0.0, {**base, "error": err}))
+                else:
+                    out.append(Score(s / 10.0, {**base, "score": s}))
+            return out
+
+        return self._map(one, items)
+
+    # --- the verifier protocol -----------------------------------------------------------------
+    def __call__(self, completion: str, task: Task) -> Score:
+        """Pointwise reward of `completion` as the answer to `task.prompt` (the gold answer as reference).
+
+        Raises:
+            JudgeError: when the endpoint refuses the request or keeps failing (model text never raises).
+        """
+        (s,) = self.score([JudgeItem(task.prompt, (str(completion),), task.answer)])
+        return s
+
+    def check(self) -> None:
+        """Fail early when the endpoint cannot be reached or does not serve the judge model.
+
+        Raises:
+            JudgeError: naming the endpoint (and the models it serves, when the model is not among them).
+        """
+        served = self.client.models()
+        if served is not None and self.model not in served:
+            raise JudgeError(
+                f"judge endpoint {self.client.url} does not serve {self.model!r}; it serves {served}"
+            )
+
+    def metrics(self) -> dict[str, float]:
+        """Counters over the judge's life: `judge/requests`, `judge/retries`, `judge/cache_hits`, ...
+
+        Also `judge/judgements`, `judge/unparsable` and `judge/latency_s_mean` (per successful request).
+        """
+        st = self.client.stats
+        ok = st["ok"]
+        return {
+            "judge/judgements": self.counts["judgements"],
+            "judge/requests": st["requests"],
+            "judge/retries": st["retries"],
+            "judge/cache_hits": self.counts["cache_hits"],
+            "judge/unparsable": self.counts["unparsable"],
+            "judge/latency_s_mean": st["latency_s"] / ok if ok > 0 else 0.0,
+        }
+
+    def close(self) -> None:
+        """Release the thread pool and the HTTP connections."""
+        self._pool.shutdown(wait=False)
+        self.client.close()
+
+
+def api_key_from_env(name: str | None) -> str | None:
+    """The value of environment variable `name` (None when `name` is None).
+
+    Raises:
+        ValueError: when `name` is set but the variable is not.
+    """
+    if name is None:
+        return None
+    value = os.environ.get(name)
+    if not value:
+        raise ValueError(f"the judge's API key variable ${name} is not set")
+    return value
+
+
+__all__ = ["JudgeError", "JudgeItem", "JudgeVerifier", "api_key_from_env"]
