@@ -7,7 +7,7 @@ Validating imports only the leaf packages `textgym.envs` and `textgym.sandbox`; 
 the machine (reward-model folders, an installed vLLM) is checked by `validate_runtime`.
 
 Modules: `base` (model, env, sampling, optimizer, LoRA, parallelism), `sft`, `rl` (rollout
-engine, GRPO family), `ppo`, `preference` (DPO family), `reward_model`, `eval`, `run`
+engine, GRPO family), `ppo`, `preference` (DPO family), `online_dpo`, `reward_model`, `eval`, `run`
 (`RunConfig` and the loader), `runtime` (`validate_runtime`).
 """
 
@@ -21,6 +21,7 @@ from textgym.config.base import (
     SamplingConfig,
 )
 from textgym.config.eval import AgentConfig, EvalConfig, EvalJobConfig
+from textgym.config.online_dpo import OnlineDPOConfig
 from textgym.config.ppo import CriticConfig, PPOConfig
 from textgym.config.preference import DPO_BETA, SIMPO_BETA, CollectConfig, PairConfig, PreferenceConfig
 from textgym.config.reward_model import RewardModelConfig
@@ -42,6 +43,7 @@ __all__ = [
     "GRPOConfig",
     "LoraSettings",
     "ModelConfig",
+    "OnlineDPOConfig",
     "OptimConfig",
     "OverlongPenaltyConfig",
     "PPOConfig",
