@@ -222,6 +222,25 @@ def test_micro_batches_give_the_gradient_of_the_whole_step(warm_model_dir, tmp_p
     assert float((grads[1] - grads[0]).norm() / grads[0].norm()) < 1e-5
 
 
+def test_lora_reference_is_the_policy_with_its_adapters_off(warm_model_dir, tmp_path):
+    """With LoRA no reference copy is kept: at the start (B = 0) the loss is log 2 and the KL 0;
+    a second update on the same pairs has moved the adapters, and the adapters-off log-probs with them not."""
+    from textgym.trainers.online_dpo import models_in_memory
+
+    seed_everything(SEED)
+    model, tok = load_model(warm_model_dir)
+    cfg = odpo_cfg(prompts_per_step=2, lora={"r": 4, "alpha": 8}, optim={"lr": 1e-2})
+    trainer = OnlineDPOTrainer(cfg, model, tok, tmp_path)
+    assert trainer.reference is None and models_in_memory(cfg)[1] == "reference (policy, adapters off)"
+    trainer.trajectories, trainer.pairs = trainer.sample(), [(0, 1), (8, 9)]
+    first = trainer.update()
+    assert first["loss/dpo"] == pytest.approx(math.log(2), abs=1e-6) and abs(first["kl/ref"]) < 1e-6
+    second = trainer.update()
+    assert abs(second["kl/ref"]) > 1e-3 and second["loss/dpo"] < first["loss/dpo"]
+    final = trainer.train()  # the stage's 2 steps, then the merged model and the adapter
+    assert (final / "config.json").is_file() and (tmp_path / "final_adapter").is_dir()
+
+
 def test_a_run_with_an_online_dpo_stage(warm_model_dir, tmp_path):
     from textgym.pipeline import run
 
