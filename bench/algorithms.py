@@ -7,7 +7,8 @@ so its peak memory is its own. Prints one table: held-out accuracy before/after,
 gain, RL wall time, peak resident memory, the models in memory, and (PPO) the critic's
 best explained variance.
 
-    python bench/algorithms.py [--algos ppo grpo dapo rloo drgrpo gspo cispo] [--steps 300] \\
+    python bench/algorithms.py [--algos ppo grpo dapo rloo drgrpo gspo cispo rft online_dpo] \\
+        [--steps 300] [--out runs/bench_algorithms]
         [--out runs/bench_algorithms]
 
 Results also go to `<out>/results.json`.
@@ -23,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-ALGOS = ["ppo", "grpo", "dapo", "rloo", "drgrpo", "gspo", "cispo", "rft"]
+ALGOS = ["ppo", "grpo", "dapo", "rloo", "drgrpo", "gspo", "cispo", "rft", "online_dpo"]
 
 
 def textgym(*args: str) -> None:

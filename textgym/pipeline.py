@@ -1,8 +1,8 @@
-"""`textgym train`: start model → SFT → evaluate → RL (GRPO family or PPO) → evaluate → summary.
+"""`textgym train`: start model → SFT → evaluate → RL (GRPO family, PPO, DPO family) → evaluate → summary.
 
     runs/<name>/config.yaml      the resolved config
     runs/<name>/model_init/      the preset model, when the run builds one
-    runs/<name>/sft/, grpo/, ppo/  stage directories (see textgym.trainers.checkpoint)
+    runs/<name>/sft/, grpo/, ppo/, dpo/, online_dpo/  stage directories (see textgym.trainers.checkpoint)
     runs/<name>/eval_before.json, eval_after.json
     runs/<name>/summary.json     accuracy_before, accuracy_after, n_eval, wall_time_s, peak_rss_mb,
                                  sft_target (steps, probe accuracy, reached) when SFT has a target, ...
@@ -83,6 +83,8 @@ def preflight(cfg: RunConfig) -> None:
         envs.append(("dpo.env", cfg.dpo.env))
     if cfg.rft:
         envs.append(("rft.env", cfg.rft.env))
+    if cfg.online_dpo:
+        envs.append(("online_dpo.env", cfg.online_dpo.env))
     if cfg.eval:
         envs.append(("eval.env", cfg.eval.env))
     preflight_envs(envs)
@@ -240,7 +242,8 @@ def run(
     # 1. SFT warm start (evaluated before it when it is the only stage).
     if cfg.sft is not None:
         sft_cfg = cfg.sft
-        if cfg.eval is not None and cfg.rl is None and cfg.dpo is None and cfg.rft is None:
+        only_stage = cfg.rl is None and cfg.dpo is None and cfg.rft is None and cfg.online_dpo is None
+        if cfg.eval is not None and only_stage:
             before = _cached_eval(run_dir / "eval_before.json", model_path, cfg.eval, device, resume)
         seed_everything(distributed.rank_seed(cfg.seed))
         model_path, secs = _run_stage(
@@ -315,6 +318,31 @@ def run(
         stage_times["rft"] = time.perf_counter() - t
         summary_extra["rft_rounds"] = rounds
         summary_extra["models_in_memory"] = ["policy"]
+
+    # 2d. Online DPO: each step samples pairs from the current policy; evaluated before and after.
+    odpo = cfg.online_dpo
+    if odpo is not None:
+        from textgym.trainers.online_dpo import OnlineDPOTrainer, models_in_memory
+
+        ecfg, eval_fn = cfg.eval, None
+        if ecfg is not None:
+            before = _cached_eval(run_dir / "eval_before.json", model_path, ecfg, device, resume)
+            echo(f"eval before online_dpo: accuracy {before['accuracy']:.3f} on {before['n']} tasks")
+
+            def eval_fn(m: Any, t: Any) -> dict[str, float]:
+                r = evaluate_model(m, t, ecfg)
+                return {"eval/accuracy": r.accuracy, "eval/mean_reward": r.mean_reward}
+
+        seed_everything(distributed.rank_seed(cfg.seed + 1))
+        model_path, secs = _run_stage(
+            "online_dpo", odpo, run_dir, model_path, device, resume, echo,
+            lambda m, t, d: OnlineDPOTrainer(
+                odpo, m, t, d, seed=cfg.seed, resume=resume, eval_fn=eval_fn, parallel=cfg.parallel,
+                log_with=cfg.log_with,
+            ), cfg.model.dtype,
+        )  # fmt: skip
+        stage_times.update({} if secs is None else {"online_dpo": secs})
+        summary_extra["models_in_memory"] = models_in_memory(odpo)
 
     # 3. Evaluate the result and summarise.
     summary: dict[str, Any] = {"name": cfg.name, "final_model": str(model_path), "stage_times_s": stage_times}

@@ -8,8 +8,8 @@ the machine (reward-model folders, an installed vLLM) is checked by `validate_ru
 
 Modules: `base` (model, env, sampling, optimizer, LoRA, parallelism), `sft`, `rl` (rollout
 engine, GRPO family), `ppo`, `preference` (DPO family), `rft` (rejection-sampling fine-tuning),
-`reward_model`, `judge` (an LLM judge as an env reward term), `eval`, `run` (`RunConfig` and the
-loader), `runtime` (`validate_runtime`).
+`online_dpo`, `reward_model`, `judge` (an LLM judge as an env reward term), `eval`, `run`
+(`RunConfig` and the loader), `runtime` (`validate_runtime`).
 """
 
 from textgym.config.base import (
@@ -23,6 +23,7 @@ from textgym.config.base import (
 )
 from textgym.config.eval import AgentConfig, EvalConfig, EvalJobConfig
 from textgym.config.judge import JudgeTermConfig
+from textgym.config.online_dpo import OnlineDPOConfig
 from textgym.config.ppo import CriticConfig, PPOConfig
 from textgym.config.preference import DPO_BETA, SIMPO_BETA, CollectConfig, PairConfig, PreferenceConfig
 from textgym.config.reward_model import RewardModelConfig
@@ -46,6 +47,7 @@ __all__ = [
     "JudgeTermConfig",
     "LoraSettings",
     "ModelConfig",
+    "OnlineDPOConfig",
     "OptimConfig",
     "OverlongPenaltyConfig",
     "PPOConfig",

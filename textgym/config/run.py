@@ -15,6 +15,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from textgym.config.base import ConfigError, ModelConfig, ParallelConfig, _Strict, import_before_validation
 from textgym.config.eval import EvalConfig
+from textgym.config.online_dpo import OnlineDPOConfig
 from textgym.config.ppo import PPOConfig
 from textgym.config.preference import PreferenceConfig
 from textgym.config.reward_model import RewardModelConfig
@@ -74,6 +75,8 @@ class RunConfig(_Strict):
     rft: RFTConfig | None = None
     """Rejection-sampling fine-tuning (RAFT / ReST-EM rounds of sample → keep the verified → SFT)
     after SFT; instead of an RL stage."""
+    online_dpo: OnlineDPOConfig | None = None
+    """Online DPO (pairs sampled from the current policy each step) after SFT; instead of an RL stage."""
     eval: EvalConfig | None = None
     """Evaluation before and after the last training stage."""
     reward_model: RewardModelConfig | None = None
@@ -84,11 +87,13 @@ class RunConfig(_Strict):
 
     @model_validator(mode="after")
     def _has_stage(self) -> RunConfig:
-        stages = (self.sft, self.grpo, self.ppo, self.dpo, self.rft, self.reward_model)
+        stages = (self.sft, self.grpo, self.ppo, self.dpo, self.rft, self.online_dpo, self.reward_model)
         if all(x is None for x in stages):
-            raise ValueError("a run needs at least one stage: sft, grpo, ppo, dpo, rft or reward_model")
-        if sum(x is not None for x in (self.grpo, self.ppo, self.dpo, self.rft)) > 1:
-            raise ValueError("a run has at most one of the grpo, ppo, dpo and rft stages")
+            raise ValueError(
+                "a run needs at least one stage: sft, grpo, ppo, dpo, rft, online_dpo or reward_model"
+            )
+        if sum(x is not None for x in (self.grpo, self.ppo, self.dpo, self.rft, self.online_dpo)) > 1:
+            raise ValueError("a run has at most one of the grpo, ppo, dpo, rft and online_dpo stages")
         return self
 
     @property
@@ -104,7 +109,9 @@ class RunConfig(_Strict):
     @property
     def trains_in_pipeline(self) -> bool:
         """Whether `textgym train` has a stage to run (every stage but `reward_model` is its)."""
-        return any(x is not None for x in (self.sft, self.grpo, self.ppo, self.dpo, self.rft))
+        return any(
+            x is not None for x in (self.sft, self.grpo, self.ppo, self.dpo, self.rft, self.online_dpo)
+        )
 
 
 def _set(data: dict[str, Any], key: str, value: Any, item: str) -> None:

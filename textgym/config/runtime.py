@@ -16,7 +16,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from textgym.config.base import ConfigError, EnvConfig
+from textgym.config.base import ConfigError
 from textgym.config.judge import JudgeTermConfig
 from textgym.config.rl import RolloutEngineConfig
 
@@ -24,8 +24,9 @@ from textgym.config.rl import RolloutEngineConfig
 def _problems(cfg: BaseModel, prefix: str) -> list[str]:
     """`dotted.path: message (got value)` for each machine-dependent problem in `cfg`'s tree."""
     out: list[str] = []
-    rm = cfg.reward_model if isinstance(cfg, EnvConfig) else None
-    if rm is not None and not (Path(rm) / "config.json").is_file():
+    # An env's reward model, or a stage's (online DPO's `scorer: reward_model`): a folder path.
+    rm = getattr(cfg, "reward_model", None)
+    if isinstance(rm, str) and not (Path(rm) / "config.json").is_file():
         out.append(
             f"{prefix}reward_model: Value error, reward model folder {rm!r} has no "
             f"config.json (train one with `textgym rm train`) (got {rm!r})"

@@ -13,12 +13,12 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from textgym.agents.weight_sync import rollout_weights
-from textgym.config import GRPOConfig, PPOConfig
+from textgym.config import GRPOConfig, OnlineDPOConfig, PPOConfig
 from textgym.trainers.precision import compute_dtype
 
 
 def build_engine(
-    cfg: GRPOConfig | PPOConfig,
+    cfg: GRPOConfig | PPOConfig | OnlineDPOConfig,
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
     eos_ids: list[int],
