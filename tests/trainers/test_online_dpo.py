@@ -276,7 +276,7 @@ def test_config_errors_name_the_field(tmp_path):
     bad(r"scorer 'reward_model' needs reward_model", scorer="reward_model")
     bad(r"reward_model is set but scorer is 'env'", reward_model=str(tmp_path))
     bad(r"rollout\.tis", rollout={"tis": True})
-    with pytest.raises(ConfigError, match="at most one of the grpo, ppo, dpo and online_dpo stages"):
+    with pytest.raises(ConfigError, match=r"at most one of the grpo, ppo, dpo(, rft)? and online_dpo stages"):
         load_config(values={"name": "x", "model": {"init_preset": "tiny"}, "online_dpo": {"env": WARM_ENV},
                             "grpo": {"env": WARM_ENV}})  # fmt: skip
     assert (
