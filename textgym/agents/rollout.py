@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -83,6 +83,62 @@ def observation_tokens(
     return list(ids)
 
 
+def step_token_indices(
+    decode: Callable[[list[int]], str], token_ids: list[int], step_ends: list[int]
+) -> list[int]:
+    r"""Index (in `token_ids`) of the token that holds each step's last character.
+
+    The text is `decode(token_ids)`, the action the environment received; step k ends at character
+    offset `step_ends[k]` (exclusive, `textgym.verifiers.steps.split_steps`), so its last character
+    is `text[step_ends[k] - 1]`. Token j covers the characters that `decode(token_ids[: j + 1])`
+    agrees with `text` on; the step's reward goes on the first token that covers its last
+    character. When a step ends inside a token (the token also carries text of the next step,
+    e.g. one token for "6\n5"), that token gets the step's reward; several steps ending in one
+    token all land on it. An offset outside `1..len(text)` is clamped to the text. Each end is
+    found by bisection over prefixes (about log2(len(token_ids)) decodes per step).
+
+    Args:
+        decode: token ids -> text, as the agent decodes a response (`LLMAgent.decode`).
+        token_ids: the turn's generated ids, without the end-of-turn token.
+        step_ends: the steps' end offsets in the text, in characters.
+
+    Returns:
+        One token index per step end, each in `0..len(token_ids) - 1` ([] without tokens).
+
+    Examples:
+        >>> pieces = {1: "12", 2: "*3=", 3: "36\n", 4: "5+36", 5: "=41"}
+        >>> decode = lambda ids: "".join(pieces[i] for i in ids)
+        >>> decode([1, 2, 3, 4, 5])  # two steps, ending at offsets 7 and 15
+        '12*3=36\n5+36=41'
+        >>> step_token_indices(decode, [1, 2, 3, 4, 5], [7, 15])
+        [2, 4]
+    """
+    if not token_ids:
+        return []
+    text = decode(token_ids)
+
+    def covered(j: int) -> int:  # characters of `text` that tokens 0..j decode to
+        prefix = decode(token_ids[: j + 1])
+        n = min(len(prefix), len(text))
+        k = 0
+        while k < n and prefix[k] == text[k]:
+            k += 1
+        return k
+
+    out = []
+    for end in step_ends:
+        end = min(max(int(end), 1), len(text))
+        lo, hi = 0, len(token_ids) - 1  # the first j with covered(j) >= end (the last token covers all)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if covered(mid) >= end:
+                hi = mid
+            else:
+                lo = mid + 1
+        out.append(lo)
+    return out
+
+
 @dataclass
 class _Episode:
     env: gym.Env
@@ -95,6 +151,8 @@ class _Episode:
     loss_mask: list[float] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     token_rewards: list[float] = field(default_factory=list)
+    step_rewards: list[float] = field(default_factory=list)
+    step_mask: list[float] = field(default_factory=list)
     reward: float = 0.0
     terms: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     turns: int = 0
@@ -161,6 +219,8 @@ def rollout(
             ep.loss_mask = [0.0] * len(prompt_ids)
             ep.logprobs = [0.0] * len(prompt_ids)
             ep.token_rewards = [0.0] * len(prompt_ids)
+            ep.step_rewards = [0.0] * len(prompt_ids)
+            ep.step_mask = [0.0] * len(prompt_ids)
             episodes.append(ep)
 
     active = episodes
@@ -180,8 +240,12 @@ def rollout(
             ep.loss_mask += [1.0] * len(gen.token_ids)
             ep.logprobs += gen.logprobs.tolist()
             ep.token_rewards += [0.0] * len(gen.token_ids)
+            ep.step_rewards += [0.0] * len(gen.token_ids)
+            ep.step_mask += [0.0] * len(gen.token_ids)
             ep.messages.append({"role": "assistant", "content": text})
             obs, reward, terminated, truncated, info = step
+            if "step_rewards" in info:
+                _place_step_rewards(ep, agent, list(gen.token_ids), info, env_id)
             ep.turns += 1
             ep.token_rewards[-1] += float(reward)
             ep.reward += float(reward)
@@ -201,6 +265,8 @@ def rollout(
             ep.loss_mask += [0.0] * len(env_ids)
             ep.logprobs += [0.0] * len(env_ids)
             ep.token_rewards += [0.0] * len(env_ids)
+            ep.step_rewards += [0.0] * len(env_ids)
+            ep.step_mask += [0.0] * len(env_ids)
         active = [ep for ep in active if not ep.done]
 
     return [
@@ -209,6 +275,8 @@ def rollout(
             loss_mask=torch.tensor(ep.loss_mask, dtype=torch.float32),
             logprobs=torch.tensor(ep.logprobs, dtype=torch.float32),
             token_rewards=torch.tensor(ep.token_rewards, dtype=torch.float32),
+            step_rewards=torch.tensor(ep.step_rewards, dtype=torch.float32),
+            step_mask=torch.tensor(ep.step_mask, dtype=torch.float32),
             prompt_length=ep.prompt_length,
             messages=ep.messages,
             reward=ep.reward,
@@ -224,3 +292,25 @@ def rollout(
         )
         for ep in episodes
     ]
+
+
+def _place_step_rewards(ep: _Episode, agent: LLMAgent, gen_ids: list[int], info: dict, env_id: str) -> None:
+    """Add a turn's `info["step_rewards"]` onto the tokens that end its steps (`step_token_indices`).
+
+    `gen_ids` are the turn's generated ids, already appended to the episode (its last
+    `len(gen_ids)` positions); a trailing end-of-turn id is not part of the text.
+
+    Raises:
+        ValueError: if `info["step_ends"]` is missing or not one offset per step reward.
+    """
+    rewards, ends = info["step_rewards"], info.get("step_ends")
+    if not isinstance(ends, list | tuple) or len(ends) != len(rewards):
+        raise ValueError(
+            f"{env_id or 'the env'}: info['step_rewards'] needs info['step_ends'], one offset per step "
+            f"(got {len(rewards)} rewards and {ends!r})"
+        )
+    start = len(ep.token_ids) - len(gen_ids)
+    ids = gen_ids[:-1] if gen_ids and gen_ids[-1] in agent.backend.eos_ids else gen_ids
+    for r, j in zip(rewards, step_token_indices(agent.decode, ids, list(ends)), strict=True):
+        ep.step_rewards[start + j] += float(r)
+        ep.step_mask[start + j] = 1.0
