@@ -11,7 +11,7 @@ import torch
 
 import textgym  # noqa: F401
 from textgym.agents import LLMAgent, SamplingParams, Trajectory
-from textgym.agents.rollout import rollout, step_token_indices
+from textgym.agents.rollout import rollout
 from textgym.agents.sampling import Generation
 from textgym.envs.base import SingleTurnEnv
 from textgym.models import load_tokenizer
@@ -20,6 +20,7 @@ from textgym.trainers.batch import RolloutBatch
 from textgym.trainers.registry import AdvantageInputs, get_advantage
 from textgym.types import Task
 from textgym.verifiers.base import Rubric, RubricTerm, Score
+from textgym.verifiers.steps import step_token_indices
 
 WORKED = {"split": "test", "operators": "+*", "digits": 1, "n_terms": 3, "worked_steps": True}
 WORKED["instruction"] = ""

@@ -44,7 +44,7 @@ class Trajectory:
             or "length" (cut at `max_new_tokens`; the response is overlong).
         step_rewards: [T] float32, the process rewards an env reported (`info["step_rewards"]`),
             each on the token holding its step's last character
-            (`textgym.agents.rollout.step_token_indices`), 0.0 elsewhere; None when not recorded
+            (`textgym.verifiers.steps.step_token_indices`), 0.0 elsewhere; None when not recorded
             (a rollout records zeros for an env without step rewards).
         step_mask: [T] float32, 1.0 on the tokens that end a step (where `step_rewards` sit,
             whatever their value), else 0.0; None when not recorded.

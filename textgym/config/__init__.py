@@ -7,7 +7,8 @@ Validating imports only the leaf packages `textgym.envs` and `textgym.sandbox`; 
 the machine (reward-model folders, an installed vLLM) is checked by `validate_runtime`.
 
 Modules: `base` (model, env, sampling, optimizer, LoRA, parallelism), `sft`, `rl` (rollout
-engine, GRPO family), `ppo`, `preference` (DPO family), `reward_model`, `eval`, `run`
+engine, GRPO family), `ppo`, `preference` (DPO family), `reward_model`, `prm` (process reward
+model), `eval`, `run`
 (`RunConfig` and the loader), `runtime` (`validate_runtime`).
 """
 
@@ -23,6 +24,7 @@ from textgym.config.base import (
 from textgym.config.eval import AgentConfig, EvalConfig, EvalJobConfig
 from textgym.config.ppo import CriticConfig, PPOConfig
 from textgym.config.preference import DPO_BETA, SIMPO_BETA, CollectConfig, PairConfig, PreferenceConfig
+from textgym.config.prm import PRMConfig, PRMLabelConfig
 from textgym.config.reward_model import RewardModelConfig
 from textgym.config.rl import GRPOConfig, OverlongPenaltyConfig, RolloutEngineConfig, VLLMEngineConfig
 from textgym.config.run import RunConfig, apply_overrides, format_validation_error, load_config
@@ -45,6 +47,8 @@ __all__ = [
     "OptimConfig",
     "OverlongPenaltyConfig",
     "PPOConfig",
+    "PRMConfig",
+    "PRMLabelConfig",
     "PairConfig",
     "ParallelConfig",
     "PreferenceConfig",

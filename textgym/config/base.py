@@ -102,6 +102,12 @@ class EnvConfig(_Strict):
     """Scale of the reward model's score."""
     reward_model_device: str = "cpu"
     """Where the reward model runs ("cuda:1": another GPU; it scores in the env workers)."""
+    process_reward_model: str | None = None
+    """A process reward model folder (`textgym prm train`): its step scores become the env's
+    `info["step_rewards"]` (the env's own stay as `env_step_rewards`), which an RL stage sees with
+    `reward_source: steps` or `both`; the env's reward is unchanged."""
+    process_reward_model_device: str = "cpu"
+    """Where the process reward model runs."""
 
     # Building the env (with the reward-model wrapper) is runtime work:
     # `textgym.trainers.env_factory.make_env`. That `reward_model` holds a trained model is
