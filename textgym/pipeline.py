@@ -50,7 +50,8 @@ def preflight(cfg: RunConfig) -> None:
     """
     if not cfg.trains_in_pipeline:
         raise ConfigError(
-            "this config has only a reward_model stage: train it with `textgym rm train CONFIG`"
+            "this config has only a reward_model or prm stage: train it with `textgym rm train CONFIG` "
+            "or `textgym prm label/train CONFIG`"
         )
     validate_runtime(cfg)
     if cfg.grpo is not None:

@@ -23,6 +23,7 @@ from textgym.agents.llm_agent import LLMAgent
 from textgym.agents.sampling import SamplingParams, derive_seed
 from textgym.agents.trajectory import Trajectory
 from textgym.types import Message
+from textgym.verifiers.steps import step_token_indices
 
 _PROBE = "\x00textgym-probe\x00"
 _STEP_POOL = ThreadPoolExecutor(
@@ -95,6 +96,8 @@ class _Episode:
     loss_mask: list[float] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     token_rewards: list[float] = field(default_factory=list)
+    step_rewards: list[float] = field(default_factory=list)
+    step_mask: list[float] = field(default_factory=list)
     reward: float = 0.0
     terms: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     turns: int = 0
@@ -161,6 +164,8 @@ def rollout(
             ep.loss_mask = [0.0] * len(prompt_ids)
             ep.logprobs = [0.0] * len(prompt_ids)
             ep.token_rewards = [0.0] * len(prompt_ids)
+            ep.step_rewards = [0.0] * len(prompt_ids)
+            ep.step_mask = [0.0] * len(prompt_ids)
             episodes.append(ep)
 
     active = episodes
@@ -180,8 +185,12 @@ def rollout(
             ep.loss_mask += [1.0] * len(gen.token_ids)
             ep.logprobs += gen.logprobs.tolist()
             ep.token_rewards += [0.0] * len(gen.token_ids)
+            ep.step_rewards += [0.0] * len(gen.token_ids)
+            ep.step_mask += [0.0] * len(gen.token_ids)
             ep.messages.append({"role": "assistant", "content": text})
             obs, reward, terminated, truncated, info = step
+            if "step_rewards" in info:
+                _place_step_rewards(ep, agent, list(gen.token_ids), info, env_id)
             ep.turns += 1
             ep.token_rewards[-1] += float(reward)
             ep.reward += float(reward)
@@ -201,6 +210,8 @@ def rollout(
             ep.loss_mask += [0.0] * len(env_ids)
             ep.logprobs += [0.0] * len(env_ids)
             ep.token_rewards += [0.0] * len(env_ids)
+            ep.step_rewards += [0.0] * len(env_ids)
+            ep.step_mask += [0.0] * len(env_ids)
         active = [ep for ep in active if not ep.done]
 
     return [
@@ -209,6 +220,8 @@ def rollout(
             loss_mask=torch.tensor(ep.loss_mask, dtype=torch.float32),
             logprobs=torch.tensor(ep.logprobs, dtype=torch.float32),
             token_rewards=torch.tensor(ep.token_rewards, dtype=torch.float32),
+            step_rewards=torch.tensor(ep.step_rewards, dtype=torch.float32),
+            step_mask=torch.tensor(ep.step_mask, dtype=torch.float32),
             prompt_length=ep.prompt_length,
             messages=ep.messages,
             reward=ep.reward,
@@ -224,3 +237,25 @@ def rollout(
         )
         for ep in episodes
     ]
+
+
+def _place_step_rewards(ep: _Episode, agent: LLMAgent, gen_ids: list[int], info: dict, env_id: str) -> None:
+    """Add a turn's `info["step_rewards"]` onto the tokens that end its steps (`step_token_indices`).
+
+    `gen_ids` are the turn's generated ids, already appended to the episode (its last
+    `len(gen_ids)` positions); a trailing end-of-turn id is not part of the text.
+
+    Raises:
+        ValueError: if `info["step_ends"]` is missing or not one offset per step reward.
+    """
+    rewards, ends = info["step_rewards"], info.get("step_ends")
+    if not isinstance(ends, list | tuple) or len(ends) != len(rewards):
+        raise ValueError(
+            f"{env_id or 'the env'}: info['step_rewards'] needs info['step_ends'], one offset per step "
+            f"(got {len(rewards)} rewards and {ends!r})"
+        )
+    start = len(ep.token_ids) - len(gen_ids)
+    ids = gen_ids[:-1] if gen_ids and gen_ids[-1] in agent.backend.eos_ids else gen_ids
+    for r, j in zip(rewards, step_token_indices(agent.decode, ids, list(ends)), strict=True):
+        ep.step_rewards[start + j] += float(r)
+        ep.step_mask[start + j] = 1.0

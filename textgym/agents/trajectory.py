@@ -6,7 +6,8 @@ The padded training tensors built from trajectories (`RolloutBatch`) live with t
 Token-level arrays of a `Trajectory` are aligned with `token_ids`: index *t* describes
 token *t*. Prompt and environment tokens have `loss_mask == 0`; tokens the policy
 sampled have `loss_mask == 1` and carry the log-probability they were sampled with.
-Each turn's reward sits on the last token the policy generated in that turn.
+Each turn's reward sits on the last token the policy generated in that turn; process rewards
+(an env's `info["step_rewards"]`) sit in `step_rewards`, each on the token that ends its step.
 """
 
 from __future__ import annotations
@@ -41,6 +42,12 @@ class Trajectory:
         info: the environment's last `info` dict.
         finish_reason: how the last turn's generation ended: "stop" (end-of-turn token)
             or "length" (cut at `max_new_tokens`; the response is overlong).
+        step_rewards: [T] float32, the process rewards an env reported (`info["step_rewards"]`),
+            each on the token holding its step's last character
+            (`textgym.verifiers.steps.step_token_indices`), 0.0 elsewhere; None when not recorded
+            (a rollout records zeros for an env without step rewards).
+        step_mask: [T] float32, 1.0 on the tokens that end a step (where `step_rewards` sit,
+            whatever their value), else 0.0; None when not recorded.
     """
 
     token_ids: torch.Tensor
@@ -59,6 +66,8 @@ class Trajectory:
     truncated: bool = False
     info: dict[str, Any] = field(default_factory=dict)
     finish_reason: str = "stop"
+    step_rewards: torch.Tensor | None = None
+    step_mask: torch.Tensor | None = None
 
     @property
     def response_length(self) -> int:

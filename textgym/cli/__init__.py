@@ -22,6 +22,7 @@ prints. The whole command tree is registered below:
 | `model init`, `check-template`, `serve` | `models` | `init_model`, `check_template`, `serve.build_app` |
 | `rollouts collect`, `pairs build` | `data` | `textgym.offline.collect_rollouts`, `build_pairs` |
 | `rm train` | `rm` | `textgym.pipeline.run_reward_model` |
+| `prm label`, `prm train` | `prm` | `textgym.stages.process_reward.run_prm_label`, `run_prm_train` |
 | `sandbox check`, `sandbox build-image` | `sandbox` | `textgym.sandbox.check_backends`, `build_image` |
 """
 
@@ -33,7 +34,7 @@ from typing import Annotated
 
 import typer
 
-from textgym.cli import audit, data, env, envs, eval, judge, models, rm, sandbox, score, train
+from textgym.cli import audit, data, env, envs, eval, judge, models, prm, rm, sandbox, score, train
 
 app = typer.Typer(
     help="textgym: text environments, verifiers and RL trainers for LLM agents.",
@@ -83,6 +84,7 @@ app.command("serve")(models.serve_cmd)
 app.add_typer(data.rollouts_app, name="rollouts")
 app.add_typer(data.pairs_app, name="pairs")
 app.add_typer(rm.rm_app, name="rm")
+app.add_typer(prm.prm_app, name="prm")
 app.add_typer(sandbox.sandbox_app, name="sandbox")
 
 

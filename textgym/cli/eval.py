@@ -51,6 +51,17 @@ LogTrajectories = Annotated[
 NTasks = Annotated[int, typer.Option(min=1, help="Number of tasks (task_index 0..n-1).")]
 Samples = Annotated[int, typer.Option(min=1, help="Samples per task (pass@k for k=1 and k=samples).")]
 AsJson = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+Prm = Annotated[
+    Path | None,
+    typer.Option(
+        help="A process reward model (textgym prm train): rank the --samples of each task by it and "
+        "report best-of-n accuracy beside majority vote and pass@n."
+    ),
+]
+PrmAggregate = Annotated[
+    str | None,
+    typer.Option(help="How --prm's step scores make one: min, product or last (default: the PRM's)."),
+]
 Show = Annotated[
     int, typer.Option("--show", min=0, help="Also print the first N episodes: conversation, reward, terms.")
 ]
@@ -74,6 +85,8 @@ def eval_cmd(
     max_new_tokens: MaxNewTokens = _DEFAULT.sampling.max_new_tokens,
     as_json: AsJson = False,
     show: Show = 0,
+    prm: Prm = None,
+    prm_aggregate: PrmAggregate = None,
 ) -> None:
     """Evaluate a model, or the scripted oracle / random agent, on an env: accuracy, reward, pass@k."""
     from textgym.config import ConfigError
@@ -85,7 +98,8 @@ def eval_cmd(
     job = _job(
         {"env": env, "suite": suite, "env_kwargs": parse_kwargs(env_kwargs), "n": n, "samples": samples,
          "sampling": {"temperature": temperature, "max_new_tokens": max_new_tokens}, "agent": agent,
-         "out": None if out is None else str(out), "log_trajectories": log_trajectories}
+         "out": None if out is None else str(out), "log_trajectories": log_trajectories,
+         "prm": None if prm is None else str(prm), "prm_aggregate": prm_aggregate}
     )  # fmt: skip
     try:
         outcome = run_eval(job)
@@ -97,12 +111,16 @@ def eval_cmd(
         summary = outcome.result.summary()  # type: ignore[union-attr]
         if show:
             summary["episodes"] = outcome.result.episodes[:show]  # type: ignore[union-attr]
+        if outcome.best_of_n is not None:
+            summary["best_of_n"] = outcome.best_of_n
         print(json.dumps(summary))
     else:
         if show:
             print_episodes(outcome.result.episodes[:show])  # type: ignore[union-attr]
         who = str(model) if agent_kind == "model" else f"{agent_kind} agent"
         console.print(_result_table(outcome.result, f"{env} {job.env_kwargs or ''} · {who}"))
+        if outcome.best_of_n is not None:
+            console.print(_best_of_n_table(outcome.best_of_n, f"best-of-n by the PRM {prm}"))
 
 
 def print_episodes(episodes: list[dict[str, Any]], max_chars: int = 2000) -> None:
@@ -162,6 +180,22 @@ def _result_table(res: Any, title: str) -> Table:
         f"{res.mean_response_tokens:.1f}",
         f"{res.tokens_per_s:.0f}",
     )
+    return table
+
+
+def _best_of_n_table(rows: list[dict[str, Any]], title: str) -> Table:
+    """Accuracy against n: the PRM's pick, majority vote, pass@n, and the mean single sample."""
+    table = Table(title=title)
+    for col in ("n", "best-of-n (PRM)", "majority vote", "pass@n", "single sample"):
+        table.add_column(col, justify="right")
+    for r in rows:
+        table.add_row(
+            str(r["n"]),
+            f"{r['best_of_n']:.3f}",
+            f"{r['majority']:.3f}",
+            f"{r['pass_at_n']:.3f}",
+            f"{r['mean']:.3f}",
+        )
     return table
 
 

@@ -8,7 +8,8 @@ the machine (reward-model folders, an installed vLLM) is checked by `validate_ru
 
 Modules: `base` (model, env, sampling, optimizer, LoRA, parallelism), `sft`, `rl` (rollout
 engine, GRPO family), `ppo`, `preference` (DPO family), `rft` (rejection-sampling fine-tuning),
-`online_dpo`, `reward_model`, `judge` (an LLM judge as an env reward term), `eval`, `run`
+`online_dpo`, `reward_model`, `prm` (process reward model), `judge` (an LLM judge as an env
+reward term), `eval`, `run`
 (`RunConfig` and the loader), `runtime` (`validate_runtime`).
 """
 
@@ -26,6 +27,7 @@ from textgym.config.judge import JudgeTermConfig
 from textgym.config.online_dpo import OnlineDPOConfig
 from textgym.config.ppo import CriticConfig, PPOConfig
 from textgym.config.preference import DPO_BETA, SIMPO_BETA, CollectConfig, PairConfig, PreferenceConfig
+from textgym.config.prm import PRMConfig, PRMLabelConfig
 from textgym.config.reward_model import RewardModelConfig
 from textgym.config.rft import RationalizeConfig, RFTCollectConfig, RFTConfig, RFTFilterConfig
 from textgym.config.rl import GRPOConfig, OverlongPenaltyConfig, RolloutEngineConfig, VLLMEngineConfig
@@ -51,6 +53,8 @@ __all__ = [
     "OptimConfig",
     "OverlongPenaltyConfig",
     "PPOConfig",
+    "PRMConfig",
+    "PRMLabelConfig",
     "PairConfig",
     "ParallelConfig",
     "PreferenceConfig",

@@ -108,6 +108,12 @@ class EnvConfig(_Strict):
     added to each episode's reward by the on-policy trainers (GRPO family, PPO) after the rollout.
     Only the grpo and ppo stages' envs take one (`textgym train` refuses it elsewhere, and checks
     that the endpoint answers before any work). See `JudgeTermConfig`."""
+    process_reward_model: str | None = None
+    """A process reward model folder (`textgym prm train`): its step scores become the env's
+    `info["step_rewards"]` (the env's own stay as `env_step_rewards`), which an RL stage sees with
+    `reward_source: steps` or `both`; the env's reward is unchanged."""
+    process_reward_model_device: str = "cpu"
+    """Where the process reward model runs."""
 
     # Building the env (with the reward-model wrapper) is runtime work:
     # `textgym.trainers.env_factory.make_env`. That `reward_model` holds a trained model is

@@ -63,3 +63,9 @@ class EvalJobConfig(_Strict):
     report.json, report.md and report.png there."""
     log_trajectories: bool = False
     """With `out`: also write full trajectories to `out/trajectories` (Parquet)."""
+    prm: str | None = None
+    """A process reward model folder (`textgym prm train`): score every sample and report
+    best-of-n accuracy (the sample with the highest PRM score among the first n) beside majority
+    vote and pass@n, for n = 1, 2, 4, … up to `samples` (`textgym.evaluation.best_of_n`). One env."""
+    prm_aggregate: Literal["min", "product", "last"] | None = None
+    """How the PRM's step scores make one score (default: the PRM folder's, else "min")."""

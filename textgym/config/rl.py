@@ -140,6 +140,14 @@ class _PolicyGradientConfig(_Batching):
     a softmax over the vocabulary for every token of the update, which at a real vocabulary
     (151,936 ids) is a few percent of the step; with `entropy_coef > 0` it is computed every
     step anyway, since the bonus needs it."""
+    reward_source: Literal["outcome", "steps", "both"] = "outcome"
+    """What the per-token rewards are: "outcome" (each turn's reward on its last policy token),
+    "steps" (the process rewards of the env's `info["step_rewards"]` or a process reward model,
+    each on the token that ends its step), or "both" (their sum, the steps weighted by
+    `step_reward_weight`); see `RolloutBatch.with_reward_source`. PPO's GAE runs over whichever
+    it is; of the group estimators, `grpo_process` normalises each reward event over its group."""
+    step_reward_weight: float = Field(1.0, ge=0.0)
+    """Weight of the process rewards with `reward_source` "steps" or "both"."""
     overlong_filter: bool = False
     """Mask responses cut at max_new_tokens out of the loss (DAPO's overlong filtering)."""
     overlong_penalty: OverlongPenaltyConfig | None = None
@@ -230,7 +238,9 @@ class GRPOConfig(_PolicyGradientConfig):
     """Samples per task (G)."""
     advantage_estimator: str = Field("grpo", min_length=1)
     """A registered advantage estimator: group-relative ("grpo"), leave-one-out ("rloo"), token
-    returns normalised over the batch ("reinforce_pp", whose KL belongs in the reward), or one
+    returns normalised over the batch ("reinforce_pp", whose KL belongs in the reward), process
+    supervision ("grpo_process": each reward event normalised over its group, with
+    `reward_source` "steps" or "both"; its KL belongs in the loss), or one
     registered with `@textgym.trainers.registry.register_advantage(name)`; the name is checked
     against the registry before work starts (`textgym.pipeline.preflight`)."""
     scale_rewards: Literal["group", "batch", "none"] = "group"
@@ -242,3 +252,12 @@ class GRPOConfig(_PolicyGradientConfig):
     max_sampling_tries: int = Field(4, ge=1)
     """Rollout rounds per step with dynamic sampling; after the cap the batch is filled with
     dropped groups, which are masked out of the loss (no gradient, not counted in its normaliser)."""
+
+    @model_validator(mode="after")
+    def _process_kl_in_loss(self) -> GRPOConfig:
+        if self.advantage_estimator == "grpo_process" and self.kl_placement == "reward" and self.kl_coef > 0:
+            raise ValueError(
+                "advantage_estimator grpo_process reads rewards at the reward events only: "
+                "put the KL in the loss (kl_placement: loss)"
+            )
+        return self

@@ -18,6 +18,7 @@ from textgym.config.eval import EvalConfig
 from textgym.config.online_dpo import OnlineDPOConfig
 from textgym.config.ppo import PPOConfig
 from textgym.config.preference import PreferenceConfig
+from textgym.config.prm import PRMConfig
 from textgym.config.reward_model import RewardModelConfig
 from textgym.config.rft import RFTConfig
 from textgym.config.rl import GRPOConfig
@@ -82,15 +83,27 @@ class RunConfig(_Strict):
     reward_model: RewardModelConfig | None = None
     """A Bradley–Terry reward model trained on preference pairs by `textgym rm train CONFIG`
     (`textgym train` leaves it to that command)."""
+    prm: PRMConfig | None = None
+    """A process reward model: Monte-Carlo step labels by `textgym prm label CONFIG`, training by
+    `textgym prm train CONFIG` (`textgym train` leaves it to those commands)."""
     parallel: ParallelConfig = Field(default_factory=ParallelConfig)
     """Sharding under torchrun, mixed precision and gradient checkpointing."""
 
     @model_validator(mode="after")
     def _has_stage(self) -> RunConfig:
-        stages = (self.sft, self.grpo, self.ppo, self.dpo, self.rft, self.online_dpo, self.reward_model)
+        stages = (
+            self.sft,
+            self.grpo,
+            self.ppo,
+            self.dpo,
+            self.rft,
+            self.online_dpo,
+            self.reward_model,
+            self.prm,
+        )
         if all(x is None for x in stages):
             raise ValueError(
-                "a run needs at least one stage: sft, grpo, ppo, dpo, rft, online_dpo or reward_model"
+                "a run needs at least one stage: sft, grpo, ppo, dpo, rft, online_dpo, reward_model or prm"
             )
         if sum(x is not None for x in (self.grpo, self.ppo, self.dpo, self.rft, self.online_dpo)) > 1:
             raise ValueError("a run has at most one of the grpo, ppo, dpo, rft and online_dpo stages")

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from textgym.config.base import ConfigError
+from textgym.config.base import ConfigError, EnvConfig
 from textgym.config.judge import JudgeTermConfig
 from textgym.config.rl import RolloutEngineConfig
 
@@ -30,6 +30,12 @@ def _problems(cfg: BaseModel, prefix: str) -> list[str]:
         out.append(
             f"{prefix}reward_model: Value error, reward model folder {rm!r} has no "
             f"config.json (train one with `textgym rm train`) (got {rm!r})"
+        )
+    prm = cfg.process_reward_model if isinstance(cfg, EnvConfig) else None
+    if prm is not None and not (Path(prm) / "config.json").is_file():
+        out.append(
+            f"{prefix}process_reward_model: Value error, process reward model folder {prm!r} has no "
+            f"config.json (train one with `textgym prm train`) (got {prm!r})"
         )
     vllm = isinstance(cfg, RolloutEngineConfig) and cfg.backend == "vllm"
     if vllm and importlib.util.find_spec("vllm") is None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Sequence
 from fractions import Fraction
@@ -11,9 +12,10 @@ from typing import Any, overload
 import numpy as np
 
 from textgym.envs.base import SingleTurnEnv, math_rubric
-from textgym.types import Task
-from textgym.verifiers.base import RubricTerm
-from textgym.verifiers.math import DigitMatchVerifier
+from textgym.types import Message, Task
+from textgym.verifiers.base import RubricTerm, Score
+from textgym.verifiers.math import DigitMatchVerifier, extract_answer
+from textgym.verifiers.steps import split_steps
 
 _PRECEDENCE = {"+": 1, "-": 1, "*": 2, "/": 2}
 STREAM_LENGTH = sys.maxsize
@@ -47,6 +49,161 @@ def _apply(values: list[Fraction], op: str) -> None:
     values.append(a + b if op == "+" else a - b if op == "-" else a * b if op == "*" else a / b)
 
 
+def parse_expression(expr: str) -> tuple[list[int], list[str]]:
+    """The operands and operators of a problem's expression: "5+12*3" -> ([5, 12, 3], ["+", "*"])."""
+    tokens = re.findall(r"\d+|[-+*/]", expr)
+    return [int(t) for t in tokens[::2]], tokens[1::2]
+
+
+def worked_steps(numbers: Sequence[int], ops: Sequence[str]) -> list[tuple[int, str, int, int]]:
+    """The operations of `n0 op0 n1 ...` in precedence order, as `(a, op, b, result)` tuples.
+
+    Each step reduces the leftmost operator of the highest precedence left (× ÷ before + −, left
+    to right), which is the order `evaluate` computes in.
+
+    Raises:
+        ZeroDivisionError, ValueError: as `evaluate` (a division by 0 or with a remainder).
+
+    Examples:
+        >>> worked_steps([5, 12, 3], ["+", "*"])
+        [(12, '*', 3, 36), (5, '+', 36, 41)]
+        >>> worked_steps([9, 3, 2], ["-", "+"])
+        [(9, '-', 3, 6), (6, '+', 2, 8)]
+    """
+    nums, rest = [Fraction(n) for n in numbers], list(ops)
+    out = []
+    while rest:
+        top = max(_PRECEDENCE[o] for o in rest)
+        i = next(k for k, o in enumerate(rest) if _PRECEDENCE[o] == top)
+        values = [nums[i], nums[i + 1]]
+        _apply(values, rest[i])
+        out.append((int(nums[i]), rest[i], int(nums[i + 1]), int(values[0])))
+        nums[i : i + 2] = values
+        del rest[i]
+    return out
+
+
+def worked_solution(numbers: Sequence[int], ops: Sequence[str]) -> str:
+    r"""The worked computation: one operation per line in precedence order, then the boxed answer.
+
+    Examples:
+        >>> print(worked_solution([5, 12, 3], ["+", "*"]))
+        12*3=36
+        5+36=41
+        \boxed{41}
+    """
+    lines = [f"{a}{op}{b}={c}" for a, op, b, c in worked_steps(numbers, ops)]
+    return "\n".join([*lines, f"\\boxed{{{evaluate(numbers, ops)}}}"])
+
+
+_STEP_RE = re.compile(r"^(-?\d+)\s*([-+*/])\s*(-?\d+)\s*=\s*(-?\d+)$")
+
+
+def check_steps(response: str, numbers: Sequence[int], ops: Sequence[str]) -> list[float]:
+    r"""Score each step (non-empty line, `split_steps`) of a worked response: 1.0 right, 0.0 wrong.
+
+    The checker keeps the expression as the response has rewritten it so far, starting from the
+    problem. A line `a op b = c` is matched to the first adjacent `a op b` of that expression
+    (preferring one whose reduction keeps the expression's value), which it then replaces by
+    `c`; the step is right when `c` is `a op b` exactly **and** the rewritten expression still
+    evaluates to the problem's answer (consistency with the problem: an operation taken out of
+    precedence order, e.g. `5+12=17` in `5+12*3`, changes the value and is wrong, and after a
+    wrong result every later operation is wrong too, since the expression no longer has the
+    problem's value). A line holding `\boxed{...}` is right when the boxed integer is the
+    answer. Any other line (prose, an operation not in the expression) is wrong and leaves the
+    expression as it was.
+
+    Args:
+        response: the agent's text.
+        numbers: the problem's operands (`parse_expression`).
+        ops: its operators.
+
+    Returns:
+        One reward per step, in order ([] for a response without a non-empty line).
+
+    Examples:
+        >>> check_steps("12*3=36\n5+36=41\n\\boxed{41}", [5, 12, 3], ["+", "*"])
+        [1.0, 1.0, 1.0]
+        >>> check_steps("5+12=17\n17*3=51\n\\boxed{51}", [5, 12, 3], ["+", "*"])
+        [0.0, 0.0, 0.0]
+        >>> check_steps("12*3=35\n5+35=40\n\\boxed{40}", [5, 12, 3], ["+", "*"])
+        [0.0, 0.0, 0.0]
+        >>> check_steps("So:\n12*3=36\n5+36=41\n\\boxed{41}", [5, 12, 3], ["+", "*"])
+        [0.0, 1.0, 1.0, 1.0]
+    """
+    answer = evaluate(numbers, ops)
+    nums, rest = [Fraction(n) for n in numbers], list(ops)
+    rewards = []
+    for span in split_steps(response):
+        line = response[span.start : span.end]
+        m = _STEP_RE.match(line)
+        if m is None:
+            boxed = extract_answer(line) if "boxed" in line else None
+            rewards.append(float(boxed is not None and _as_int(boxed.text) == answer))
+            continue
+        a, op, b, c = Fraction(m[1]), m[2], Fraction(m[3]), Fraction(m[4])
+        matches = [i for i, o in enumerate(rest) if o == op and nums[i] == a and nums[i + 1] == b]
+        if not matches:
+            rewards.append(0.0)
+            continue
+        exact = _exact(a, op, b)
+        keeps = [i for i in matches if _value([*nums[:i], exact, *nums[i + 2 :]], rest, i) == answer]
+        i = (keeps or matches)[0]
+        nums[i : i + 2] = [c]
+        del rest[i]
+        rewards.append(float(exact == c and _value(nums, rest) == answer))
+    return rewards
+
+
+def _as_int(text: str) -> int | None:
+    try:
+        return int(text.strip())
+    except ValueError:
+        return None
+
+
+def _exact(a: Fraction, op: str, b: Fraction) -> Fraction | None:
+    """`a op b`, or None for a division by 0 or with a remainder."""
+    if op == "/" and (b == 0 or (a / b).denominator != 1):
+        return None
+    return a + b if op == "+" else a - b if op == "-" else a * b if op == "*" else a / b
+
+
+def _value(nums: Sequence[Fraction | None], ops: list[str], drop: int | None = None) -> Fraction | None:
+    """The value of an expression (with operator `drop` removed), or None when it cannot be computed."""
+    ints = [int(n) for n in nums if n is not None and n.denominator == 1]
+    if len(ints) != len(nums):
+        return None
+    try:
+        return evaluate(ints, [o for k, o in enumerate(ops) if k != drop])
+    except (ZeroDivisionError, ValueError):
+        return None
+
+
+class WorkedStepsVerifier:
+    r"""The step checker of worked Arithmetic as a rubric term: the share of right steps.
+
+    `Score.reward` is the mean of `check_steps` (0.0 without a step); `details` hold
+    `step_rewards` (one per step) and `step_ends` (each step's end offset in the completion,
+    `textgym.verifiers.steps.split_steps`). The problem is read from `task.metadata["expression"]`.
+
+    Examples:
+        >>> from textgym.types import Message, Task
+        >>> task = Task("t", "Compute 5+12*3.", "41", metadata={"expression": "5+12*3"})
+        >>> score = WorkedStepsVerifier()("12*3=36\n5+36=40\n\\boxed{40}", task)
+        >>> score.reward, score.details
+        (0.3333333333333333, {'step_rewards': [1.0, 0.0, 0.0], 'step_ends': [7, 15, 26]})
+    """
+
+    def __call__(self, completion: str, task: Task) -> Score:
+        """Check each step of `completion` against the task's expression."""
+        numbers, ops = parse_expression(str(task.metadata["expression"]))
+        rewards = check_steps(completion, numbers, ops)
+        ends = [s.end for s in split_steps(completion)]
+        mean = sum(rewards) / len(rewards) if rewards else 0.0
+        return Score(mean, {"step_rewards": rewards, "step_ends": ends})
+
+
 class ArithmeticTasks(Sequence[Task]):
     """Seeded generator of arithmetic tasks, indexable like a dataset.
 
@@ -63,6 +220,9 @@ class ArithmeticTasks(Sequence[Task]):
         n_test: size of the held-out test split (default: 500, or a quarter of the problem
             space when that is smaller, e.g. 25 for 1-digit a+b).
         generator_seed: seed of the task generator (independent of the env's reset seed).
+        worked_steps: the tasks' `solution` is the worked computation (`worked_solution`: one
+            operation per line in precedence order, then the boxed answer) instead of the
+            boxed answer alone. The problems are the same either way.
 
     Raises:
         ValueError: on an empty/unknown operator set, digits outside 1..9, n_terms < 2,
@@ -77,6 +237,7 @@ class ArithmeticTasks(Sequence[Task]):
         n_terms: int = 2,
         n_test: int | None = None,
         generator_seed: int = 0,
+        worked_steps: bool = False,
     ):
         if split not in ("train", "test"):
             raise ValueError(f"split must be 'train' or 'test', got {split!r}")
@@ -93,6 +254,7 @@ class ArithmeticTasks(Sequence[Task]):
             raise ValueError(f"n_test must be in 1..{space // 4} for this problem space, got {n_test}")
         self.split, self.operators, self.digits = split, operators, digits
         self.n_terms, self.n_test, self.generator_seed = n_terms, n_test, generator_seed
+        self.worked_steps = worked_steps
         self._test: list[Task] = []
         seen: set[str] = set()
         j = 0
@@ -120,11 +282,12 @@ class ArithmeticTasks(Sequence[Task]):
         raise RuntimeError("could not draw an integer-valued problem in 1000 tries")
 
     def _task(self, split: str, i: int, expr: str, ans: int) -> Task:
+        solution = worked_solution(*parse_expression(expr)) if self.worked_steps else f"\\boxed{{{ans}}}"
         return Task(
             task_id=f"arithmetic/{split}/{i}",
             prompt=f"Compute {expr}.",
             answer=str(ans),
-            solution=f"\\boxed{{{ans}}}",
+            solution=solution,
             metadata={"expression": expr},
         )
 
@@ -155,9 +318,9 @@ class ArithmeticTasks(Sequence[Task]):
 
 @lru_cache(maxsize=32)
 def _cached_tasks(
-    split: str, operators: str, digits: int, n_terms: int, n_test: int | None, seed: int
+    split: str, operators: str, digits: int, n_terms: int, n_test: int | None, seed: int, worked: bool
 ) -> ArithmeticTasks:
-    return ArithmeticTasks(split, operators, digits, n_terms, n_test, seed)
+    return ArithmeticTasks(split, operators, digits, n_terms, n_test, seed, worked)
 
 
 class ArithmeticEnv(SingleTurnEnv):
@@ -185,6 +348,15 @@ class ArithmeticEnv(SingleTurnEnv):
     only for the exact answer). Defaults: 1.0, 0.0 and 0.0 (format and digit_match are
     logged only). Accuracy is always the `correct` term.
 
+    With `worked_steps=True` the gold solution shows the work, one operation per line in
+    precedence order ("12*3=36\n5+36=41\n\\boxed{41}" for "5+12*3", `worked_solution`), and
+    each step of a response is checked (`check_steps`: its arithmetic, and that the expression
+    it rewrites still has the problem's value): `info["step_rewards"]` holds one reward per
+    step (non-empty line; 1.0 right, 0.0 wrong), `info["step_ends"]` each step's end offset in
+    the action (one past its last non-whitespace character), and the `steps` term (weight
+    `steps_weight`, default 0.0: logged only) is the share of right steps. The rollout puts each
+    step reward on the token holding the step's last character (docs: "Process rewards").
+
     ## Episode End
     Terminates after one step.
 
@@ -210,6 +382,21 @@ class ArithmeticEnv(SingleTurnEnv):
         >>> obs, reward, terminated, truncated, info = env.step(r"\boxed{15}")
         >>> reward, info["reward/correct"], info["reward/digit_match"]
         (0.25, 0.0, 0.5)
+
+        Worked steps, each one checked:
+
+        >>> env = gym.make("textgym/Arithmetic-v0", split="test", operators="+*", digits=1, n_terms=3,
+        ...                worked_steps=True, instruction="")
+        >>> obs, info = env.reset(options={"task_index": 2})
+        >>> print(obs[0]["content"])
+        Compute 2+6*3.
+        >>> print(env.unwrapped.task.solution)
+        6*3=18
+        2+18=20
+        \boxed{20}
+        >>> obs, reward, terminated, truncated, info = env.step("6*3=18\n2+18=21\n\\boxed{21}")
+        >>> reward, info["step_rewards"], info["step_ends"], info["reward/steps"]
+        (0.0, [1.0, 0.0, 0.0], [6, 14, 25], 0.3333333333333333)
     """
 
     def __init__(
@@ -224,12 +411,27 @@ class ArithmeticEnv(SingleTurnEnv):
         correct_weight: float = 1.0,
         format_weight: float = 0.0,
         digit_match_weight: float = 0.0,
+        worked_steps: bool = False,
+        steps_weight: float = 0.0,
         **kwargs: Any,
     ):
-        tasks = _cached_tasks(split, operators, digits, n_terms, n_test, generator_seed)
+        tasks = _cached_tasks(split, operators, digits, n_terms, n_test, generator_seed, worked_steps)
         rubric = math_rubric(correct_weight, format_weight)
         rubric.terms.append(RubricTerm("digit_match", DigitMatchVerifier(), digit_match_weight))
+        if worked_steps:
+            rubric.terms.append(RubricTerm("steps", WorkedStepsVerifier(), steps_weight))
+        elif steps_weight:
+            raise ValueError("steps_weight needs worked_steps=True")
+        self.worked_steps = worked_steps
         super().__init__(tasks, rubric, instruction=instruction, **kwargs)
+
+    def respond(self, action: str) -> tuple[list[Message], float, bool, dict[str, Any]]:
+        """Score the action; with worked steps, also put `step_rewards` and `step_ends` in `info`."""
+        obs, reward, terminated, info = super().respond(action)
+        steps = info["details"].get("steps") if self.worked_steps else None
+        if steps is not None:
+            info["step_rewards"], info["step_ends"] = steps["step_rewards"], steps["step_ends"]
+        return obs, reward, terminated, info
 
     def oracle_tool_call(self) -> tuple[str, dict[str, str]] | None:
         """The call a scripted expert makes first when it has tools: the calculator on the expression."""

@@ -32,11 +32,14 @@ class EvalOutcome:
         result: the figures of a one-env evaluation (None for a suite).
         report: a suite's report (`suite`, `policy`, `samples`, `envs`: one row per env; None for one env).
         written: the report files written to the job's `out` folder ({kind: path}; suites only).
+        best_of_n: with `prm`, one row per n: best-of-n accuracy by the PRM, majority vote,
+            pass@n, mean single-sample accuracy (`textgym.evaluation.best_of_n.best_of_n`).
     """
 
     result: EvalResult | None = None
     report: dict[str, Any] | None = None
     written: dict[str, Path] = field(default_factory=dict)
+    best_of_n: list[dict[str, Any]] | None = None
 
 
 def open_env(env_id: str, kwargs: dict[str, Any]) -> gym.Env:
@@ -133,7 +136,15 @@ def run_eval(job: EvalJobConfig) -> EvalOutcome:
             probe.close()
             if job.n > n_tasks:
                 raise ConfigError(f"--n {job.n} exceeds the {n_tasks} tasks of {job.env} {job.env_kwargs}")
-            return EvalOutcome(result=_env_evaluator(job)(job.env, job.env_kwargs, job.n))
+            prm = _prm(job)
+            result = _env_evaluator(job)(job.env, job.env_kwargs, job.n)
+            if prm is None:
+                return EvalOutcome(result=result)
+            from textgym.evaluation.best_of_n import best_of_n, prm_scores
+
+            return EvalOutcome(result=result, best_of_n=best_of_n(result, prm_scores(result, prm)))
+        if job.prm is not None:
+            raise ConfigError("--prm (best-of-N) needs --env, not --suite")
         try:
             suite = load_suite(job.suite)  # type: ignore[arg-type]
         except ValueError as e:
@@ -149,3 +160,23 @@ def run_eval(job: EvalJobConfig) -> EvalOutcome:
     report = {"suite": suite.name, "policy": policy, "samples": job.samples, "envs": rows}
     written = write_report(report, Path(job.out)) if job.out is not None else {}
     return EvalOutcome(report=report, written=written)
+
+
+def _prm(job: EvalJobConfig) -> Any:
+    """The job's `PRMVerifier` (None without `prm`).
+
+    Raises:
+        ConfigError: for a model agent with fewer than 2 samples, or a folder that is not a PRM.
+    """
+    if job.prm is None:
+        return None
+    if job.samples < 2:
+        raise ConfigError("--prm ranks several samples: set --samples N (N >= 2) and a --temperature")
+    if not (Path(job.prm) / "config.json").is_file():
+        raise ConfigError(f"--prm {job.prm!r} has no config.json (train one with `textgym prm train`)")
+    from textgym.verifiers.prm import PRMVerifier
+
+    try:
+        return PRMVerifier(job.prm, aggregate=job.prm_aggregate)
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"--prm {job.prm!r}: {e}") from None

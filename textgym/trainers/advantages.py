@@ -4,7 +4,7 @@ Shapes: B = sequences in the batch, G = samples per group (B = num_groups × G),
 L = response columns of a `RolloutBatch`.
 
 The estimators the GRPO trainer selects by name (`advantage_estimator: grpo | rloo |
-reinforce_pp`) are registered at the end of this module with `@register_advantage`
+reinforce_pp | grpo_process`) are registered at the end of this module with `@register_advantage`
 (`textgym.trainers.registry`); a new one is one decorated function.
 """
 
@@ -380,6 +380,96 @@ def reinforce_pp_estimator(x: AdvantageInputs) -> tuple[torch.Tensor, dict[str, 
     returns = discounted_returns(x.token_rewards, x.mask, gamma=1.0)
     adv = whiten(returns, x.mask, reduce=x.reduce)
     return adv, {"adv/std": float(masked_var(adv, x.mask, reduce=x.reduce).sqrt())}
+
+
+def process_advantages(
+    token_rewards: torch.Tensor,
+    step_mask: torch.Tensor,
+    mask: torch.Tensor,
+    group_size: int,
+    scale: ScaleMode = "group",
+    eps: float = 1e-4,
+    reduce: Reduce | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """GRPO with process supervision (Shao et al. 2024, DeepSeekMath, arXiv:2402.03300, §4.1.3).
+
+    Each sample i of a group has reward events (step ends, and the outcome with
+    `reward_source: both`) at tokens index(j) with rewards r_i^(j). Over the group's set
+    R = {r_i^(j)} of every event of its G samples, each reward is normalised,
+    `r̃_i^(j) = (r_i^(j) − mean(R)) / (std(R) + eps)`, and a token's advantage is the sum of the
+    normalised rewards of the events at or after it: `Â_{i,t} = Σ_{index(j) ≥ t} r̃_i^(j)`. So
+    the tokens of a step are credited with that step's normalised reward and every later one.
+    std is the unbiased sample std over the |R| rewards (0 when |R| < 2 or all are equal: the
+    group's advantages are then 0, as in `group_advantages`). With one event per sample (the
+    outcome alone) this is GRPO's outcome advantage on every token up to the last.
+
+    Args:
+        token_rewards: [B, L] per-token rewards; only the event positions are read.
+        step_mask: [B, L] 1.0 on the event tokens (`RolloutBatch.with_reward_source`).
+        mask: [B, L] 1.0 on policy tokens (advantages are 0 elsewhere).
+        group_size: G; rows g·G … g·G+G−1 share a task (a rank holds whole groups).
+        scale: "group" (the group's std, as above), "batch" (centre per group, divide by the std
+            of every event reward in the batch, over every rank with `reduce`) or "none" (centre
+            only, Dr. GRPO's choice).
+        eps: added to the std.
+        reduce: sums statistics over ranks (for `scale="batch"`).
+
+    Returns:
+        advantages [B, L] and stats `adv/mean`, `adv/std` (over policy tokens),
+        `rollout/zero_std_frac` (groups whose event rewards are all equal),
+        `rollout/events_per_seq` (mean reward events per sequence).
+
+    Raises:
+        ValueError: if B is not a multiple of G or `scale` is unknown.
+    """
+    B, L = token_rewards.shape
+    if B % group_size:
+        raise ValueError(f"rows must be a multiple of group_size={group_size}, got {B}")
+    m = step_mask.float()
+    r = token_rewards.float() * m
+    rg, mg = r.reshape(-1, group_size * L), m.reshape(-1, group_size * L)  # [num_groups, G·L]
+    n = mg.sum(1, keepdim=True)
+    mean = rg.sum(1, keepdim=True) / n.clamp(min=1.0)
+    centred = (rg - mean) * mg
+    var = centred.pow(2).sum(1, keepdim=True) / (n - 1).clamp(min=1.0)
+    std = torch.where(n > 1, var.sqrt(), torch.zeros_like(var))
+    if scale == "group":
+        norm = torch.where(std > 0, centred / (std + eps), torch.zeros_like(centred))
+    elif scale == "batch":
+        batch_std = masked_var(r, m, reduce).sqrt()
+        norm = centred / (batch_std + eps) if batch_std > 0 else torch.zeros_like(centred)
+    elif scale == "none":
+        norm = centred
+    else:
+        raise ValueError(f"scale must be 'group', 'batch' or 'none', got {scale!r}")
+    # Σ over the events at or after each token: a reversed cumulative sum along the row
+    adv = norm.reshape(B, L).flip(-1).cumsum(-1).flip(-1) * mask
+    stats = {
+        "adv/mean": float(masked_mean(adv, mask)),
+        "adv/std": float(masked_var(adv, mask).sqrt()),
+        "rollout/zero_std_frac": float((std.squeeze(1) == 0).float().mean()),
+        "rollout/events_per_seq": float(m.sum() / max(B, 1)),
+    }
+    return adv, stats
+
+
+@register_advantage("grpo_process")
+def grpo_process_estimator(x: AdvantageInputs) -> tuple[torch.Tensor, dict[str, float]]:
+    """GRPO's process supervision [B, L] (`process_advantages`) over the reward events of `x.step_mask`.
+
+    Raises:
+        ValueError: without `x.step_mask` (the trainer passes it: `reward_source` decides the events).
+    """
+    if x.step_mask is None:
+        raise ValueError("grpo_process needs the reward events (AdvantageInputs.step_mask)")
+    return process_advantages(
+        x.token_rewards,
+        x.step_mask,
+        x.mask,
+        x.group_size,
+        x.scale_rewards,  # type: ignore[arg-type]
+        reduce=x.reduce,
+    )
 
 
 def available_advantages() -> list[str]:

@@ -35,6 +35,11 @@ class RolloutBatch:
         token_rewards: [B, L] float32.
         rewards: [B] float32, episode returns.
         groups: [B] int64, group index of each row (-1 when ungrouped).
+        step_rewards: [B, L] float32, process rewards on the tokens that end a step
+            (`Trajectory.step_rewards`; zeros for rows without), or None.
+        step_mask: [B, L] float32, 1.0 on the tokens that end a step, or None. After
+            `with_reward_source`, 1.0 on every token that carries a reward event the trainer sees
+            (step ends, turn ends), which is what the process estimator normalises over.
     """
 
     input_ids: torch.Tensor
@@ -46,6 +51,8 @@ class RolloutBatch:
     token_rewards: torch.Tensor
     rewards: torch.Tensor
     groups: torch.Tensor
+    step_rewards: torch.Tensor | None = None
+    step_mask: torch.Tensor | None = None
 
     @classmethod
     def from_trajectories(cls, trajs: list[Trajectory], pad_id: int) -> RolloutBatch:
@@ -64,6 +71,7 @@ class RolloutBatch:
         loss_mask = torch.zeros((B, L))
         old_logprobs = torch.zeros((B, L))
         token_rewards = torch.zeros((B, L))
+        step_rewards, step_mask = torch.zeros((B, L)), torch.zeros((B, L))
         for i, t in enumerate(trajs):
             p, n = t.prompt_length, len(t.token_ids) - t.prompt_length
             input_ids[i, P - p : P + n] = t.token_ids
@@ -71,6 +79,9 @@ class RolloutBatch:
             loss_mask[i, :n] = t.loss_mask[p:]
             old_logprobs[i, :n] = t.logprobs[p:]
             token_rewards[i, :n] = t.token_rewards[p:]
+            if t.step_rewards is not None and t.step_mask is not None:
+                step_rewards[i, :n] = t.step_rewards[p:]
+                step_mask[i, :n] = t.step_mask[p:]
         position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
         return cls(
             input_ids=input_ids,
@@ -82,6 +93,8 @@ class RolloutBatch:
             token_rewards=token_rewards,
             rewards=torch.tensor([t.reward for t in trajs], dtype=torch.float32),
             groups=torch.tensor([t.group for t in trajs], dtype=torch.long),
+            step_rewards=step_rewards,
+            step_mask=step_mask,
         )
 
     def __len__(self) -> int:
@@ -108,7 +121,47 @@ class RolloutBatch:
             token_rewards=self.token_rewards[idx, : hi - P],
             rewards=self.rewards[idx],
             groups=self.groups[idx],
+            step_rewards=None if self.step_rewards is None else self.step_rewards[idx, : hi - P],
+            step_mask=None if self.step_mask is None else self.step_mask[idx, : hi - P],
         )
+
+    def with_reward_source(self, source: str, step_weight: float = 1.0) -> RolloutBatch:
+        """The batch with the rewards a trainer sees: the outcome, the steps' process rewards, or both.
+
+        - "outcome": `token_rewards` and `rewards` as recorded (each turn's reward on its last
+          policy token); the reward events are the turn ends.
+        - "steps": `token_rewards = w · step_rewards`, `rewards = w · Σ_t step_rewards` (the
+          sequence's summed process reward, what a per-sequence estimator such as `grpo` sees);
+          the reward events are the step ends.
+        - "both": the sum of the two; the events are the step ends and the turn ends (a token that
+          ends both carries the sum, as one event).
+
+        `step_mask` of the result marks the reward events (for the `grpo_process` estimator).
+
+        Args:
+            source: "outcome", "steps" or "both".
+            step_weight: w ≥ 0, the weight of the process rewards.
+
+        Raises:
+            ValueError: on an unknown `source`.
+        """
+        if source not in ("outcome", "steps", "both"):
+            raise ValueError(f"reward source must be 'outcome', 'steps' or 'both', got {source!r}")
+        m = self.loss_mask > 0
+        after = torch.zeros_like(m)
+        after[:, :-1] = m[:, 1:]
+        turn_ends = (m & ~after).float()  # the last policy token of each turn
+        zeros = torch.zeros_like(self.token_rewards)
+        steps = zeros if self.step_rewards is None else self.step_rewards * step_weight
+        step_ends = zeros if self.step_mask is None else self.step_mask
+        if source == "outcome":
+            token_rewards, rewards, events = self.token_rewards, self.rewards, turn_ends
+        elif source == "steps":
+            token_rewards, rewards, events = steps, steps.sum(-1), step_ends
+        else:
+            token_rewards = self.token_rewards + steps
+            rewards, events = self.rewards + steps.sum(-1), torch.maximum(turn_ends, step_ends)
+        return dataclasses.replace(self, token_rewards=token_rewards, rewards=rewards, step_mask=events)
 
     def to(self, device: torch.device | str) -> RolloutBatch:
         """Move every tensor to `device`."""

@@ -9,6 +9,8 @@
 - RLOO (Ahmadian et al. 2024, arXiv:2402.14740): `advantage_estimator: rloo`.
 - REINFORCE++ (Hu 2025, arXiv:2501.03262): `advantage_estimator: reinforce_pp` with
   `kl_placement: reward`, `kl_estimator: k1`.
+- Process supervision (DeepSeekMath §4.1.3): `advantage_estimator: grpo_process` with
+  `reward_source: steps` or `both` (per-step rewards from the env or a process reward model).
 
 With `kl_placement: reward`, GRPO and RLOO subtract β·Σ_t KL_t from each sequence's reward
 before the group statistics (the KL is computed from the rollout's log-probabilities,
@@ -149,6 +151,7 @@ class GRPOTrainer(OnPolicyTrainer):
                 group_size=cfg.group_size,
                 scale_rewards=cfg.scale_rewards,
                 reduce=distributed.all_reduce_sum,
+                step_mask=batch.step_mask,
             )
         )
         metrics.update(stats)

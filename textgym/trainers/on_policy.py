@@ -301,6 +301,8 @@ class OnPolicyTrainer(PolicyUpdate):
         loss_rows = None if self._loss_rows is None else self._loss_rows.to(self.device)
         if loss_rows is not None:  # e.g. DAPO's filler groups: out of the loss and its normalisers
             batch.loss_mask = batch.loss_mask * loss_rows.float()[:, None]
+        # the rewards the trainer sees: the outcome's, the steps' (process rewards), or both
+        batch = batch.with_reward_source(cfg.reward_source, cfg.step_reward_weight)
 
         t1 = time.perf_counter()
         # Token means are combined over ranks weighted by each rank's policy tokens.

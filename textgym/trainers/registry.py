@@ -64,6 +64,9 @@ class AdvantageInputs:
         scale_rewards: the config's `scale_rewards` ("group", "batch" or "none").
         reduce: sums a tensor over data-parallel ranks (identity on one process), for
             statistics of the whole batch from per-rank tensors; None: the local batch alone.
+        step_mask: [B, L] 1 on this rank's tokens that carry a reward event the trainer sees
+            (step ends and/or turn ends, per the config's `reward_source`;
+            `RolloutBatch.with_reward_source`); None when not given.
     """
 
     rewards: torch.Tensor
@@ -72,6 +75,7 @@ class AdvantageInputs:
     group_size: int
     scale_rewards: str = "group"
     reduce: Callable[[torch.Tensor], torch.Tensor] | None = None
+    step_mask: torch.Tensor | None = None
 
 
 AdvantageFn = Callable[[AdvantageInputs], "tuple[torch.Tensor, dict[str, float]]"]
