@@ -221,7 +221,7 @@ def test_bad_rft_configs_name_the_field(tiny_model_dir, tmp_path, override, mess
 def test_rft_is_exclusive_and_checked_against_its_env_before_any_work(tiny_model_dir, tmp_path):
     from textgym.pipeline import preflight
 
-    with pytest.raises(ConfigError, match="at most one of the grpo, ppo, dpo and rft stages"):
+    with pytest.raises(ConfigError, match="at most one of the grpo, ppo, dpo, rft and online_dpo stages"):
         load_config(values={**_data(tmp_path, tiny_model_dir), "dpo": {"env": WARM_ENV}})
     gsm8k = {"id": "textgym/GSM8K-v0", "kwargs": {"split": "test"}}  # 1319 tasks
     cfg = _config(tmp_path, tiny_model_dir, env=gsm8k, collect={"n": 700})
