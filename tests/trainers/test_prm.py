@@ -187,9 +187,18 @@ def test_the_env_wrapper_puts_the_prms_step_scores_in_info(trained_prm):
     answer = "6*3=18\n2+18=21\n\\boxed{21}"
     _, reward, _, _, info = env.step(answer)
     (scores,) = PRMVerifier(out).score_steps([(messages, answer, None)])
-    assert info["step_rewards"] == pytest.approx(scores, abs=1e-6) and info["step_ends"] == [6, 14, 25]
+    assert info["prm_step_scores"] == pytest.approx(scores, abs=1e-6) and info["step_ends"] == [6, 14, 25]
+    # "delta" (the default): potential-based shaping, the rewards telescope to the last score
+    deltas = [scores[0], scores[1] - scores[0], scores[2] - scores[1]]
+    assert info["step_rewards"] == pytest.approx(deltas, abs=1e-6)
+    assert sum(info["step_rewards"]) == pytest.approx(scores[-1], abs=1e-6)
     assert info["env_step_rewards"] == [1.0, 0.0, 0.0] and reward == 0.0 and info["reward/correct"] == 0.0
     assert info["reward/prm"] == pytest.approx(aggregate_scores(scores, "product"))
+    cfg = EnvConfig(id="textgym/Arithmetic-v0", kwargs=TEST_ENV.kwargs, process_reward_model=str(out))
+    env = make_env(cfg.model_copy(update={"process_reward": "score"}))
+    env.reset(options={"task_index": 2})
+    _, _, _, _, info = env.step(answer)
+    assert info["step_rewards"] == pytest.approx(scores, abs=1e-6)
     from textgym.config import ConfigError, validate_runtime
 
     with pytest.raises(ConfigError, match=r"process_reward_model.*prm train"):

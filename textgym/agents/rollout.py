@@ -256,6 +256,8 @@ def _place_step_rewards(ep: _Episode, agent: LLMAgent, gen_ids: list[int], info:
         )
     start = len(ep.token_ids) - len(gen_ids)
     ids = gen_ids[:-1] if gen_ids and gen_ids[-1] in agent.backend.eos_ids else gen_ids
-    for r, j in zip(rewards, step_token_indices(agent.decode, ids, list(ends)), strict=True):
+    # a turn without text tokens (the end-of-turn id alone) has its steps on its last token
+    where = step_token_indices(agent.decode, ids, list(ends)) if ids else [len(gen_ids) - 1] * len(ends)
+    for r, j in zip(rewards, where, strict=True):
         ep.step_rewards[start + j] += float(r)
         ep.step_mask[start + j] = 1.0

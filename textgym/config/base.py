@@ -114,6 +114,11 @@ class EnvConfig(_Strict):
     `reward_source: steps` or `both`; the env's reward is unchanged."""
     process_reward_model_device: str = "cpu"
     """Where the process reward model runs."""
+    process_reward: Literal["delta", "score"] = "delta"
+    """How the PRM's step probabilities p_k become step rewards: "delta", p_k − p_{k−1} (p_0 = 0;
+    potential-based shaping: a turn's step rewards sum to its last step's score, so more steps
+    earn nothing by themselves), or "score", p_k itself (Math-Shepherd's PPO; more steps, more
+    reward). See `textgym.envs.process_reward.ProcessRewardWrapper`."""
 
     # Building the env (with the reward-model wrapper) is runtime work:
     # `textgym.trainers.env_factory.make_env`. That `reward_model` holds a trained model is

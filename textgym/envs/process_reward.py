@@ -32,20 +32,39 @@ class ProcessRewardWrapper(gym.Wrapper):
 
     After each step the agent's turn is scored by the PRM (`PRMVerifier.score_steps`) in the
     conversation so far; its steps are the env's (`info["step_ends"]`) when the env reports them,
-    else the turn's non-empty lines. `info` then holds `step_rewards` (the PRM's probability per
-    step), `step_ends`, `env_step_rewards` (the env's own step rewards, when it had some: e.g.
-    worked Arithmetic's checker, the true measure) and the logged term `reward/prm` (the
-    PRM's aggregate, not part of the reward). The reward is the env's, unchanged.
+    else the turn's non-empty lines. With p_k the PRM's probability after step k, the step
+    rewards are, by `mode`:
+
+    - "delta" (default): `p_k − p_{k−1}` with p_0 = 0, potential-based shaping with the PRM as
+      the potential (Ng, Harada & Russell 1999, "Policy invariance under reward transformations",
+      Theorem 1): the rewards of a turn telescope to its last step's score p_K, so writing more
+      steps earns nothing by itself, while each step is still credited with how much it moved
+      the PRM's estimate;
+    - "score": `p_k` itself at each step (Math-Shepherd's step-by-step PPO, Wang et al. 2023,
+      §3.4): their sum grows with the number of steps, which a policy can exploit by writing
+      more lines.
+
+    `info` then holds `step_rewards`, `step_ends`, `prm_step_scores` (the p_k),
+    `env_step_rewards` (the env's own step rewards when it had some: e.g. worked Arithmetic's
+    checker, the true measure) and the logged term `reward/prm` (the PRM's aggregate, not part
+    of the reward). The reward is the env's, unchanged.
 
     Args:
         env: a textgym env.
         model_dir: the PRM folder (`textgym prm train`).
         device: where the PRM runs.
+        mode: "delta" or "score".
+
+    Raises:
+        ValueError: on an unknown mode.
     """
 
-    def __init__(self, env: gym.Env, model_dir: str | Path, device: str = "cpu"):
+    def __init__(self, env: gym.Env, model_dir: str | Path, device: str = "cpu", mode: str = "delta"):
         super().__init__(env)
+        if mode not in ("delta", "score"):
+            raise ValueError(f"mode must be 'delta' or 'score', got {mode!r}")
         self.prm = shared_prm(model_dir, device)
+        self.mode = mode
         self._history: list[Message] = []
 
     def reset(self, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
@@ -65,7 +84,12 @@ class ProcessRewardWrapper(gym.Wrapper):
         (scores,) = self.prm.score_steps([(self._history, text, ends)])
         if "step_rewards" in info:
             info["env_step_rewards"] = info["step_rewards"]
-        info["step_rewards"], info["step_ends"] = scores, list(ends)
+        rewards = (
+            scores
+            if self.mode == "score"
+            else [p - q for p, q in zip(scores, [0.0, *scores[:-1]], strict=True)]
+        )
+        info["step_rewards"], info["step_ends"], info["prm_step_scores"] = rewards, list(ends), scores
         info["reward/prm"] = aggregate_scores(scores, self.prm.aggregate)
         self._history = [*self._history, {"role": "assistant", "content": text}, *list(obs)]
         return obs, reward, terminated, truncated, info

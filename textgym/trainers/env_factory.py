@@ -28,5 +28,7 @@ def make_env(cfg: EnvConfig) -> gym.Env:
     if cfg.reward_model is not None:
         env = RewardModelWrapper(env, cfg.reward_model, cfg.reward_model_weight, cfg.reward_model_device)
     if cfg.process_reward_model is not None:
-        env = ProcessRewardWrapper(env, cfg.process_reward_model, cfg.process_reward_model_device)
+        env = ProcessRewardWrapper(
+            env, cfg.process_reward_model, cfg.process_reward_model_device, cfg.process_reward
+        )
     return env
