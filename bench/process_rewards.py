@@ -5,17 +5,17 @@ The demonstration of docs/training/process-rewards.md, on CPU with the tiny mode
 1. SFT (`configs/prm_arithmetic.yaml`'s sft stage): the tiny model learns to write the worked
    steps of "+*" problems with three 1-digit operands ("2+6*3" -> "6*3=18\\n2+18=20\\n\\boxed{20}")
    until 40% of a greedy probe is right;
-2. Monte-Carlo step labels (`textgym prm label`): the SFT policy answers train-stream problems;
-   every step is continued K = 8 times, labelled with the share of continuations that reach the
-   correct answer;
+2. Monte-Carlo step labels (`textgym prm label`): the SFT policy answers 1024 train-stream
+   problems; every step is continued K = 4 times, labelled with the share of continuations that
+   reach the correct answer;
 3. the PRM (`textgym prm train`): the SFT body with a scalar head at each step's last token, trained
    with BCE on 75% of the problems; step accuracy on the other 25% (against the MC labels and
    against the env's own step checker), beside the majority class;
 4. best-of-N on the SFT policy: 8 samples of each of 200 held-out problems, the PRM's pick vs
    majority vote vs pass@n;
-5. PPO from the same SFT start for the same steps (`configs/ppo_prm_arithmetic.yaml`): with the
-   PRM's step rewards beside the outcome (`reward_source: both`) and with the outcome alone;
-   greedy accuracy on the 500 held-out test problems before and after.
+5. PPO from the same SFT start for the same 100 steps (`configs/ppo_prm_arithmetic.yaml`): with
+   the PRM's step rewards beside the outcome (`reward_source: both`, `process_reward: delta`) and
+   with the outcome alone; greedy accuracy on the 500 held-out test problems before and after.
 
     python bench/process_rewards.py [--out runs/bench_process_rewards] [--seed 0] [--threads 2]
 
@@ -154,7 +154,7 @@ def main() -> None:
 def print_tables(r: dict) -> None:
     """The results as markdown tables."""
     lab, prm = r["labels"], r["prm"]
-    print(f"\nMonte-Carlo labels (K = 8): {lab['answers']} answers of the SFT policy "
+    print(f"\nMonte-Carlo labels (K = 4): {lab['answers']} answers of the SFT policy "
           f"({lab['answer_accuracy']:.3f} correct), {lab['steps']} steps; the env's checker calls "
           f"{lab['checker_right_share']:.3f} of the steps right; mean soft label {lab['soft_mean']:.3f}, "
           f"hard {lab['hard_mean']:.3f}; soft ≥ 0.5 agrees with the checker on "
@@ -174,7 +174,7 @@ def print_tables(r: dict) -> None:
               f"| {row['mean']:.3f} |")  # fmt: skip
     print("\n| PPO from the SFT start, same steps | held-out accuracy before | after |")
     print("|---|---|---|")
-    names = {"ppo_prm": "outcome + PRM step rewards (w = 0.5)", "ppo_outcome": "outcome only"}
+    names = {"ppo_prm": "outcome + PRM step rewards (delta, w = 0.5)", "ppo_outcome": "outcome only"}
     for k, v in r["ppo"].items():
         print(f"| {names.get(k, k)} | {v['before']:.3f} | {v['after']:.3f} |")
     print("\nwall seconds: " + ", ".join(f"{k} {v:.0f}" for k, v in r["wall_s"].items()))
