@@ -233,3 +233,32 @@ def test_continuous_rollouts_through_an_openai_endpoint(served, tiny_model_dir):
     c = rollout_continuous(remote, envs, [0, 1, 2, 3], greedy)
     d = rollout(remote, envs, [0, 1, 2, 3], greedy)
     assert [t.token_ids.tolist() for t in c] == [t.token_ids.tolist() for t in d]
+
+
+def test_grpo_trainer_takes_rollout_mode_continuous(tiny_model_dir, tmp_path):
+    """`rollout.mode: continuous` with per-sequence seeds rolls out what lockstep does (same metrics)."""
+    import json
+
+    from textgym.config import GRPOConfig
+    from textgym.models import load_model
+    from textgym.trainers.common import seed_everything
+    from textgym.trainers.grpo import GRPOTrainer
+
+    records = {}
+    for mode in ("lockstep", "continuous"):
+        seed_everything(0)
+        model, tok = load_model(tiny_model_dir)
+        cfg = GRPOConfig.model_validate(
+            {
+                "env": {"id": ECHO_ENV_ID},
+                "steps": 1,
+                "prompts_per_step": 2,
+                "group_size": 2,
+                "sampling": {"temperature": 1.0, "max_new_tokens": 6},
+                "rollout": {"mode": mode, "per_sequence_seeds": True},
+            }
+        )
+        GRPOTrainer(cfg, model, tok, tmp_path / mode).train()
+        records[mode] = json.loads((tmp_path / mode / "metrics.jsonl").read_text().splitlines()[0])
+    keys = [k for k in records["lockstep"] if k.startswith("rollout/")]
+    assert keys and all(records["lockstep"][k] == records["continuous"][k] for k in keys)
