@@ -147,11 +147,7 @@ def rollout_continuous(
                 ready = generator.submit(ready)
             for kind, ep, payload in _drain(events, block=not ready):
                 if kind == "gen":
-                    text = agent.decode(payload.token_ids)
-                    future = pool.submit(ep.env.step, text)
-                    future.add_done_callback(
-                        lambda f, ep=ep, gen=payload, text=text: events.put(("step", ep, (gen, text, f)))
-                    )
+                    _step_later(pool, events, ep, payload, agent.decode(payload.token_ids))
                 elif kind == "step":
                     gen, text, future = payload
                     error = future.exception()
@@ -176,6 +172,18 @@ def rollout_continuous(
         pool.shutdown(wait=True, cancel_futures=True)
     stats.finish(len(episodes), time.perf_counter() - start)
     return [_to_trajectory(ep, env_id) for ep in episodes]
+
+
+def _step_later(
+    pool: ThreadPoolExecutor, events: queue.Queue[_Event], ep: _Episode, gen: Generation, text: str
+) -> None:
+    """Step `ep`'s env with `text` in `pool`; its future is posted as a "step" event once done."""
+    future = pool.submit(ep.env.step, text)
+
+    def done(f: Future[Any]) -> None:
+        events.put(("step", ep, (gen, text, f)))
+
+    future.add_done_callback(done)
 
 
 def _drain(events: queue.Queue[_Event], block: bool) -> list[_Event]:
