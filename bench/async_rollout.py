@@ -25,7 +25,7 @@ most 1 / (1 − lockstep's generation-idle fraction), and lose a little to small
 `generate` calls. Here each turn re-prefills the episode's whole history (no KV cache across
 turns), so generation costs grow with tokens rather than per call, and the gain needs steps
 about as slow as a turn's generation: with 50–200 ms steps (`--latency 0.05 0.2`) the ratio on
-the 2-core CPU was 1.04 (16 episodes) to 1.34 (8); see docs/agents.md.
+the shared 2-core CPU was 1.04 to 1.22 (16 episodes) and 1.34 (8); see docs/agents.md.
 """
 
 from __future__ import annotations
