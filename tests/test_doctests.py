@@ -23,6 +23,7 @@ MODULES = (
     "textgym.envs.base",
     "textgym.envs.registry",
     "textgym.envs.code",
+    "textgym.envs.latency",
     "textgym.envs.math_qa",
     "textgym.envs.tool_use",
     "textgym.envs.web.envs",

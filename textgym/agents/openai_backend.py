@@ -108,9 +108,28 @@ class OpenAIBackend:
             logprobs.append(0.0)
         return Generation(ids, torch.tensor(logprobs, dtype=torch.float32), reason)  # type: ignore[arg-type]
 
-    async def _one(
-        self, client: httpx.AsyncClient, sem: asyncio.Semaphore, prompt: list[int], params: SamplingParams
+    async def generate_one(
+        self,
+        client: httpx.AsyncClient,
+        sem: asyncio.Semaphore,
+        prompt: list[int],
+        params: SamplingParams,
+        seed: int | None = None,
     ) -> Generation:
+        """One response to a token-id prompt, awaited (what the continuous rollout engine sends per turn).
+
+        Args:
+            client: the `httpx.AsyncClient` to send it with (its event loop is the caller's).
+            sem: bounds the requests in flight (held while this one and its retries run).
+            prompt: [P] token ids.
+            params: sampling parameters.
+            seed: the request's `seed` field, in [0, 2**63) (a server with per-request
+                generators, as `textgym serve` and vLLM's, then samples the same response for the
+                same seed and prompt whatever shares its batch); None: not sent.
+
+        Raises:
+            EndpointError: on a 4xx, or when the request still fails after `max_retries` retries.
+        """
         body: dict[str, Any] = {
             "model": self.model,
             "prompt": prompt,
@@ -118,6 +137,8 @@ class OpenAIBackend:
             "logprobs": 1,
             "return_tokens_as_token_ids": True,
         }
+        if seed is not None:
+            body["seed"] = int(seed)
         last = ""
         async with sem:
             for attempt in range(self.max_retries + 1):
@@ -148,7 +169,7 @@ class OpenAIBackend:
                 # A TaskGroup cancels and awaits every sibling on the first failure, so no
                 # request (or retry) is still being sent after `generate` has raised.
                 async with asyncio.TaskGroup() as group:
-                    tasks = [group.create_task(self._one(client, sem, p, params)) for p in prompts]
+                    tasks = [group.create_task(self.generate_one(client, sem, p, params)) for p in prompts]
             except BaseExceptionGroup as eg:
                 raise eg.exceptions[0] from None
         return [t.result() for t in tasks]

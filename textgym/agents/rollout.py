@@ -1,6 +1,9 @@
 """Run episodes of text environments with an `LLMAgent` and record them as `Trajectory`s.
 
-All active episodes advance in lockstep: one batched generation per turn. The first
+`rollout` advances all active episodes in lockstep: one batched generation per turn, then
+every env step, then the next turn. `textgym.agents.continuous.rollout_continuous` lets each
+episode advance on its own (same arguments, same trajectories); both share this module's
+per-episode bookkeeping (`_start_episodes`, `_record_turn`, `_to_trajectory`). The first
 prompt is rendered by the chat template; each later observation is appended as the
 template's incremental rendering (`observation_tokens`), so the token sequence is
 exactly what the policy saw and sampled — no generated text is ever re-tokenized.
@@ -9,6 +12,7 @@ exactly what the policy saw and sampled — no generated text is ever re-tokeniz
 from __future__ import annotations
 
 import os
+import time
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -20,7 +24,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from textgym.agents.llm_agent import LLMAgent
-from textgym.agents.sampling import SamplingParams, derive_seed
+from textgym.agents.sampling import Generation, SamplingParams, derive_seed
 from textgym.agents.trajectory import Trajectory
 from textgym.types import Message
 from textgym.verifiers.steps import step_token_indices
@@ -85,6 +89,47 @@ def observation_tokens(
 
 
 @dataclass
+class RolloutStats:
+    """How a rollout used its generation backend (filled in when passed as `stats=`).
+
+    Attributes:
+        wall_s: the rollout's wall-clock time, seconds (envs' resets included).
+        generate_s: seconds during which generation ran: at least one `generate` call (or, for an
+            endpoint, one request) in flight.
+        generate_calls: `generate` calls made (for an endpoint: requests sent).
+        generated_rows: prompts generated in all (one per episode turn).
+        episodes: episodes rolled out.
+    """
+
+    wall_s: float = 0.0
+    generate_s: float = 0.0
+    generate_calls: int = 0
+    generated_rows: int = 0
+    episodes: int = 0
+
+    @property
+    def idle_fraction(self) -> float:
+        """Fraction of the wall time with no generation running, in [0, 1] (0 for an empty rollout)."""
+        return max(0.0, 1.0 - self.generate_s / self.wall_s) if self.wall_s > 0 else 0.0
+
+    @property
+    def episodes_per_s(self) -> float:
+        """Episodes finished per second of wall time."""
+        return self.episodes / self.wall_s if self.wall_s > 0 else 0.0
+
+    def add_generate(self, seconds: float, rows: int) -> None:
+        """Count one generation call of `rows` prompts that ran `seconds`."""
+        self.generate_s += seconds
+        self.generate_calls += 1
+        self.generated_rows += rows
+
+    def finish(self, episodes: int, wall_s: float) -> None:
+        """Record the rollout's end: `episodes` episodes in `wall_s` seconds."""
+        self.wall_s = wall_s
+        self.episodes = episodes
+
+
+@dataclass
 class _Episode:
     env: gym.Env
     task_index: int
@@ -119,8 +164,9 @@ def rollout(
     max_turns: int = 16,
     env_id: str = "",
     seeds: list[int] | None = None,
+    stats: RolloutStats | None = None,
 ) -> list[Trajectory]:
-    """Run `group_size` episodes of each task in `task_indices` and return their trajectories.
+    """Run `group_size` episodes of each task in `task_indices` in lockstep; return their trajectories.
 
     Args:
         agent: the policy.
@@ -134,9 +180,52 @@ def rollout(
         seeds: one seed per episode (in the order of the returned trajectories); turn k of
             episode e is sampled with `derive_seed(seeds[e], k)` (see `LLMAgent.generate`), so an
             episode's tokens depend only on its seed and the policy. None: the global RNG.
+        stats: filled in with the rollout's timing (`RolloutStats`), or None.
 
     Returns:
         `len(task_indices) * group_size` trajectories, grouped: rows g*G .. g*G+G-1 share task g.
+
+    Raises:
+        ValueError: if there are fewer envs than episodes, or `seeds` is not one per episode.
+        Exception: whatever an env's step raised (`textgym.envs.EnvError` for envs built by
+            `textgym.envs.make`), unchanged.
+    """
+    start = time.perf_counter()
+    episodes = _start_episodes(agent, envs, task_indices, group_size, seeds)
+    eos_ids = list(agent.backend.eos_ids)
+    active = episodes
+    while active:
+        prompts = [ep.token_ids for ep in active]
+        t0 = time.perf_counter()
+        if seeds is None:
+            gens = agent.generate(prompts, params)
+        else:
+            turn_seeds = [derive_seed(ep.seed or 0, ep.turns) for ep in active]
+            gens = agent.generate(prompts, params, seeds=turn_seeds)
+        if stats is not None:
+            stats.add_generate(time.perf_counter() - t0, len(prompts))
+        texts = [agent.decode(gen.token_ids) for gen in gens]
+        # Environments are independent objects: step them concurrently, so verifiers that wait on
+        # worker processes (math-verify, later the sandbox) score in parallel.
+        steps = list(_STEP_POOL.map(lambda pair: pair[0].env.step(pair[1]), zip(active, texts, strict=True)))
+        for ep, gen, text, step in zip(active, gens, texts, steps, strict=True):
+            _record_turn(ep, agent, gen, text, step, env_id=env_id, max_turns=max_turns, eos_ids=eos_ids)
+        active = [ep for ep in active if not ep.done]
+    if stats is not None:
+        stats.finish(len(episodes), time.perf_counter() - start)
+    return [_to_trajectory(ep, env_id) for ep in episodes]
+
+
+def _start_episodes(
+    agent: LLMAgent,
+    envs: Sequence[gym.Env],
+    task_indices: list[int],
+    group_size: int,
+    seeds: list[int] | None,
+) -> list[_Episode]:
+    """Reset one env per episode and render each first prompt (once per task: the group shares it).
+
+    Episode e (in the order of the returned trajectories) takes `envs[e]` and `seeds[e]`.
 
     Raises:
         ValueError: if there are fewer envs than episodes, or `seeds` is not one per episode.
@@ -148,8 +237,6 @@ def rollout(
         raise ValueError(
             f"need {n} environments for {len(task_indices)} tasks x {group_size} samples, got {len(envs)}"
         )
-    tok = agent.tokenizer
-    eos_ids = list(agent.backend.eos_ids)
     episodes: list[_Episode] = []
     for g, ti in enumerate(task_indices):
         prompt_ids: list[int] | None = None
@@ -161,82 +248,101 @@ def rollout(
                 prompt_ids = agent.encode_prompt(obs, tools=tools)
             ep = _Episode(env, ti, g, list(obs), list(prompt_ids), len(prompt_ids), tools=tools)
             ep.seed = None if seeds is None else seeds[len(episodes)]
-            ep.loss_mask = [0.0] * len(prompt_ids)
-            ep.logprobs = [0.0] * len(prompt_ids)
-            ep.token_rewards = [0.0] * len(prompt_ids)
-            ep.step_rewards = [0.0] * len(prompt_ids)
-            ep.step_mask = [0.0] * len(prompt_ids)
+            _pad_non_policy(ep, len(prompt_ids))
             episodes.append(ep)
+    return episodes
 
-    active = episodes
-    while active:
-        prompts = [ep.token_ids for ep in active]
-        if seeds is None:
-            gens = agent.generate(prompts, params)
-        else:
-            turn_seeds = [derive_seed(ep.seed or 0, ep.turns) for ep in active]
-            gens = agent.generate(prompts, params, seeds=turn_seeds)
-        texts = [agent.decode(gen.token_ids) for gen in gens]
-        # Environments are independent objects: step them concurrently, so verifiers that wait on
-        # worker processes (math-verify, later the sandbox) score in parallel.
-        steps = list(_STEP_POOL.map(lambda pair: pair[0].env.step(pair[1]), zip(active, texts, strict=True)))
-        for ep, gen, text, step in zip(active, gens, texts, steps, strict=True):
-            ep.token_ids += gen.token_ids
-            ep.loss_mask += [1.0] * len(gen.token_ids)
-            ep.logprobs += gen.logprobs.tolist()
-            ep.token_rewards += [0.0] * len(gen.token_ids)
-            ep.step_rewards += [0.0] * len(gen.token_ids)
-            ep.step_mask += [0.0] * len(gen.token_ids)
-            ep.messages.append({"role": "assistant", "content": text})
-            obs, reward, terminated, truncated, info = step
-            if "step_rewards" in info:
-                _place_step_rewards(ep, agent, list(gen.token_ids), info, env_id)
-            ep.turns += 1
-            ep.token_rewards[-1] += float(reward)
-            ep.reward += float(reward)
-            for k, v in info.items():
-                if k.startswith("reward/"):
-                    ep.terms[k] += float(v)
-            ep.info = info
-            ep.finish_reason = gen.finish_reason
-            ep.terminated, ep.truncated = bool(terminated), bool(truncated)
-            if terminated or truncated or ep.turns >= max_turns:
-                ep.done = True
-                ep.truncated = ep.truncated or (not terminated and ep.turns >= max_turns)
-                continue
-            env_ids = observation_tokens(tok, list(obs), gen.finish_reason == "stop", eos_ids, ep.tools)
-            ep.messages += list(obs)
-            ep.token_ids += env_ids
-            ep.loss_mask += [0.0] * len(env_ids)
-            ep.logprobs += [0.0] * len(env_ids)
-            ep.token_rewards += [0.0] * len(env_ids)
-            ep.step_rewards += [0.0] * len(env_ids)
-            ep.step_mask += [0.0] * len(env_ids)
-        active = [ep for ep in active if not ep.done]
 
-    return [
-        Trajectory(
-            token_ids=torch.tensor(ep.token_ids, dtype=torch.long),
-            loss_mask=torch.tensor(ep.loss_mask, dtype=torch.float32),
-            logprobs=torch.tensor(ep.logprobs, dtype=torch.float32),
-            token_rewards=torch.tensor(ep.token_rewards, dtype=torch.float32),
-            step_rewards=torch.tensor(ep.step_rewards, dtype=torch.float32),
-            step_mask=torch.tensor(ep.step_mask, dtype=torch.float32),
-            prompt_length=ep.prompt_length,
-            messages=ep.messages,
-            reward=ep.reward,
-            reward_terms=dict(ep.terms),
-            task_index=ep.task_index,
-            task_id=str(ep.info.get("task_id", "")),
-            env_id=env_id,
-            group=ep.group,
-            terminated=ep.terminated,
-            truncated=ep.truncated,
-            info=ep.info,
-            finish_reason=ep.finish_reason,
-        )
-        for ep in episodes
-    ]
+def _pad_non_policy(ep: _Episode, n: int) -> None:
+    """Extend the per-token arrays by `n` non-policy positions (mask 0, log-prob 0, no reward)."""
+    ep.loss_mask += [0.0] * n
+    ep.logprobs += [0.0] * n
+    ep.token_rewards += [0.0] * n
+    ep.step_rewards += [0.0] * n
+    ep.step_mask += [0.0] * n
+
+
+def _record_turn(
+    ep: _Episode,
+    agent: LLMAgent,
+    gen: Generation,
+    text: str,
+    step: tuple[Any, Any, Any, Any, dict],
+    *,
+    env_id: str,
+    max_turns: int,
+    eos_ids: list[int],
+) -> None:
+    """Append one turn to `ep`: its generated tokens, its reward, then the observation's tokens.
+
+    The generated tokens get mask 1 and their log-probs; the turn's reward sits on its last
+    token; unless the episode ends here, the observation follows (`observation_tokens`, mask 0).
+
+    Args:
+        ep: the episode (mutated; `ep.done` set when it ends).
+        agent: the policy (its tokenizer renders the observation).
+        gen: the turn's generation ([N] ids and log-probs).
+        text: `gen` decoded (what the env received).
+        step: what `env.step(text)` returned: (observation, reward, terminated, truncated, info).
+        env_id: for messages and the trajectory.
+        max_turns: the rollout's cap on turns (an episode cut there is marked truncated).
+        eos_ids: the backend's end-of-turn ids.
+
+    Raises:
+        ValueError: from `_place_step_rewards` or `observation_tokens`.
+    """
+    n = len(gen.token_ids)
+    ep.token_ids += gen.token_ids
+    ep.loss_mask += [1.0] * n
+    ep.logprobs += gen.logprobs.tolist()
+    ep.token_rewards += [0.0] * n
+    ep.step_rewards += [0.0] * n
+    ep.step_mask += [0.0] * n
+    ep.messages.append({"role": "assistant", "content": text})
+    obs, reward, terminated, truncated, info = step
+    if "step_rewards" in info:
+        _place_step_rewards(ep, agent, list(gen.token_ids), info, env_id)
+    ep.turns += 1
+    ep.token_rewards[-1] += float(reward)
+    ep.reward += float(reward)
+    for k, v in info.items():
+        if k.startswith("reward/"):
+            ep.terms[k] += float(v)
+    ep.info = info
+    ep.finish_reason = gen.finish_reason
+    ep.terminated, ep.truncated = bool(terminated), bool(truncated)
+    if terminated or truncated or ep.turns >= max_turns:
+        ep.done = True
+        ep.truncated = ep.truncated or (not terminated and ep.turns >= max_turns)
+        return
+    env_ids = observation_tokens(agent.tokenizer, list(obs), gen.finish_reason == "stop", eos_ids, ep.tools)
+    ep.messages += list(obs)
+    ep.token_ids += env_ids
+    _pad_non_policy(ep, len(env_ids))
+
+
+def _to_trajectory(ep: _Episode, env_id: str) -> Trajectory:
+    """The finished episode as a `Trajectory` (its lists become [T] tensors)."""
+    return Trajectory(
+        token_ids=torch.tensor(ep.token_ids, dtype=torch.long),
+        loss_mask=torch.tensor(ep.loss_mask, dtype=torch.float32),
+        logprobs=torch.tensor(ep.logprobs, dtype=torch.float32),
+        token_rewards=torch.tensor(ep.token_rewards, dtype=torch.float32),
+        step_rewards=torch.tensor(ep.step_rewards, dtype=torch.float32),
+        step_mask=torch.tensor(ep.step_mask, dtype=torch.float32),
+        prompt_length=ep.prompt_length,
+        messages=ep.messages,
+        reward=ep.reward,
+        reward_terms=dict(ep.terms),
+        task_index=ep.task_index,
+        task_id=str(ep.info.get("task_id", "")),
+        env_id=env_id,
+        group=ep.group,
+        terminated=ep.terminated,
+        truncated=ep.truncated,
+        info=ep.info,
+        finish_reason=ep.finish_reason,
+    )
 
 
 def _place_step_rewards(ep: _Episode, agent: LLMAgent, gen_ids: list[int], info: dict, env_id: str) -> None:

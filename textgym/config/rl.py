@@ -58,6 +58,13 @@ class RolloutEngineConfig(_Strict):
     """C, the truncation of the importance weight."""
     vllm: VLLMEngineConfig = Field(default_factory=VLLMEngineConfig)
     """Engine settings for backend "vllm"."""
+    mode: Literal["lockstep", "continuous"] = "lockstep"
+    """How episodes are scheduled. "lockstep": each turn of every active episode is generated in
+    one batch, then every env step runs, then the next turn. "continuous": an episode's next turn
+    is submitted as soon as its env step returns, so slow env steps (sandbox, tools, web) overlap
+    generation (`textgym.agents.continuous`); with `per_sequence_seeds` the trajectories equal
+    lockstep's (log-probs up to float rounding). Gains only when env steps are slow: with
+    instant steps it splits turns into smaller generate calls."""
     per_sequence_seeds: bool = False
     """Sample each sequence from its own generator, seeded by (run seed, step, the task's slot in
     the step's global batch, sample index, turn): the rollouts then depend neither on the number

@@ -165,13 +165,19 @@ def ensure_registered(env_id: str) -> str:
     raise UnknownEnvError(f"unknown environment {env_id!r}: {where}.{hint} Registered: {', '.join(known)}")
 
 
-def make(env_id: str, **kwargs: Any) -> TextGymAdapter:
+def make(
+    env_id: str, step_latency_s: float | tuple[float, float] | list[float] | None = None, **kwargs: Any
+) -> TextGymAdapter:
     """`gymnasium.make(env_id, **kwargs)` for any id (see the module docstring), wrapped in `TextGymAdapter`.
+
+    `step_latency_s` (seconds, or `[low, high]` for a uniform random delay) makes every step
+    that much slower (`textgym.envs.latency.StepLatencyWrapper`): a stand-in for slow env steps,
+    e.g. to measure continuous rollouts (`bench/async_rollout.py`). None or 0: no delay.
 
     Raises:
         UnknownEnvError: an unregistered id (the message suggests the closest).
         ImportError: the id's module cannot be imported.
-        TypeError, ValueError: kwargs the env rejects (from its constructor).
+        TypeError, ValueError: kwargs the env rejects (from its constructor), or a bad `step_latency_s`.
 
     Examples:
         >>> import textgym.envs
@@ -184,7 +190,12 @@ def make(env_id: str, **kwargs: Any) -> TextGymAdapter:
         textgym.envs.registry.UnknownEnvError: unknown environment 'textgym/Wordel-v0': ... Did you mean ...
     """
     ensure_registered(env_id)
-    return TextGymAdapter(gym.make(env_id, **kwargs), env_id=env_id)
+    env = gym.make(env_id, **kwargs)
+    if step_latency_s:
+        from textgym.envs.latency import StepLatencyWrapper
+
+        env = StepLatencyWrapper(env, step_latency_s)
+    return TextGymAdapter(env, env_id=env_id)
 
 
 def task_count(env: gym.Env) -> int:

@@ -47,8 +47,8 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from textgym import distributed
+from textgym.agents.continuous import rollout_fn
 from textgym.agents.llm_agent import LLMAgent
-from textgym.agents.rollout import rollout
 from textgym.agents.sampling import SamplingParams, derive_seed
 from textgym.agents.trajectory import Trajectory
 from textgym.config import GRPOConfig, ParallelConfig, PPOConfig
@@ -239,7 +239,7 @@ class OnPolicyTrainer(PolicyUpdate):
         # computes π_old and π (`precision.compute_autocast`); a vLLM engine has its own dtype.
         sampler_precision = compute_autocast(self.policy) if self.engine is None else contextlib.nullcontext()
         with torch.no_grad(), distributed.full_params(self.policy), sampler_precision:
-            trajs = rollout(
+            trajs = rollout_fn(cfg.rollout.mode)(
                 self.agent,
                 self.envs,
                 tasks[first : first + k],

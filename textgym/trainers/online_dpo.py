@@ -43,8 +43,8 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from textgym import distributed
+from textgym.agents.continuous import rollout_fn
 from textgym.agents.llm_agent import LLMAgent
-from textgym.agents.rollout import rollout
 from textgym.agents.sampling import SamplingParams, derive_seed
 from textgym.agents.trajectory import Trajectory
 from textgym.config import ConfigError, OnlineDPOConfig, ParallelConfig
@@ -199,7 +199,7 @@ class OnlineDPOTrainer:
             seeds = [derive_seed(self.seed, self.step, 0, first + g, j) for g in range(k) for j in range(G)]
         precision = compute_autocast(self.policy) if self.engine is None else contextlib.nullcontext()
         with torch.no_grad(), distributed.full_params(self.policy), precision:
-            trajs = rollout(
+            trajs = rollout_fn(cfg.rollout.mode)(
                 self.agent, self.envs, tasks[first : first + k], self.params, group_size=G,
                 max_turns=cfg.max_turns or 16, env_id=cfg.env.id, seeds=seeds,
             )  # fmt: skip

@@ -1,0 +1,305 @@
+"""Continuous rollouts: each episode advances on its own, generation overlapping env steps.
+
+`rollout_continuous` takes `rollout`'s arguments and returns the same `Trajectory` records
+in the same order (the per-episode bookkeeping is `textgym.agents.rollout`'s, shared). What
+differs is the schedule. In lockstep every turn waits for the slowest env step of the batch
+before anything generates again; here a turn is submitted to the generation backend as soon
+as its episode's env step returns, and env steps run in a thread pool while other episodes
+generate:
+
+- in-process backends (`TransformersBackend`, `VLLMBackend`, anything with
+  `generate(prompts, params[, seeds])`): a continuous batcher. Whenever the generator is free
+  it takes every turn waiting (up to `max_batch`) and runs one batched `generate` call in the
+  calling thread (so the caller's `torch.no_grad`, autocast and FSDP contexts apply, as in
+  lockstep); turns whose env step returns meanwhile wait for the next call. It batches by
+  calls, not by decoding steps: a row that joins does so at the next `generate` call.
+  vLLM generates through its synchronous `LLM.generate` here (the documented fallback for its
+  async engine: vLLM still batches each call's requests itself).
+- `OpenAIBackend`: one concurrent HTTP request per episode turn (`httpx.AsyncClient` on an
+  event loop in a helper thread, at most the backend's `concurrency` in flight); the server
+  (`textgym serve`, vLLM's) batches what arrives.
+
+Seeds: turn k of episode e is sampled with `derive_seed(seeds[e], k)`, as in lockstep, and
+with per-row seeds (`SeededGumbelNoise`) a row's tokens do not depend on what shares its
+batch: for the same seeds and a deterministic backend the two engines give the same token
+ids and masks, and log-probs equal up to the float rounding that a different batch
+(padding) brings (~1e-6). Without seeds, each episode draws its seed from torch's global
+RNG (`torch.randint`), so `torch.manual_seed` still makes a continuous rollout repeatable,
+though not equal to a lockstep one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Literal
+
+import gymnasium as gym
+import torch
+
+from textgym.agents.llm_agent import LLMAgent
+from textgym.agents.openai_backend import OpenAIBackend
+from textgym.agents.rollout import (
+    RolloutStats,
+    _Episode,
+    _record_turn,
+    _start_episodes,
+    _to_trajectory,
+    rollout,
+)
+from textgym.agents.sampling import Generation, SamplingParams, derive_seed
+from textgym.agents.trajectory import Trajectory
+
+RolloutMode = Literal["lockstep", "continuous"]
+"""How a rollout schedules its episodes: all turns in step (`rollout`) or each on its own."""
+
+MAX_STEP_THREADS = 64
+"""Default cap on the continuous engine's env-step threads (one per episode up to this)."""
+
+_Event = tuple[str, _Episode, Any]
+"""("gen", episode, Generation) | ("step", episode, (Generation, text, step Future))
+| ("error", episode, exception)."""
+
+
+def rollout_fn(mode: RolloutMode) -> Callable[..., list[Trajectory]]:
+    """The rollout engine of `mode`: `rollout` ("lockstep") or `rollout_continuous` ("continuous").
+
+    Raises:
+        ValueError: on another mode.
+    """
+    if mode == "lockstep":
+        return rollout
+    if mode == "continuous":
+        return rollout_continuous
+    raise ValueError(f"unknown rollout mode {mode!r}; choose 'lockstep' or 'continuous'")
+
+
+def rollout_continuous(
+    agent: LLMAgent,
+    envs: Sequence[gym.Env],
+    task_indices: list[int],
+    params: SamplingParams,
+    *,
+    group_size: int = 1,
+    max_turns: int = 16,
+    env_id: str = "",
+    seeds: list[int] | None = None,
+    stats: RolloutStats | None = None,
+    max_batch: int | None = None,
+    step_threads: int | None = None,
+) -> list[Trajectory]:
+    """Run `group_size` episodes of each task, each advancing on its own; return their trajectories.
+
+    Same arguments and result as `textgym.agents.rollout.rollout` (see there), plus:
+
+    Args:
+        agent: the policy (any backend; see the module docstring for how each is driven).
+        envs: at least `len(task_indices) * group_size` envs; episode e steps `envs[e]`, in a
+            thread of its own (envs must not share mutable state across instances).
+        task_indices: tasks to pose.
+        params: sampling parameters for every turn.
+        group_size: samples per task.
+        max_turns: cap on agent turns per episode (then truncated).
+        env_id: recorded in each trajectory.
+        seeds: one per episode; None draws them from torch's global RNG (see the module docstring).
+        stats: filled in with the timing (`RolloutStats`: generation busy time, calls, rows).
+        max_batch: prompts per `generate` call at most (in-process backends); None: every turn waiting.
+        step_threads: env steps running at once; None: one per episode, at most `MAX_STEP_THREADS`.
+
+    Returns:
+        `len(task_indices) * group_size` trajectories in `rollout`'s order (row g*G + j: sample j of task g).
+
+    Raises:
+        ValueError: if there are fewer envs than episodes, `seeds` is not one per episode, or
+            `max_batch` / `step_threads` is below 1.
+        Exception: the first exception an env step raised, unchanged in type (an `EnvError`
+            for envs built by `textgym.envs.make`), with a note naming the episode, task and
+            turn; the steps still running are waited for first, so no env is stepped after
+            this returns. A generation error (e.g. `EndpointError`) propagates the same way.
+    """
+    if (max_batch is not None and max_batch < 1) or (step_threads is not None and step_threads < 1):
+        raise ValueError(f"max_batch and step_threads must be >= 1, got {max_batch} and {step_threads}")
+    start = time.perf_counter()
+    episodes = _start_episodes(agent, envs, task_indices, group_size, seeds)
+    own_seeds = seeds if seeds is not None else torch.randint(0, 2**62, (len(episodes),)).tolist()
+    for ep, s in zip(episodes, own_seeds, strict=True):
+        ep.seed = int(s)
+    position = {id(ep): e for e, ep in enumerate(episodes)}
+    stats = stats if stats is not None else RolloutStats()
+    events: queue.Queue[_Event] = queue.Queue()
+    eos_ids = list(agent.backend.eos_ids)
+    threads = step_threads or max(1, min(len(episodes), MAX_STEP_THREADS))
+    pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="env-step-continuous")
+    generator: _BatchGenerator | _EndpointGenerator
+    if isinstance(agent.backend, OpenAIBackend):
+        generator = _EndpointGenerator(agent.backend, params, events, stats)
+    else:
+        generator = _BatchGenerator(agent.backend, params, events, stats, max_batch)
+    try:
+        ready, remaining = list(episodes), len(episodes)
+        while remaining:
+            if ready:
+                ready = generator.submit(ready)
+            for kind, ep, payload in _drain(events, block=not ready):
+                if kind == "gen":
+                    _step_later(pool, events, ep, payload, agent.decode(payload.token_ids))
+                elif kind == "step":
+                    gen, text, future = payload
+                    error = future.exception()
+                    if error is not None:
+                        error.add_note(
+                            f"in a continuous rollout of {env_id or 'the env'}: episode "
+                            f"{position[id(ep)]} (task_index={ep.task_index}), turn {ep.turns}"
+                        )
+                        raise error
+                    step = future.result()
+                    _record_turn(
+                        ep, agent, gen, text, step, env_id=env_id, max_turns=max_turns, eos_ids=eos_ids
+                    )
+                    if ep.done:
+                        remaining -= 1
+                    else:
+                        ready.append(ep)
+                else:
+                    raise payload
+    finally:
+        generator.close()
+        pool.shutdown(wait=True, cancel_futures=True)
+    stats.finish(len(episodes), time.perf_counter() - start)
+    return [_to_trajectory(ep, env_id) for ep in episodes]
+
+
+def _step_later(
+    pool: ThreadPoolExecutor, events: queue.Queue[_Event], ep: _Episode, gen: Generation, text: str
+) -> None:
+    """Step `ep`'s env with `text` in `pool`; its future is posted as a "step" event once done."""
+    future = pool.submit(ep.env.step, text)
+
+    def done(f: Future[Any]) -> None:
+        events.put(("step", ep, (gen, text, f)))
+
+    future.add_done_callback(done)
+
+
+def _drain(events: queue.Queue[_Event], block: bool) -> list[_Event]:
+    """Every event waiting (after waiting for a first one when `block`)."""
+    out = [events.get()] if block else []
+    while True:
+        try:
+            out.append(events.get_nowait())
+        except queue.Empty:
+            return out
+
+
+class _BatchGenerator:
+    """In-process generation in the calling thread: one batched call over the turns waiting."""
+
+    def __init__(
+        self,
+        backend: Any,
+        params: SamplingParams,
+        events: queue.Queue[_Event],
+        stats: RolloutStats,
+        max_batch: int | None,
+    ):
+        self.backend, self.params, self.events, self.stats = backend, params, events, stats
+        self.max_batch = max_batch
+        self.takes_seeds = "seeds" in inspect.signature(backend.generate).parameters
+
+    def submit(self, ready: list[_Episode]) -> list[_Episode]:
+        """Generate the next turn of (up to `max_batch` of) `ready`; post a "gen" event per episode.
+
+        Returns the episodes left waiting.
+        """
+        n = len(ready) if self.max_batch is None else self.max_batch
+        batch, rest = ready[:n], ready[n:]
+        prompts = [list(ep.token_ids) for ep in batch]
+        t0 = time.perf_counter()
+        if self.takes_seeds:
+            seeds = [derive_seed(ep.seed or 0, ep.turns) for ep in batch]
+            gens = self.backend.generate(prompts, self.params, seeds=seeds)
+        else:
+            gens = self.backend.generate(prompts, self.params)
+        self.stats.add_generate(time.perf_counter() - t0, len(prompts))
+        for ep, gen in zip(batch, gens, strict=True):
+            self.events.put(("gen", ep, gen))
+        return rest
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
+class _EndpointGenerator:
+    """One concurrent request per turn to an OpenAI-compatible endpoint, from a helper thread's event loop."""
+
+    def __init__(
+        self, backend: OpenAIBackend, params: SamplingParams, events: queue.Queue[_Event], stats: RolloutStats
+    ):
+        self.backend, self.params, self.events, self.stats = backend, params, events, stats
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="textgym-rollout-http", daemon=True)
+        self.thread.start()
+        self.lock = threading.Lock()
+        self.in_flight, self.busy_since = 0, 0.0
+        self.futures: list[Future[None]] = []
+        self.client, self.sem = asyncio.run_coroutine_threadsafe(self._open(), self.loop).result()
+
+    async def _open(self) -> tuple[Any, asyncio.Semaphore]:
+        import httpx
+
+        return httpx.AsyncClient(), asyncio.Semaphore(self.backend.concurrency)
+
+    def submit(self, ready: list[_Episode]) -> list[_Episode]:
+        """Send the next turn of every episode in `ready`; each answer posts a "gen" event. Returns []."""
+        for ep in ready:
+            seed = derive_seed(ep.seed or 0, ep.turns) % 2**63
+            coro = self._one(ep, list(ep.token_ids), seed)
+            self.futures.append(asyncio.run_coroutine_threadsafe(coro, self.loop))
+        return []
+
+    async def _one(self, ep: _Episode, prompt: list[int], seed: int) -> None:
+        self._count(+1)
+        try:
+            gen: Generation = await self.backend.generate_one(
+                self.client, self.sem, prompt, self.params, seed
+            )
+        except Exception as e:
+            self.events.put(("error", ep, e))
+        else:
+            self.events.put(("gen", ep, gen))
+        finally:
+            self._count(-1)
+
+    def _count(self, delta: int) -> None:
+        """Track requests in flight; the time with at least one counts as generation time."""
+        with self.lock:
+            now = time.perf_counter()
+            if delta > 0 and self.in_flight == 0:
+                self.busy_since = now
+            self.in_flight += delta
+            if delta > 0:
+                self.stats.add_generate(0.0, 1)
+            elif self.in_flight == 0:
+                self.stats.generate_s += now - self.busy_since
+
+    def close(self) -> None:
+        """Cancel the requests still in flight, close the client, stop the loop and its thread."""
+        for f in self.futures:
+            f.cancel()
+
+        async def shutdown() -> None:
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await self.client.aclose()
+
+        asyncio.run_coroutine_threadsafe(shutdown(), self.loop).result()
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join()
+        self.loop.close()
