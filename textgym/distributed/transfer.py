@@ -117,7 +117,7 @@ def bucket_nbytes(specs: list[TensorSpec]) -> int:
 
 
 def pack(tensors: list[torch.Tensor], device: torch.device | str = "cpu") -> torch.Tensor:
-    """The bytes of `tensors` laid end to end, each padded to `ALIGN`: a `uint8` tensor [sum of padded sizes]."""
+    """The bytes of `tensors` end to end, each padded to `ALIGN`: `uint8` [sum of padded sizes]."""
     parts: list[torch.Tensor] = []
     for t in tensors:
         b = t.detach().contiguous().reshape(-1).view(torch.uint8).to(device)

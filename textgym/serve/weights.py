@@ -154,7 +154,13 @@ class WeightReceiver:
     def _join(self, req: InitGroupRequest) -> None:
         try:
             group = transfer.new_group(
-                req.backend, req.master_addr, req.master_port, req.rank, req.world_size, req.timeout_s, req.group
+                req.backend,
+                req.master_addr,
+                req.master_port,
+                req.rank,
+                req.world_size,
+                req.timeout_s,
+                req.group,
             )
         except Exception as e:
             self._fail(req.group, f"could not join group {req.group!r}: {type(e).__name__}: {e}")
@@ -192,7 +198,7 @@ class WeightReceiver:
         return self.status()
 
     def _check(self, specs: list[TensorSpec], lora: list[LoraLayerSpec] | None) -> None:
-        """Raise APIError 400 for a tensor this model cannot take (transformers backend; vLLM checks on load)."""
+        """Raise APIError 400 for a tensor this model cannot take (vLLM checks on load)."""
         for s in specs:
             try:
                 s.torch_dtype  # noqa: B018 - validates the name
@@ -207,7 +213,9 @@ class WeightReceiver:
                     raise APIError(400, f"{s.name}: no such tensor in the served model", "tensors")
                 if tuple(params[s.name].shape) != s.shape:
                     shape = tuple(params[s.name].shape)
-                    raise APIError(400, f"{s.name}: shape {s.shape}, the served model's is {shape}", "tensors")
+                    raise APIError(
+                        400, f"{s.name}: shape {s.shape}, the served model's is {shape}", "tensors"
+                    )
             return
         by_name = {s.name: s for s in specs}
         for layer in lora:
@@ -216,12 +224,17 @@ class WeightReceiver:
                 raise APIError(400, f"{key}: no such tensor in the served model", "lora")
             out_f, in_f = params[key].shape[::-1] if layer.fan_in_fan_out else params[key].shape
             for a in layer.adapters:
-                a_s, b_s = by_name.get(f"{layer.module}.lora_A.{a.name}"), by_name.get(f"{layer.module}.lora_B.{a.name}")
+                a_s, b_s = (
+                    by_name.get(f"{layer.module}.lora_A.{a.name}"),
+                    by_name.get(f"{layer.module}.lora_B.{a.name}"),
+                )
                 if a_s is None or b_s is None:
                     raise APIError(400, f"{layer.module}: factors of adapter {a.name!r} missing", "tensors")
                 if len(a_s.shape) != 2 or a_s.shape[1] != in_f or b_s.shape != (out_f, a_s.shape[0]):
                     raise APIError(
-                        400, f"{layer.module}: LoRA factors {a_s.shape}, {b_s.shape} do not fit {key}", "tensors"
+                        400,
+                        f"{layer.module}: LoRA factors {a_s.shape}, {b_s.shape} do not fit {key}",
+                        "tensors",
                     )
 
     def _receive(self, req: UpdateRequest, specs: list[TensorSpec], group: Any) -> None:
@@ -230,7 +243,9 @@ class WeightReceiver:
             self._fail(req.group, f"generation did not pause within {req.timeout_s:g} s")
             return
         try:
-            device = torch.device("cuda", torch.cuda.current_device()) if self.backend_name == "nccl" else "cpu"
+            device = (
+                torch.device("cuda", torch.cuda.current_device()) if self.backend_name == "nccl" else "cpu"
+            )
             delay = float(os.environ.get(DELAY_ENV, "0") or 0)
             got: dict[str, torch.Tensor] = {}
             for idx in transfer.plan_buckets(specs, req.bucket_bytes):
@@ -246,7 +261,9 @@ class WeightReceiver:
             with self._mutex:
                 self.step, self.state = req.step, "ready"
         except Exception as e:
-            self._fail(req.group, f"sync to version {req.version} (step {req.step}) failed: {type(e).__name__}: {e}")
+            self._fail(
+                req.group, f"sync to version {req.version} (step {req.step}) failed: {type(e).__name__}: {e}"
+            )
         finally:
             self.batcher.lock.release()
 
@@ -283,7 +300,9 @@ class WeightReceiver:
             (got[f"{layer.module}.lora_A.{a.name}"], got[f"{layer.module}.lora_B.{a.name}"], a.scale)
             for a in layer.adapters
         ]
-        return merge_lora_weight(base, [(a.to(base.device), b.to(base.device), s) for a, b, s in factors], layer.fan_in_fan_out)
+        return merge_lora_weight(
+            base, [(a.to(base.device), b.to(base.device), s) for a, b, s in factors], layer.fan_in_fan_out
+        )
 
     def checksum(self) -> str:
         """SHA-256 of the served model's `state_dict()` (`transfer.checksum`), between rounds.
