@@ -70,15 +70,14 @@ def merge_state(model: Any, state: dict[str, torch.Tensor]) -> dict[str, torch.T
         if not isinstance(module, LoraLayer):
             continue
         layer: Any = module  # a peft lora.Linear
-
-        def lora_a(adapter: str, name: str = name) -> torch.Tensor:
-            return base_state[f"{name}.lora_A.{adapter}.weight"]
-
-        def lora_b(adapter: str, name: str = name) -> torch.Tensor:
-            return base_state[f"{name}.lora_B.{adapter}.weight"]
-
         factors = [
-            (lora_a(a), lora_b(a), layer.scaling[a]) for a in layer.active_adapters if a in layer.lora_A
+            (
+                base_state[f"{name}.lora_A.{a}.weight"],
+                base_state[f"{name}.lora_B.{a}.weight"],
+                layer.scaling[a],
+            )
+            for a in layer.active_adapters
+            if a in layer.lora_A
         ]
         out[f"{name}.weight"] = merge_lora_weight(
             base_state[f"{name}.base_layer.weight"], factors, bool(layer.fan_in_fan_out)
