@@ -11,8 +11,8 @@ Requests that arrive while a batch runs wait for the next one (batching by round
 token-level continuous batching; see docs/evaluation.md).
 
 A round runs holding `Batcher.lock`, and every response records the `policy_version` it was
-generated with. A weight sync (`textgym.serve.weights`) takes the same lock while it receives
-and loads new weights, so generation pauses during a sync (requests wait in the queue) and no
+generated with. A weight sync (`textgym.serve.weights`) takes the same lock while it loads
+new weights, so generation pauses while they are loaded (requests wait in the queue) and no
 round mixes two versions.
 """
 

@@ -11,20 +11,23 @@ server's part, over HTTP:
 - `POST /weights/update` `{group, version, step, tensors: [{name, shape, dtype}], bucket_bytes,
   lora, timeout_s}`: the names, shapes and dtypes of what the trainer is about to broadcast.
   They are checked first (HTTP 400 naming the tensor; nothing is received), then a background
-  thread pauses generation (takes `Batcher.lock` once the round in flight ends), receives the
-  buckets into fresh buffers, loads them and sets the policy version, then resumes
-  generation. With `lora` (a list of `{"module", "fan_in_fan_out", "adapters": [{"name",
+  thread receives the buckets into fresh buffers while generation goes on, and once all have
+  arrived pauses generation (takes `Batcher.lock` when the round in flight ends), loads them,
+  sets the policy version and resumes generation: a response is generated entirely by one
+  version, the one it reports. With `lora` (a list of `{"module", "fan_in_fan_out", "adapters": [{"name",
   "scale"}]}`) the tensors are LoRA factors, merged onto the server's base weights with
   `merge_lora_weight` (the trainer's own merge, so the weights are bitwise equal).
 - `GET /weights/status`: `{state, policy_version, step, group, rank, received, expected, error}`;
-  state is "idle", "joining", "ready", "receiving" or "failed".
+  state is "idle", "joining", "ready", "receiving" or "failed". A new `init_group` may come at
+  any time: a sync still receiving in the old group is abandoned (it loads nothing).
 - `GET /weights/checksum` (transformers backend): SHA-256 of the model's `state_dict()`.
 
-Every wait is bounded: joining and receiving by the request's `timeout_s` (including the wait
-for the generation round in flight). A sync that fails (the trainer or another server died,
-a timeout) leaves the old weights and version in place (nothing is loaded until every bucket
-has arrived), drops the group, and reports state "failed" with the error; the trainer builds
-a new group to sync again. While a sync holds it, requests wait in the queue.
+Every wait is bounded: joining, and a whole sync (receiving, then the wait for the generation
+round in flight to end), by the request's `timeout_s`. A sync that fails (the trainer or
+another server died, a timeout) leaves the old weights and version in place (nothing is
+loaded until every bucket has arrived), drops the group, and reports state "failed" with the
+error; the trainer builds a new group to sync again. Requests that arrive while new weights
+are being loaded wait in the queue.
 
 `TEXTGYM_SERVE_SYNC_DELAY_S` (a test hook) makes the server sleep that many seconds before
 receiving each bucket, so a test can kill a server in the middle of a broadcast.
@@ -140,12 +143,10 @@ class WeightReceiver:
     def init_group(self, req: InitGroupRequest) -> dict[str, Any]:
         """Start joining the group `req` names (a background thread); answer the status at once.
 
-        Raises:
-            APIError: 409 while a sync is receiving.
+        A sync still receiving in the old group is abandoned: its thread ends at its own
+        timeout and loads nothing.
         """
         with self._mutex:
-            if self.state == "receiving":
-                raise APIError(409, "a weight sync is in progress", code="sync_in_progress")
             self.group, self.group_name, self.rank = None, req.group, req.rank
             self.state, self.error = "joining", None
         threading.Thread(target=self._join, args=(req,), name="textgym-weights-join", daemon=True).start()
@@ -238,10 +239,8 @@ class WeightReceiver:
                     )
 
     def _receive(self, req: UpdateRequest, specs: list[TensorSpec], group: Any) -> None:
+        """Receive every bucket (generation goes on), then load them with generation paused."""
         deadline = time.monotonic() + req.timeout_s
-        if not self.batcher.lock.acquire(timeout=req.timeout_s):
-            self._fail(req.group, f"generation did not pause within {req.timeout_s:g} s")
-            return
         try:
             device = (
                 torch.device("cuda", torch.cuda.current_device()) if self.backend_name == "nccl" else "cpu"
@@ -256,16 +255,22 @@ class WeightReceiver:
                 transfer.broadcast(group, buf, max(deadline - time.monotonic(), 0.001))
                 got.update({s.name: t for s, t in zip(part, transfer.unpack(buf, part), strict=True)})
                 self.received += len(idx)
-            self._load(got, req.lora)
-            self.batcher.policy_version = req.version
+            if not self.batcher.lock.acquire(timeout=max(deadline - time.monotonic(), 0.001)):
+                raise TimeoutError("the generation round in flight did not end in time")
+            try:
+                with self._mutex:
+                    if self.group_name != req.group:  # superseded by a newer group meanwhile
+                        return
+                self._load(got, req.lora)
+                self.batcher.policy_version = req.version
+            finally:
+                self.batcher.lock.release()
             with self._mutex:
                 self.step, self.state = req.step, "ready"
         except Exception as e:
             self._fail(
                 req.group, f"sync to version {req.version} (step {req.step}) failed: {type(e).__name__}: {e}"
             )
-        finally:
-            self.batcher.lock.release()
 
     @torch.no_grad()
     def _load(self, got: dict[str, torch.Tensor], lora: list[LoraLayerSpec] | None) -> None:
