@@ -1,4 +1,4 @@
-"""Versioned weight sync: a trainer (this process) and `textgym serve --weight-sync` subprocesses on 127.0.0.1.
+"""Versioned weight sync: a trainer (this process) and `textgym serve --weight-sync` processes on 127.0.0.1.
 
 After a push every server's weights are bitwise equal to the trainer's (SHA-256 of the state
 dict), greedy ids from every server equal the trainer's own, and every response reports the
@@ -26,6 +26,7 @@ import httpx
 import pytest
 import torch
 
+from textgym.agents.openai_backend import OpenAIBackend
 from textgym.agents.rollout_servers import RolloutServerGroup, WeightSyncError
 from textgym.agents.sampling import SamplingParams
 from textgym.agents.transformers_backend import TransformersBackend
@@ -131,6 +132,9 @@ def test_a_push_leaves_every_server_bitwise_equal_to_the_trainer(pair, tiny_mode
                 ids, versions = _greedy(url)
                 assert ids == local
                 assert versions == {version}
+            remote = OpenAIBackend(pair[1], "tiny", TransformersBackend(model, tokenizer).eos_ids)
+            gens = remote.generate(PROMPTS, GREEDY)
+            assert {g.policy_version for g in gens} == {version}
         assert stats["weight_sync/bytes"] > 1e6 and stats["time/weight_sync_s"] < 30
         assert [s["step"] for s in group.status()] == [2, 2]  # type: ignore[index]
 
