@@ -114,9 +114,11 @@ def test_the_payload_of_a_plain_model_is_its_state_dict_with_tied_tensors_once(t
     from textgym.models import load_model
 
     model, _ = load_model(tiny_model_dir)
-    named, layers = payload(model)
+    named, layers, aliases = payload(model)
     state = model.state_dict()
     assert layers is None
+    if model.config.tie_word_embeddings:
+        assert aliases == {"lm_head.weight": "model.embed_tokens.weight"}
     names = [n for n, _ in named]
     ptrs = {state[n].data_ptr() for n in names}
     assert len(ptrs) == len(names) == len({t.data_ptr() for t in state.values()})

@@ -72,39 +72,50 @@ def resolve_backend(backend: str) -> str:
     return backend
 
 
-def _dedupe(named: list[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:
-    """Tensors sharing storage (tied embeddings) once, under their first name."""
-    seen, out = set(), []
+def _dedupe(named: list[tuple[str, torch.Tensor]]) -> tuple[list[tuple[str, torch.Tensor]], dict[str, str]]:
+    """Tensors sharing storage (tied embeddings) once, under their first name; `{alias: name kept}`."""
+    seen: dict[Any, str] = {}
+    out, aliases = [], {}
     for name, t in named:
-        key = (t.device, t.data_ptr(), tuple(t.shape), t.dtype, t.stride()) if t.numel() else None
-        if key is not None and key in seen:
+        key = (t.device, t.data_ptr(), tuple(t.shape), t.dtype, t.stride()) if t.numel() else name
+        if key in seen:
+            aliases[name] = seen[key]
             continue
-        seen.add(key)
+        seen[key] = name
         out.append((name, t))
-    return out
+    return out, aliases
 
 
 def payload(
     model: Any, lora: Literal["adapters", "merged"] = "adapters"
-) -> tuple[list[tuple[str, torch.Tensor]], list[dict[str, Any]] | None]:
-    """What a push sends for `model`: `(named tensors, LoRA layers or None)`.
+) -> tuple[list[tuple[str, torch.Tensor]], list[dict[str, Any]] | None, dict[str, str]]:
+    """What a push sends for `model`: `(named tensors, LoRA layers or None, aliases)`.
 
     A plain policy: its `state_dict()` (full, gathered to rank 0, for a sharded one), tied
-    tensors once. A LoRA policy: its adapter factors and layer recipes (`lora_adapters`), or
-    with `lora="merged"` its merged weights. Collective for a sharded policy (call it on every
-    rank; ranks other than 0 get no tensors).
+    tensors once (`aliases` maps each name left out to the name sent, e.g.
+    `{"lm_head.weight": "model.embed_tokens.weight"}`; the server fills them back in). A LoRA
+    policy: its adapter factors and layer recipes (`lora_adapters`), or with `lora="merged"`
+    its merged weights. Collective for a sharded policy (call it on every rank; ranks other
+    than 0 get no tensors).
 
     Raises:
         ValueError: on an unknown `lora`, or (adapters) trainable tensors outside the LoRA factors.
     """
     if lora not in ("adapters", "merged"):
         raise ValueError(f"lora must be 'adapters' or 'merged', not {lora!r}")
+    if is_lora(model) and lora == "adapters":
+        tensors, layers = lora_adapters(model)
+        base = model.get_base_model().state_dict()  # tied names, for a server that loads a full state
+        _, aliases = _dedupe(
+            [(k.replace(".base_layer.", "."), v) for k, v in base.items() if ".lora_" not in k]
+        )
+        return tensors, layers, aliases
     if is_lora(model):
-        if lora == "adapters":
-            return lora_adapters(model)
-        return _dedupe(list(merged_state_dict(model).items())), None
-    state = distributed.model_state(model) if distributed.is_sharded(model) else model.state_dict()
-    return _dedupe(list(state.items())), None
+        state = merged_state_dict(model)
+    else:
+        state = distributed.model_state(model) if distributed.is_sharded(model) else model.state_dict()
+    named, aliases = _dedupe(list(state.items()))
+    return named, None, aliases
 
 
 def _local_addr(url: str) -> str:
@@ -288,11 +299,13 @@ class RolloutServerGroup:
             ValueError: from `payload` (bad `lora`, trainable tensors outside the factors).
         """
         start = time.monotonic()
-        named, layers = payload(model, lora)
+        named, layers, aliases = payload(model, lora)
         if not distributed.is_main():
             return {}
         specs = [TensorSpec.of(n, t) for n, t in named]
-        self._guard(lambda: self._push(named, specs, layers, version, step, start), "the sync", step, version)
+        self._guard(
+            lambda: self._push(named, specs, layers, aliases, version, step, start), "the sync", step, version
+        )
         self.version = version
         return {
             "weight_sync/bytes": float(sum(s.nbytes for s in specs)),
@@ -305,6 +318,7 @@ class RolloutServerGroup:
         named: list[tuple[str, torch.Tensor]],
         specs: list[TensorSpec],
         layers: list[dict[str, Any]] | None,
+        aliases: dict[str, str],
         version: int,
         step: int | None,
         start: float,
@@ -319,6 +333,7 @@ class RolloutServerGroup:
             "tensors": [s.to_json() for s in specs],
             "bucket_bytes": self.bucket_bytes,
             "lora": layers,
+            "aliases": aliases,
             "timeout_s": max(deadline - time.monotonic(), 0.001),
         }
         self._post_all("/weights/update", [body] * len(self.urls))

@@ -9,14 +9,16 @@ server's part, over HTTP:
   comes at once, and `GET /weights/status` says "ready" once joined, "failed" if not within
   `timeout_s`). A group joined before is dropped.
 - `POST /weights/update` `{group, version, step, tensors: [{name, shape, dtype}], bucket_bytes,
-  lora, timeout_s}`: the names, shapes and dtypes of what the trainer is about to broadcast.
+  lora, aliases, timeout_s}`: the names, shapes and dtypes of what the trainer is about to broadcast.
   They are checked first (HTTP 400 naming the tensor; nothing is received), then a background
   thread receives the buckets into fresh buffers while generation goes on, and once all have
   arrived pauses generation (takes `Batcher.lock` when the round in flight ends), loads them,
   sets the policy version and resumes generation: a response is generated entirely by one
   version, the one it reports. With `lora` (a list of `{"module", "fan_in_fan_out", "adapters": [{"name",
   "scale"}]}`) the tensors are LoRA factors, merged onto the server's base weights with
-  `merge_lora_weight` (the trainer's own merge, so the weights are bitwise equal).
+  `merge_lora_weight` (the trainer's own merge, so the weights are bitwise equal). `aliases`
+  names tensors the trainer sent once because they share storage (tied embeddings:
+  `{"lm_head.weight": "model.embed_tokens.weight"}`); the server loads them under both names.
 - `GET /weights/status`: `{state, policy_version, step, group, rank, received, expected, error}`;
   state is "idle", "joining", "ready", "receiving" or "failed". A new `init_group` may come at
   any time: a sync still receiving in the old group is abandoned (it loads nothing).
@@ -98,6 +100,9 @@ class UpdateRequest(BaseModel):
     tensors: list[dict[str, Any]] = Field(min_length=1)
     bucket_bytes: int = Field(ge=1)
     lora: list[LoraLayerSpec] | None = None
+    aliases: dict[str, str] = Field(
+        default_factory=dict, description="Tied names left out: {alias: name sent}."
+    )
     timeout_s: float = Field(gt=0, le=86400)
 
 
@@ -191,14 +196,16 @@ class WeightReceiver:
                     f"not ready for group {req.group!r} (state {self.state!r}, group {self.group_name!r})",
                     code="not_in_group",
                 )
-            self._check(specs, req.lora)
+            self._check(specs, req.lora, req.aliases)
             self.state, self.error, self.received, self.expected = "receiving", None, 0, len(specs)
             group = self.group
         args = (req, specs, group)
         threading.Thread(target=self._receive, args=args, name="textgym-weights-receive", daemon=True).start()
         return self.status()
 
-    def _check(self, specs: list[TensorSpec], lora: list[LoraLayerSpec] | None) -> None:
+    def _check(
+        self, specs: list[TensorSpec], lora: list[LoraLayerSpec] | None, aliases: dict[str, str]
+    ) -> None:
         """Raise APIError 400 for a tensor this model cannot take (vLLM checks on load)."""
         for s in specs:
             try:
@@ -209,6 +216,11 @@ class WeightReceiver:
             return
         params = self.model.state_dict()
         if lora is None:
+            sent = {s.name: s for s in specs}
+            for alias, name in aliases.items():
+                if name not in sent:
+                    raise APIError(400, f"alias {alias}: {name} is not sent", "aliases")
+                specs = [*specs, TensorSpec(alias, sent[name].shape, sent[name].dtype)]
             for s in specs:
                 if s.name not in params:
                     raise APIError(400, f"{s.name}: no such tensor in the served model", "tensors")
@@ -255,13 +267,15 @@ class WeightReceiver:
                 transfer.broadcast(group, buf, max(deadline - time.monotonic(), 0.001))
                 got.update({s.name: t for s, t in zip(part, transfer.unpack(buf, part), strict=True)})
                 self.received += len(idx)
+            if req.lora is None:
+                got.update({alias: got[name] for alias, name in req.aliases.items()})
             if not self.batcher.lock.acquire(timeout=max(deadline - time.monotonic(), 0.001)):
                 raise TimeoutError("the generation round in flight did not end in time")
             try:
                 with self._mutex:
                     if self.group_name != req.group:  # superseded by a newer group meanwhile
                         return
-                self._load(got, req.lora)
+                self._load(got, req.lora, req.aliases)
                 self.batcher.policy_version = req.version
             finally:
                 self.batcher.lock.release()
@@ -273,7 +287,9 @@ class WeightReceiver:
             )
 
     @torch.no_grad()
-    def _load(self, got: dict[str, torch.Tensor], lora: list[LoraLayerSpec] | None) -> None:
+    def _load(
+        self, got: dict[str, torch.Tensor], lora: list[LoraLayerSpec] | None, aliases: dict[str, str]
+    ) -> None:
         """Load received tensors: copied into the transformers model, or handed to vLLM."""
         if self.model is not None:
             params = self.model.state_dict()
@@ -288,8 +304,9 @@ class WeightReceiver:
                 params[key].copy_(self._merge(layer, base, got))
             return
         if lora is None:
-            self._full = {**(self._full or {}), **{k: v.cpu().clone() for k, v in got.items()}}
-            self.backend.load_weights(got.items())
+            fresh = {k: v.clone() for k, v in got.items()}  # own storage, not views of a bucket
+            self._full = {**(self._full or {}), **{k: v.cpu() for k, v in fresh.items()}}
+            self.backend.load_weights(fresh.items())
             return
         if self._full is None:
             self._full = _folder_state(self.model_dir)
@@ -297,6 +314,7 @@ class WeightReceiver:
         for layer in lora:
             key = f"{layer.module}.weight"
             merged[key] = self._merge(layer, self._full[key], got)
+        merged.update({alias: merged[name] for alias, name in aliases.items() if name in merged})
         self.backend.load_weights(merged.items())
 
     @staticmethod
