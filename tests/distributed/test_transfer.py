@@ -136,3 +136,19 @@ def test_the_group_checks_its_arguments():
     with pytest.raises(ValueError, match="unknown backend"):
         resolve_backend("mpi")
     assert resolve_backend("gloo") == "gloo"
+
+
+def test_the_payload_of_a_lora_policy_is_its_adapter_factors(tiny_model_dir):
+    from textgym.config.base import LoraSettings
+    from textgym.models import load_model
+    from textgym.trainers.lora import apply_lora
+
+    model = apply_lora(load_model(tiny_model_dir)[0], LoraSettings(r=4, alpha=8))
+    named, layers, aliases = payload(model)
+    assert layers and all(".lora_A." in n or ".lora_B." in n for n, _ in named)
+    assert len(named) == 2 * len(layers)
+    assert {a["scale"] for layer in layers for a in layer["adapters"]} == {2.0}
+    if model.config.tie_word_embeddings:
+        assert aliases == {"lm_head.weight": "model.embed_tokens.weight"}
+    merged, no_layers, _ = payload(model, lora="merged")
+    assert no_layers is None and not any(".lora_" in n for n, _ in merged)

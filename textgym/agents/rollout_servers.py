@@ -28,6 +28,7 @@ group; a run that stops on the error resumes from its last checkpoint.
 
 from __future__ import annotations
 
+import datetime
 import socket
 import time
 import uuid
@@ -86,6 +87,19 @@ def _dedupe(named: list[tuple[str, torch.Tensor]]) -> tuple[list[tuple[str, torc
     return out, aliases
 
 
+def _tied(module: torch.nn.Module) -> dict[str, str]:
+    """`{alias: first name}` of parameters registered under several names (tied embeddings)."""
+    first: dict[int, str] = {}
+    aliases = {}
+    for name, p in module.named_parameters(remove_duplicate=False):
+        name = name.replace(".base_layer.", ".")  # peft's wrapped layers: the base model's names
+        if id(p) in first:
+            aliases[name] = first[id(p)]
+        else:
+            first[id(p)] = name
+    return aliases
+
+
 def payload(
     model: Any, lora: Literal["adapters", "merged"] = "adapters"
 ) -> tuple[list[tuple[str, torch.Tensor]], list[dict[str, Any]] | None, dict[str, str]]:
@@ -105,11 +119,7 @@ def payload(
         raise ValueError(f"lora must be 'adapters' or 'merged', not {lora!r}")
     if is_lora(model) and lora == "adapters":
         tensors, layers = lora_adapters(model)
-        base = model.get_base_model().state_dict()  # tied names, for a server that loads a full state
-        _, aliases = _dedupe(
-            [(k.replace(".base_layer.", "."), v) for k, v in base.items() if ".lora_" not in k]
-        )
-        return tensors, layers, aliases
+        return tensors, layers, _tied(model.get_base_model())
     if is_lora(model):
         state = merged_state_dict(model)
     else:
@@ -233,8 +243,6 @@ class RolloutServerGroup:
         self.close()
         world = len(self.urls) + 1
         name = uuid.uuid4().hex
-        import datetime
-
         self._store = dist.TCPStore(
             self.master_addr,
             0,
