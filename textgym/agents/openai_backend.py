@@ -4,7 +4,8 @@ Prompts go out as token ids (`prompt: [ids]`) and the sampled tokens come back a
 (`logprobs=1, return_tokens_as_token_ids=true`, as vLLM's server and `textgym serve`
 support), so nothing is re-tokenized. Requests run concurrently (asyncio, at most
 `concurrency` at once), each with a timeout; 429, 5xx, timeouts and dropped connections
-are retried with exponential backoff, and a 4xx is an immediate, clear error.
+are retried with exponential backoff, and a 4xx is an immediate, clear error. A response's
+`policy_version` (`textgym serve` reports one) is kept in `Generation.policy_version`.
 
 Every request spells out every sampling field: textgym's temperature, top_p and top_k, and
 the neutral value of min_p and the repetition, presence and frequency penalties
@@ -90,7 +91,7 @@ class OpenAIBackend:
         self.backoff_s = float(backoff_s)
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
-    def _parse(self, choice: dict[str, Any]) -> Generation:
+    def _parse(self, choice: dict[str, Any], policy_version: int | None = None) -> Generation:
         lp = choice.get("logprobs") or {}
         tokens, values = lp.get("tokens"), lp.get("token_logprobs")
         if tokens is None or values is None:
@@ -106,7 +107,8 @@ class OpenAIBackend:
         if reason == "stop" and (not ids or ids[-1] not in self.eos_ids):
             ids.append(self.eos_ids[0])
             logprobs.append(0.0)
-        return Generation(ids, torch.tensor(logprobs, dtype=torch.float32), reason)  # type: ignore[arg-type]
+        lps = torch.tensor(logprobs, dtype=torch.float32)
+        return Generation(ids, lps, reason, policy_version)  # type: ignore[arg-type]
 
     async def generate_one(
         self,
@@ -149,7 +151,8 @@ class OpenAIBackend:
                 else:
                     if r.status_code == 200:
                         try:
-                            return self._parse(r.json()["choices"][0])
+                            out = r.json()
+                            return self._parse(out["choices"][0], out.get("policy_version"))
                         except (ValueError, KeyError, IndexError) as e:
                             last = f"malformed response ({type(e).__name__})"
                     elif r.status_code == 429 or r.status_code >= 500:

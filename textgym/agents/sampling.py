@@ -54,11 +54,14 @@ class Generation:
             it was drawn from: `log_softmax(logits / T)` (T = 1 when greedy); with top-k / top-p
             on, the truncated distribution renormalised over the kept tokens.
         finish_reason: "stop" (end-of-turn token sampled) or "length" (hit max_new_tokens).
+        policy_version: the version of the weights that generated it, as a rollout server
+            reports it (`textgym serve`'s `policy_version`); None from an in-process backend.
     """
 
     token_ids: list[int]
     logprobs: torch.Tensor
     finish_reason: Literal["stop", "length"]
+    policy_version: int | None = None
 
 
 def eos_token_ids(

@@ -82,8 +82,17 @@ def serve_cmd(
         int, typer.Option(min=1, help="Requests that may wait for generation; more are answered 503.")
     ] = 256,
     max_batch: Annotated[int, typer.Option(min=1, help="Responses (requests x n) generated together.")] = 256,
+    weight_sync: Annotated[
+        bool,
+        typer.Option(
+            help="Let a trainer push new weights (/weights/* endpoints; docs/training/rollout-servers.md)."
+        ),
+    ] = False,
 ) -> None:
-    """Serve a local model over an OpenAI-compatible API: /v1/models, /v1/completions, chat."""
+    """Serve a local model over an OpenAI-compatible API: /v1/models, /v1/completions, chat.
+
+    Every response carries `policy_version`; with --weight-sync a trainer pushes new weights.
+    """
     import uvicorn
 
     from textgym.serve import build_app
@@ -92,7 +101,13 @@ def serve_cmd(
         fail(f"model folder {str(model_dir)!r} not found")
     try:
         server_app = build_app(
-            model_dir, served_model_name, device, backend, max_queue=max_queue, max_batch=max_batch
+            model_dir,
+            served_model_name,
+            device,
+            backend,
+            max_queue=max_queue,
+            max_batch=max_batch,
+            weight_sync=weight_sync,
         )
     except (OSError, ValueError, ImportError) as e:
         fail(f"cannot load {model_dir}: {e}")

@@ -11,6 +11,11 @@ backend or, with `--backend vllm`, an in-process vLLM engine, behind a bounded q
 worker batches the requests waiting (`batching.Batcher`). Streaming sends a finished
 response in token-sized chunks (generation is not token-by-token).
 
+Every response (and every streamed chunk) carries `policy_version`: the version of the weights
+that generated it, 0 for the model folder's. With `weight_sync=True` (`textgym serve
+--weight-sync`) a trainer pushes new weights and versions through the `/weights/*` endpoints
+(`textgym.serve.weights`); generation pauses during a sync, so no response mixes versions.
+
 Sampling is exactly what a request asks: `temperature`, `top_p` and `top_k`, each defaulting
 to textgym's `SamplingParams` default (1.0, 1.0, 0 = off) when unset — never to the model
 folder's `generation_config.json`. The other sampling fields vLLM's server takes
@@ -96,6 +101,7 @@ def build_app(
     vllm_kwargs: dict[str, Any] | None = None,
     max_queue: int = 256,
     max_batch: int = 256,
+    weight_sync: bool = False,
 ) -> FastAPI:
     """The server app for the model in `model_dir` (loaded once, on `device`).
 
@@ -108,6 +114,8 @@ def build_app(
             lets vLLM choose, which on CPU can be bfloat16 for a float32 checkpoint).
         max_queue: requests that may wait for the generation worker; beyond that, HTTP 503.
         max_batch: prompts (requests × n) generated together at most.
+        weight_sync: add the `/weights/*` endpoints (`textgym.serve.weights`) through which a
+            trainer replaces the weights; off by default (anyone who can reach them can).
 
     Raises:
         FileNotFoundError / ValueError: from `load_model` when the folder is not a usable model,
@@ -120,6 +128,11 @@ def build_app(
     batcher = Batcher(backend, max_queue=max_queue, max_batch=max_batch, model=model)
     app = FastAPI(title="textgym serve", docs_url=None, redoc_url=None)
     app.state.batcher = batcher
+    if weight_sync:
+        from textgym.serve.weights import WeightReceiver, add_weight_routes
+
+        app.state.weights = WeightReceiver(batcher, backend, model, model_dir)
+        add_weight_routes(app, app.state.weights)
 
     def decode(ids: list[int]) -> str:
         return tokenizer.decode(ids, skip_special_tokens=False)  # type: ignore[no-any-return]
@@ -193,7 +206,7 @@ def build_app(
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
-        return {"status": "ok", "waiting": batcher.queue.qsize()}
+        return {"status": "ok", "waiting": batcher.queue.qsize(), "policy_version": batcher.policy_version}
 
     @app.post("/v1/completions", response_model=None)
     async def completions(req: CompletionRequest) -> Any:
@@ -228,7 +241,13 @@ def build_app(
                     tokenizer, ids, lps, tops, req.return_tokens_as_token_ids
                 )
             choices.append((choice, len(ids)))
-        head = {"id": new_id("cmpl"), "object": "text_completion", "created": int(time.time()), "model": name}
+        head = {
+            "id": new_id("cmpl"),
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": name,
+            "policy_version": results[0].policy_version,
+        }
         use = usage(sum(len(p) for p in expanded) // req.n, sum(n for _, n in choices))
         if not req.stream:
             return {**head, "choices": [c for c, _ in choices], "usage": use}
@@ -310,7 +329,12 @@ def build_app(
                 tops = [row[:top] for row in r.top[: len(kept)]] if r.top is not None and top else None
                 choice["logprobs"] = chat_logprobs(tokenizer, kept, lps, tops, req.return_tokens_as_token_ids)
             choices.append((choice, kept, calls))
-        head = {"id": new_id("chatcmpl"), "created": int(time.time()), "model": name}
+        head = {
+            "id": new_id("chatcmpl"),
+            "created": int(time.time()),
+            "model": name,
+            "policy_version": results[0].policy_version,
+        }
         use = usage(len(prompt), n_completion)
         if not req.stream:
             return {**head, "object": "chat.completion", "choices": [c for c, _, _ in choices], "usage": use}

@@ -9,6 +9,11 @@ top_p, top_k) and runs one `backend.generate` call per group, with the group's l
 depends only on its seed and prompt, not on what shares its batch, so the cut is exact.
 Requests that arrive while a batch runs wait for the next one (batching by rounds, not
 token-level continuous batching; see docs/evaluation.md).
+
+A round runs holding `Batcher.lock`, and every response records the `policy_version` it was
+generated with. A weight sync (`textgym.serve.weights`) takes the same lock while it loads
+new weights, so generation pauses while they are loaded (requests wait in the queue) and no
+round mixes two versions.
 """
 
 from __future__ import annotations
@@ -34,12 +39,14 @@ class Result:
         logprobs: [N] natural-log probability of each sampled id (the sampled distribution).
         finish_reason: "stop" (end-of-turn sampled) or "length" (budget reached).
         top: [N][k] the k most likely `(id, logprob)` at each position, or None when not asked.
+        policy_version: the version of the weights that generated it (`Batcher.policy_version`).
     """
 
     token_ids: list[int]
     logprobs: list[float]
     finish_reason: str
     top: list[list[tuple[int, float]]] | None = None
+    policy_version: int = 0
 
 
 @dataclass
@@ -119,6 +126,11 @@ class Batcher:
         max_queue: requests that may wait (not counting the batch running); more is `QueueFullError`.
         max_batch: prompts per round at most (a job is never split).
         model: the transformers model, for `top_logprobs` (None: alternatives not available).
+
+    Attributes:
+        lock: held while a round generates; a weight sync holds it to pause generation.
+        policy_version: the version of the weights being served (0: the model folder's), set
+            by a weight sync; recorded in every `Result`.
     """
 
     def __init__(self, backend: Any, max_queue: int = 256, max_batch: int = 256, model: Any = None):
@@ -129,6 +141,8 @@ class Batcher:
         self.max_batch = max_batch
         self.queue: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
         self.rounds = 0  # batches run (one or more generate calls each)
+        self.lock = threading.Lock()
+        self.policy_version = 0
         self.thread = threading.Thread(target=self._run, name="textgym-serve-batcher", daemon=True)
         self.thread.start()
 
@@ -171,15 +185,16 @@ class Batcher:
             for j in jobs:
                 key = (j.params.temperature, j.params.top_p, j.params.top_k)
                 groups.setdefault(key, []).append(j)
-            for group in groups.values():
-                try:
-                    results = self._generate(group)
-                except Exception as e:  # handed to each request of the group
-                    for j in group:
-                        j.future.set_exception(e)
-                    continue
-                for j, r in zip(group, results, strict=True):
-                    j.future.set_result(r)
+            with self.lock:  # a weight sync waits for the round, and the round for a sync
+                for group in groups.values():
+                    try:
+                        results = self._generate(group)
+                    except Exception as e:  # handed to each request of the group
+                        for j in group:
+                            j.future.set_exception(e)
+                        continue
+                    for j, r in zip(group, results, strict=True):
+                        j.future.set_result(r)
             if stop:
                 return
 
@@ -205,7 +220,7 @@ class Batcher:
                         lps[: j.params.max_new_tokens],
                         "length",
                     )
-                rs.append(Result(ids, lps, reason))
+                rs.append(Result(ids, lps, reason, policy_version=self.policy_version))
             if j.top_logprobs > 0 and self.model is not None:
                 tops = top_logprobs(
                     self.model, j.prompts, [r.token_ids for r in rs], j.params, j.top_logprobs
