@@ -114,7 +114,7 @@ def test_grpo_on_two_servers_keeps_them_equal_to_the_trainer(tiny_model_dir, tmp
         urls = [p[0] for p in procs]
         with pytest.raises(ConfigError, match=f"{urls[0]} serves 'tiny' with a vocabulary of"):
             check_servers(urls, vocab_size=7)
-        with pytest.raises(ConfigError, match="127.0.0.1:9 is not reachable"):
+        with pytest.raises(ConfigError, match=r"127\.0\.0\.1:9 is not reachable"):
             check_servers(["http://127.0.0.1:9"], timeout_s=2)
         cfg = GRPOConfig(
             **GRPO,
