@@ -11,6 +11,8 @@
 3. A server killed (SIGKILL) in the middle of the push after step 2 stops the run with a
    non-zero exit naming it; restarted on its port, `--resume` re-pushes step 1's checkpoint
    and completes the run, the servers ending bitwise equal to its final weights.
+4. A LoRA policy pushes its adapters only (under a quarter of the full weights' bytes) and the
+   server, merging them onto its base, ends bitwise equal to the trainer's merged weights.
 
 Every server and trainer process is killed at teardown.
 """
@@ -245,3 +247,22 @@ def test_a_server_killed_mid_sync_stops_the_run_and_resume_completes(tiny_model_
         assert _steps(stage) == [1, 2, 3]
         want = _folder_sum(stage / "final")
         assert [_server_sum(u) for u in urls] == [(want, 3)] * 2
+
+
+def test_a_lora_policy_pushes_its_adapters_and_the_server_merges_them(tiny_model_dir, tmp_path):
+    from textgym.agents.weight_sync import merged_state_dict
+
+    with servers(tiny_model_dir, tmp_path, [{}]) as procs:
+        url = procs[0][0]
+        rollout = {"servers": [url], "sync_timeout_s": 60}
+        lora = {"r": 4, "alpha": 8}
+        cfg = GRPOConfig(**GRPO, steps=1, optim={"lr": 1e-2}, lora=lora, rollout=rollout)
+        model, tok = load_model(tiny_model_dir)
+        start = checksum(model.state_dict().items())
+        trainer = GRPOTrainer(cfg, model, tok, tmp_path / "grpo", seed=0)
+        assert _server_sum(url) == (start, 0)  # fresh adapters (B = 0) merge to the base
+        m = trainer.train_step()
+        want = checksum(merged_state_dict(trainer.policy).items())
+        assert want != start and _server_sum(url) == (want, 1)
+        assert m["weight_sync/bytes"] < 1e6 / 4  # the adapters only (the full weights: > 1 MB)
+        trainer.close()
