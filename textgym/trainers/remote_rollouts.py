@@ -109,21 +109,38 @@ def check_servers(
     return next(iter(names.values()))
 
 
+def _error(e: Exception) -> tuple[str, tuple[Any, ...]]:
+    """An exception as something picklable that every rank can raise again (`_raise`)."""
+    if isinstance(e, WeightSyncError):
+        return "sync", (str(e), e.servers, e.step, e.version)
+    if isinstance(e, ConfigError):
+        return "config", (str(e),)
+    return "other", (f"rank 0 failed: {type(e).__name__}: {e}",)
+
+
+def _raise(error: tuple[str, tuple[Any, ...]]) -> None:
+    kind, args = error
+    raise {"sync": WeightSyncError, "config": ConfigError}.get(kind, RuntimeError)(*args)
+
+
 def _from_main(fn: Callable[[], T]) -> T:
-    """`fn()` on rank 0, its result (or its ConfigError / WeightSyncError) on every rank."""
+    """`fn()` on rank 0, its result (or its exception, as `_raise` makes it) on every rank.
+
+    Whatever rank 0 raises reaches the other ranks, so none waits for it in a collective.
+    """
     out: Any = None
     error: tuple[str, tuple[Any, ...]] | None = None
+    raised: Exception | None = None
     if distributed.is_main():
         try:
             out = fn()
-        except WeightSyncError as e:
-            error = ("sync", (str(e), e.servers, e.step, e.version))
-        except ConfigError as e:
-            error = ("config", (str(e),))
+        except Exception as e:
+            error, raised = _error(e), e
     error, out = distributed.broadcast_object((error, out))
+    if raised is not None:
+        raise raised
     if error is not None:
-        kind, args = error
-        raise WeightSyncError(*args) if kind == "sync" else ConfigError(*args)
+        _raise(error)
     return out  # type: ignore[no-any-return]
 
 
@@ -187,16 +204,21 @@ class RemoteRollouts:
             WeightSyncError: on every rank, naming the server(s) at fault and the step, when
                 the push failed or took longer than `sync_timeout_s`; the servers keep their
                 previous weights.
+            ValueError: a LoRA policy with trainable tensors outside its factors and
+                `sync_lora: adapters` (other ranks: RuntimeError with its message).
         """
         stats: dict[str, float] = {}
-        error: tuple[Any, ...] | None = None
+        error: tuple[str, tuple[Any, ...]] | None = None
+        raised: Exception | None = None
         try:
             stats = self.group.push(policy, version=step, step=step, lora=self.cfg.sync_lora)
-        except WeightSyncError as e:
-            error = (str(e), e.servers, e.step, e.version)
+        except Exception as e:  # on rank 0 (the others only gather): every rank raises it
+            error, raised = _error(e), e
         error, stats = distributed.broadcast_object((error, stats))
+        if raised is not None:
+            raise raised
         if error is not None:
-            raise WeightSyncError(*error)
+            _raise(error)
         return stats
 
     def close(self) -> None:
