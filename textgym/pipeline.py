@@ -73,6 +73,14 @@ def preflight(cfg: RunConfig) -> None:
                     f"{stage_name}.policy_loss: unknown policy loss {stage.policy_loss!r}; registered: "
                     f"{', '.join(losses)} (add one with @textgym.trainers.registry.register_policy_loss)"
                 )
+            if stage.rollout.servers:  # reachable, with --weight-sync, one model (vocab: at the stage)
+                from textgym.trainers.remote_rollouts import check_servers
+
+                r = stage.rollout
+                try:
+                    check_servers(r.servers, model=r.server_model, timeout_s=r.sync_http_timeout_s)
+                except ConfigError as e:
+                    raise ConfigError(f"{stage_name}.{e}") from None
     envs: list[tuple[str, EnvConfig]] = []
     if cfg.sft:
         envs.append(("sft.env", cfg.sft.env))

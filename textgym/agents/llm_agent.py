@@ -161,17 +161,19 @@ class LLMAgent:
     ) -> list[Generation]:
         """Sample one response per token-id prompt.
 
-        `seeds` (one per prompt) makes each response a function of its seed alone; only the
-        transformers backend takes them.
+        `seeds` (one per prompt) makes each response a function of its seed alone; the
+        transformers backend and the `openai` backend (sent as each request's `seed`) take them.
 
         Raises:
             ValueError: if seeds are given to a backend that cannot honour them.
         """
         if seeds is None:
             return self.backend.generate(prompts, params)
-        if not isinstance(self.backend, TransformersBackend):
+        from textgym.agents.openai_backend import OpenAIBackend
+
+        if not isinstance(self.backend, TransformersBackend | OpenAIBackend):
             name = type(self.backend).__name__
-            raise ValueError(f"per-sequence seeds need the transformers backend, not {name}")
+            raise ValueError(f"per-sequence seeds need the transformers or openai backend, not {name}")
         return self.backend.generate(prompts, params, seeds=seeds)
 
     def act(self, messages: list[Message], params: SamplingParams | None = None) -> str:

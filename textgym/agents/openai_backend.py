@@ -7,6 +7,11 @@ support), so nothing is re-tokenized. Requests run concurrently (asyncio, at mos
 are retried with exponential backoff, and a 4xx is an immediate, clear error. A response's
 `policy_version` (`textgym serve` reports one) is kept in `Generation.policy_version`.
 
+Several base URLs (the rollout servers of a trainer, `rollout.servers`) spread the requests:
+each request goes to the server with the fewest requests in flight from this backend (ties in
+turn), and its retries go to the same server. With the same weights and a per-request `seed`
+every server samples the same response, so which one answers does not change the rollout.
+
 Every request spells out every sampling field: textgym's temperature, top_p and top_k, and
 the neutral value of min_p and the repetition, presence and frequency penalties
 (`SAMPLING_FIELDS_SENT`). vLLM's server fills each field a request leaves unset from the
@@ -18,6 +23,8 @@ records log-probs the trainer cannot reproduce.
 from __future__ import annotations
 
 import asyncio
+import threading
+from collections.abc import Sequence
 from typing import Any
 
 import httpx
@@ -56,10 +63,11 @@ class EndpointError(RuntimeError):
 
 
 class OpenAIBackend:
-    """Generate through `{base_url}/v1/completions`.
+    """Generate through `{base_url}/v1/completions`, or spread over several such servers.
 
     Args:
-        base_url: e.g. "http://127.0.0.1:8000" (with or without a trailing "/v1").
+        base_url: e.g. "http://127.0.0.1:8000" (with or without a trailing "/v1"), or a list
+            of them: each request goes to the least-loaded one (module docstring).
         model: the served model name.
         eos_ids: end-of-turn token ids (a response that stops without one gets it appended,
             with log-probability 0, so trajectories end the way the transformers backend's do).
@@ -72,7 +80,7 @@ class OpenAIBackend:
 
     def __init__(
         self,
-        base_url: str,
+        base_url: str | Sequence[str],
         model: str,
         eos_ids: list[int],
         concurrency: int = 8,
@@ -81,8 +89,15 @@ class OpenAIBackend:
         backoff_s: float = 0.5,
         api_key: str | None = None,
     ):
-        root = base_url.rstrip("/")
-        self.url = (root if root.endswith("/v1") else root + "/v1") + "/completions"
+        roots = [base_url] if isinstance(base_url, str) else list(base_url)
+        if not roots:
+            raise ValueError("base_url: give at least one URL")
+        roots = [r.rstrip("/") for r in roots]
+        self.urls = [(r if r.endswith("/v1") else r + "/v1") + "/completions" for r in roots]
+        self.url = self.urls[0]
+        self._in_flight = [0] * len(self.urls)  # requests sent to each server and not yet answered
+        self._turn = 0
+        self._lock = threading.Lock()
         self.model = model
         self.eos_ids = list(eos_ids)
         self.concurrency = int(concurrency)
@@ -90,6 +105,20 @@ class OpenAIBackend:
         self.max_retries = int(max_retries)
         self.backoff_s = float(backoff_s)
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+    def _acquire(self) -> int:
+        """The index of the server to send the next request to (fewest in flight, ties in turn)."""
+        with self._lock:
+            n = len(self.urls)
+            order = [(self._turn + i) % n for i in range(n)]
+            i = min(order, key=lambda j: self._in_flight[j])
+            self._in_flight[i] += 1
+            self._turn = (i + 1) % n
+            return i
+
+    def _release(self, i: int) -> None:
+        with self._lock:
+            self._in_flight[i] -= 1
 
     def _parse(self, choice: dict[str, Any], policy_version: int | None = None) -> Generation:
         lp = choice.get("logprobs") or {}
@@ -141,47 +170,71 @@ class OpenAIBackend:
         }
         if seed is not None:
             body["seed"] = int(seed)
-        last = ""
         async with sem:
-            for attempt in range(self.max_retries + 1):
-                try:
-                    r = await client.post(self.url, json=body, headers=self.headers, timeout=self.timeout_s)
-                except (httpx.TimeoutException, httpx.TransportError) as e:
-                    last = f"{type(e).__name__}"
-                else:
-                    if r.status_code == 200:
-                        try:
-                            out = r.json()
-                            return self._parse(out["choices"][0], out.get("policy_version"))
-                        except (ValueError, KeyError, IndexError) as e:
-                            last = f"malformed response ({type(e).__name__})"
-                    elif r.status_code == 429 or r.status_code >= 500:
-                        last = f"HTTP {r.status_code}"
-                    else:
-                        raise EndpointError(
-                            f"{self.url} refused the request: HTTP {r.status_code}: {r.text[:300]}"
-                        )
-                if attempt < self.max_retries:
-                    await asyncio.sleep(self.backoff_s * 2**attempt)
-        raise EndpointError(f"{self.url} failed {self.max_retries + 1} times; last: {last}")
+            server = self._acquire()
+            try:
+                return await self._send(client, self.urls[server], body)
+            finally:
+                self._release(server)
 
-    async def _all(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
+    async def _send(self, client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> Generation:
+        """POST `body` to `url` with the retries; the parsed generation."""
+        last = ""
+        for attempt in range(self.max_retries + 1):
+            try:
+                r = await client.post(url, json=body, headers=self.headers, timeout=self.timeout_s)
+            except (httpx.TimeoutException, httpx.TransportError) as e:
+                last = f"{type(e).__name__}"
+            else:
+                if r.status_code == 200:
+                    try:
+                        out = r.json()
+                        return self._parse(out["choices"][0], out.get("policy_version"))
+                    except (ValueError, KeyError, IndexError) as e:
+                        last = f"malformed response ({type(e).__name__})"
+                elif r.status_code == 429 or r.status_code >= 500:
+                    last = f"HTTP {r.status_code}"
+                else:
+                    raise EndpointError(f"{url} refused the request: HTTP {r.status_code}: {r.text[:300]}")
+            if attempt < self.max_retries:
+                await asyncio.sleep(self.backoff_s * 2**attempt)
+        raise EndpointError(f"{url} failed {self.max_retries + 1} times; last: {last}")
+
+    async def _all(
+        self, prompts: list[list[int]], params: SamplingParams, seeds: list[int] | None
+    ) -> list[Generation]:
         sem = asyncio.Semaphore(self.concurrency)
         async with httpx.AsyncClient() as client:
             try:
                 # A TaskGroup cancels and awaits every sibling on the first failure, so no
                 # request (or retry) is still being sent after `generate` has raised.
                 async with asyncio.TaskGroup() as group:
-                    tasks = [group.create_task(self.generate_one(client, sem, p, params)) for p in prompts]
+                    tasks = [
+                        group.create_task(
+                            self.generate_one(client, sem, p, params, None if seeds is None else seeds[i])
+                        )
+                        for i, p in enumerate(prompts)
+                    ]
             except BaseExceptionGroup as eg:
                 raise eg.exceptions[0] from None
         return [t.result() for t in tasks]
 
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
+    def generate(
+        self, prompts: list[list[int]], params: SamplingParams, seeds: list[int] | None = None
+    ) -> list[Generation]:
         """One response per token-id prompt, in order.
 
+        Args:
+            prompts: B token-id prompts.
+            params: sampling parameters.
+            seeds: B request seeds (each taken modulo 2**63), or None (no `seed` sent).
+
         Raises:
+            ValueError: if `seeds` is not one per prompt.
             EndpointError: on a 4xx, or when a request still fails after `max_retries` retries
                 (the first failure; the requests still in flight are cancelled first).
         """
-        return asyncio.run(self._all(prompts, params))
+        if seeds is not None and len(seeds) != len(prompts):
+            raise ValueError(f"got {len(seeds)} seeds for {len(prompts)} prompts")
+        seeds = None if seeds is None else [int(s) % 2**63 for s in seeds]
+        return asyncio.run(self._all(prompts, params, seeds))

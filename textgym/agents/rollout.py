@@ -152,6 +152,7 @@ class _Episode:
     info: dict = field(default_factory=dict)
     finish_reason: str = "stop"
     seed: int | None = None
+    policy_version: int | None = None  # the oldest a server reported over the turns
 
 
 def rollout(
@@ -310,6 +311,9 @@ def _record_turn(
             ep.terms[k] += float(v)
     ep.info = info
     ep.finish_reason = gen.finish_reason
+    if gen.policy_version is not None:
+        v = int(gen.policy_version)
+        ep.policy_version = v if ep.policy_version is None else min(ep.policy_version, v)
     ep.terminated, ep.truncated = bool(terminated), bool(truncated)
     if terminated or truncated or ep.turns >= max_turns:
         ep.done = True
@@ -342,6 +346,7 @@ def _to_trajectory(ep: _Episode, env_id: str) -> Trajectory:
         truncated=ep.truncated,
         info=ep.info,
         finish_reason=ep.finish_reason,
+        policy_version=ep.policy_version or 0,
     )
 
 

@@ -48,6 +48,8 @@ class Trajectory:
             (a rollout records zeros for an env without step rewards).
         step_mask: [T] float32, 1.0 on the tokens that end a step (where `step_rewards` sit,
             whatever their value), else 0.0; None when not recorded.
+        policy_version: the version of the weights that sampled it (a rollout server's reported
+            version, the oldest over its turns), 0 when not recorded.
     """
 
     token_ids: torch.Tensor
@@ -68,6 +70,7 @@ class Trajectory:
     finish_reason: str = "stop"
     step_rewards: torch.Tensor | None = None
     step_mask: torch.Tensor | None = None
+    policy_version: int = 0
 
     @property
     def response_length(self) -> int:

@@ -23,6 +23,8 @@ def train_cmd(
 
     Under `torchrun --nproc-per-node N -m textgym train CONFIG` the stages train on N ranks.
     """
+    from textgym.agents.openai_backend import EndpointError
+    from textgym.agents.rollout_servers import WeightSyncError
     from textgym.config import ConfigError, load_config
     from textgym.envs.registry import EnvError
     from textgym.pipeline import run
@@ -48,6 +50,16 @@ def train_cmd(
             error=RuntimeError(
                 f"{e}\nThe run directory {cfg.run_dir} keeps its last checkpoint and logs: once the judge "
                 f"answers again, continue with `textgym train {config} --resume`."
+            ),
+            code=1,
+        )
+    except (WeightSyncError, EndpointError) as e:  # a rollout server died, hung or refused mid-run
+        leave_world(
+            error=RuntimeError(
+                f"{type(e).__name__}: {e}\nThe run directory {cfg.run_dir} keeps its last checkpoint "
+                "and logs: "
+                f"once every rollout server answers again, continue with `textgym train {config} --resume` "
+                "(the first push after the resume sends the checkpoint's weights)."
             ),
             code=1,
         )

@@ -102,6 +102,8 @@ class OnlineDPOConfig(_Batching):
             )
         if self.rollout.tis:
             raise ValueError("rollout.tis: the DPO loss does not use the sampler's log-probs; leave it unset")
+        if self.rollout.servers:
+            raise ValueError("rollout.servers: online DPO does not generate on rollout servers yet")
         return self
 
     @property

@@ -51,7 +51,8 @@ class RolloutEngineConfig(_Strict):
     tis: bool | None = None
     """Truncated importance sampling (Yao et al. 2025): weight each token's policy gradient by
     min(π_old/π_rollout, tis_cap), with π_old recomputed by the trainer's forward and the
-    `mismatch/*` metrics logged. null = on exactly when the engine is not the trainer (vLLM).
+    `mismatch/*` metrics logged. null = on exactly when the engine is not the trainer (vLLM, or
+    rollout `servers`).
     true on the transformers backend recomputes π_old too (one no-grad forward per step), for
     when the KV-cached sampling and the padded training forward differ (bf16, FSDP)."""
     tis_cap: float = Field(2.0, gt=0.0)
@@ -69,12 +70,58 @@ class RolloutEngineConfig(_Strict):
     """Sample each sequence from its own generator, seeded by (run seed, step, the task's slot in
     the step's global batch, sample index, turn): the rollouts then depend neither on the number
     of ranks nor on how prompts are batched, so a run on N ranks samples what the same run on one
-    samples (`textgym.agents.llm_agent.TransformersBackend`). Transformers backend only."""
+    samples (`textgym.agents.llm_agent.TransformersBackend`). Transformers backend only (rollout
+    `servers` are always sent one seed per request)."""
+    servers: list[str] = Field(default_factory=list)
+    """Base URLs of rollout servers (`textgym serve MODEL --weight-sync`, e.g.
+    "http://10.0.0.5:8000") that generate the rollouts instead of the trainer; empty: generate
+    in-process. Requests are spread over them (fewest in flight first), each with its own seed;
+    the trainer pushes its weights to them before the first rollout and after every update
+    (`textgym.trainers.remote_rollouts`, docs/training/rollout-servers.md). Under torchrun
+    every rank generates its share through them and rank 0 alone pushes."""
+    sync_timeout_s: float = Field(300.0, gt=0.0)
+    """Seconds that joining the sync group, and then each whole weight push, may take before
+    `WeightSyncError` (which stops the run; `--resume` continues from the last checkpoint)."""
+    sync_http_timeout_s: float = Field(10.0, gt=0.0)
+    """Seconds each HTTP call to a server may take (health checks, the sync's own calls)."""
+    sync_bucket_mb: float = Field(256.0, gt=0.0)
+    """MiB per broadcast of a weight push."""
+    sync_backend: Literal["auto", "gloo", "nccl"] = "auto"
+    """The sync group's backend: "auto" is NCCL where CUDA is available, else gloo."""
+    sync_master_addr: str | None = None
+    """The address the servers reach the trainer (rank 0) at; null: this machine's address on
+    the route to the first server."""
+    sync_lora: Literal["adapters", "merged"] = "adapters"
+    """With `lora`: push the adapter factors only (each server merges them onto the base
+    weights it started from) or the merged weights."""
+    server_model: str | None = None
+    """The model name the servers must serve (`--served-model-name`); null: whatever they
+    serve, as long as every server serves the same name."""
+    request_timeout_s: float = Field(120.0, gt=0.0)
+    """Seconds one generation request to a server may take (then it is retried)."""
+    server_concurrency: int = Field(16, ge=1)
+    """Generation requests in flight at once, per server."""
 
     @property
     def use_tis(self) -> bool:
-        """Whether TIS weights the loss."""
-        return self.backend != "transformers" if self.tis is None else self.tis
+        """Whether TIS weights the loss (by default: when the sampler is not the trainer)."""
+        if self.tis is not None:
+            return self.tis
+        return self.backend != "transformers" or bool(self.servers)
+
+    @model_validator(mode="after")
+    def _server_urls(self) -> RolloutEngineConfig:
+        for url in self.servers:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"servers: {url!r} is not an http:// or https:// URL")
+        if len({u.rstrip("/") for u in self.servers}) != len(self.servers):
+            raise ValueError("servers: a URL is listed twice")
+        if self.servers and self.backend != "transformers":
+            raise ValueError(
+                "servers: with rollout servers the servers generate; leave backend at 'transformers' "
+                "(start a server with `textgym serve MODEL --weight-sync --backend vllm` for vLLM)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _seeds_need_transformers(self) -> RolloutEngineConfig:

@@ -206,7 +206,14 @@ def build_app(
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
-        return {"status": "ok", "waiting": batcher.queue.qsize(), "policy_version": batcher.policy_version}
+        return {
+            "status": "ok",
+            "waiting": batcher.queue.qsize(),
+            "policy_version": batcher.policy_version,
+            "model": name,
+            "vocab_size": len(tokenizer),
+            "weight_sync": weight_sync,
+        }
 
     @app.post("/v1/completions", response_model=None)
     async def completions(req: CompletionRequest) -> Any:

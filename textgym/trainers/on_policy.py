@@ -15,7 +15,9 @@ importance weights (TIS, on by default there), and pushes the updated weights in
 engine after each iteration's optimizer steps. `rollout.tis: true` does the same on the
 transformers backend (one extra no-grad forward): the KV-cached decoding that sampled and
 the padded training forward compute slightly different probabilities under bf16 or FSDP,
-and TIS corrects for it exactly as it does for vLLM; by default it is off there.
+and TIS corrects for it exactly as it does for vLLM; by default it is off there. With
+`rollout.servers` the rollout servers generate (`trainers/remote_rollouts.py`), corrected as
+vLLM is, and get the weights before the first rollout and after every update.
 
 Under torchrun (`textgym.distributed`) every rank draws the same global task list, rolls
 out its contiguous slice of whole prompts (a group never straddles ranks) with the full
@@ -70,6 +72,7 @@ from textgym.trainers.losses import kl_estimate, rollout_correction
 from textgym.trainers.optim import build_optimizer
 from textgym.trainers.placement import build_reference, check_world, shard
 from textgym.trainers.precision import compute_autocast
+from textgym.trainers.remote_rollouts import build_remote
 from textgym.trainers.rollouts import (
     apply_overlong_penalty,
     log_trajectories,
@@ -171,6 +174,11 @@ class OnPolicyTrainer(PolicyUpdate):
         self.engine: Any = build_engine(cfg, model, tokenizer, self.agent.backend.eos_ids, seed)
         if self.engine is not None:
             self.agent = LLMAgent(model, tokenizer, backend=self.engine)
+        # 6b rollout servers (`rollout.servers`): checked, then sent the policy as of `self.step`
+        eos = self.agent.backend.eos_ids
+        self.remote: Any = build_remote(cfg.rollout, self.policy, tokenizer, eos, self.step)
+        if self.remote is not None:
+            self.agent = LLMAgent(None, tokenizer, backend=self.remote.backend)
         # 7 logging: metrics and the trajectory store keep nothing past the step resumed from
         self.logger = metrics_logger(
             self.stage_dir, resume_step=self.step if ckpt is not None else None, log_with=log_with, config=cfg
@@ -229,7 +237,7 @@ class OnPolicyTrainer(PolicyUpdate):
         k = n_prompts // w.size
         first = w.rank * k
         seeds = None
-        if cfg.rollout.per_sequence_seeds:
+        if cfg.rollout.per_sequence_seeds or self.remote is not None:  # servers: a seed per request
             seeds = [
                 derive_seed(self.seed, self.step, round_index, first + g, j)
                 for g in range(k)
@@ -238,7 +246,9 @@ class OnPolicyTrainer(PolicyUpdate):
         # The transformers backend samples under the policy's compute precision, as the trainer
         # computes π_old and π (`precision.compute_autocast`); a vLLM engine has its own dtype.
         sampler_precision = compute_autocast(self.policy) if self.engine is None else contextlib.nullcontext()
-        with torch.no_grad(), distributed.full_params(self.policy), sampler_precision:
+        # rollout servers generate: no full weights needed here
+        weights = distributed.full_params(self.policy) if self.remote is None else contextlib.nullcontext()
+        with torch.no_grad(), weights, sampler_precision:
             trajs = rollout_fn(cfg.rollout.mode)(
                 self.agent,
                 self.envs,
@@ -311,7 +321,7 @@ class OnPolicyTrainer(PolicyUpdate):
         token_weights = {k: tokens for k in token_means}
         # 4 π_old recomputed by the trainer when the sampler's log-probs differ (vLLM, TIS)
         self._is_weights = None
-        if self.engine is not None or cfg.rollout.use_tis:
+        if self.engine is not None or self.remote is not None or cfg.rollout.use_tis:
             # The engine's log-probs are π_rollout; the ratio's denominator is the trainer's π_old.
             # With the transformers backend and `rollout.tis: true`, π_rollout is the KV-cached
             # decoding's and π_old the padded training forward's (they differ under bf16/FSDP).
@@ -341,6 +351,8 @@ class OnPolicyTrainer(PolicyUpdate):
             t2 = time.perf_counter()
             sync_weights(self.engine, self.policy)
             metrics["time/weight_sync_s"] = time.perf_counter() - t2
+        if self.remote is not None:  # the rollout servers get them as version `step + 1`
+            metrics.update(self.remote.push(self.policy, self.step + 1))
 
         # 9 metrics, reduced over ranks
         self.step += 1
@@ -417,6 +429,10 @@ class OnPolicyTrainer(PolicyUpdate):
         """Release the rollout engine (vLLM), the judge and the environments."""
         if self.judge is not None:
             self.judge.close()
+        if self.remote is not None:
+            self.remote.close()
+            self.remote = None
+            self.agent = LLMAgent(self.policy, self.tokenizer, batch_size=len(self.envs))
         if self.engine is not None:
             self.engine.close()
             self.engine = None
