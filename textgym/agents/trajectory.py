@@ -48,6 +48,9 @@ class Trajectory:
             (a rollout records zeros for an env without step rewards).
         step_mask: [T] float32, 1.0 on the tokens that end a step (where `step_rewards` sit,
             whatever their value), else 0.0; None when not recorded.
+        policy_version: the version of the weights that sampled it: the number of optimizer
+            updates they had seen (a trainer tags its rollouts; 0 otherwise). A trainer at
+            version s trains on it with staleness s - policy_version (`rollout.max_staleness`).
     """
 
     token_ids: torch.Tensor
@@ -68,6 +71,7 @@ class Trajectory:
     finish_reason: str = "stop"
     step_rewards: torch.Tensor | None = None
     step_mask: torch.Tensor | None = None
+    policy_version: int = 0
 
     @property
     def response_length(self) -> int:

@@ -51,11 +51,18 @@ class RolloutEngineConfig(_Strict):
     tis: bool | None = None
     """Truncated importance sampling (Yao et al. 2025): weight each token's policy gradient by
     min(π_old/π_rollout, tis_cap), with π_old recomputed by the trainer's forward and the
-    `mismatch/*` metrics logged. null = on exactly when the engine is not the trainer (vLLM).
+    `mismatch/*` metrics logged. null = on exactly when the engine is not the trainer (vLLM)
+    or the rollouts may be stale (`max_staleness > 0`).
     true on the transformers backend recomputes π_old too (one no-grad forward per step), for
     when the KV-cached sampling and the padded training forward differ (bf16, FSDP)."""
     tis_cap: float = Field(2.0, gt=0.0)
     """C, the truncation of the importance weight."""
+    max_staleness: int = Field(0, ge=0)
+    """k of async RL: a rollout sampled by policy version v (the number of optimizer updates its
+    weights had seen) trains versions up to v + k. 0 is the synchronous trainer exactly. k >= 1
+    generates the next batches in a background thread with a copy of the policy while the
+    trainer updates (`textgym.trainers.async_rollouts`), TIS on unless `tis` says otherwise.
+    Transformers backend, one process, no dynamic sampling (docs/training/async.md)."""
     vllm: VLLMEngineConfig = Field(default_factory=VLLMEngineConfig)
     """Engine settings for backend "vllm"."""
     mode: Literal["lockstep", "continuous"] = "lockstep"
@@ -74,7 +81,18 @@ class RolloutEngineConfig(_Strict):
     @property
     def use_tis(self) -> bool:
         """Whether TIS weights the loss."""
-        return self.backend != "transformers" if self.tis is None else self.tis
+        if self.tis is not None:
+            return self.tis
+        return self.backend != "transformers" or self.max_staleness > 0
+
+    @model_validator(mode="after")
+    def _staleness_needs_transformers(self) -> RolloutEngineConfig:
+        if self.max_staleness > 0 and self.backend != "transformers":
+            raise ValueError(
+                "max_staleness > 0 needs backend 'transformers' (the vLLM engine's weight push is "
+                "not yet pipelined with generation)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _seeds_need_transformers(self) -> RolloutEngineConfig:
@@ -259,6 +277,15 @@ class GRPOConfig(_PolicyGradientConfig):
     max_sampling_tries: int = Field(4, ge=1)
     """Rollout rounds per step with dynamic sampling; after the cap the batch is filled with
     dropped groups, which are masked out of the loss (no gradient, not counted in its normaliser)."""
+
+    @model_validator(mode="after")
+    def _staleness_without_dynamic_sampling(self) -> GRPOConfig:
+        if self.rollout.max_staleness > 0 and self.dynamic_sampling:
+            raise ValueError(
+                "rollout.max_staleness > 0 with dynamic_sampling is not supported yet: the extra "
+                "rounds would be sampled by the trainer's current policy, out of the pipeline"
+            )
+        return self
 
     @model_validator(mode="after")
     def _process_kl_in_loss(self) -> GRPOConfig:

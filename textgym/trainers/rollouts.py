@@ -85,7 +85,10 @@ def log_trajectories(
     Args:
         trajectory_dir: the stage's `trajectories/` folder.
         trajs: the step's trajectories, `group_size` consecutive samples per task.
-        step: the policy version that sampled them (the shard is `step-<step + 1>`).
+        step: the trainer's version that trains on them (the shard is `step-<step + 1>`); each
+            row's `policy_version` is its trajectory's (`Trajectory.policy_version`, the version
+            that sampled it: `step` itself in a synchronous run, up to `max_staleness` less in
+            an async one).
         group_size: samples per task (a row's `sample` is its index in its group).
         env_kwargs: the env's constructor arguments, recorded with each row.
         policy: what produced them (the stage folder).
@@ -99,7 +102,7 @@ def log_trajectories(
                 env_kwargs=env_kwargs,
                 sample=j % group_size,
                 policy=policy,
-                policy_version=step,
+                policy_version=t.policy_version,
                 source="train",
             )
             for j, t in enumerate(trajs)
