@@ -42,7 +42,7 @@ import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -52,10 +52,6 @@ from textgym.agents.sampling import derive_seed
 from textgym.agents.trajectory import Trajectory
 from textgym.config.base import ConfigError
 from textgym.trainers.precision import compute_autocast
-
-if TYPE_CHECKING:
-    from textgym.trainers.on_policy import OnPolicyTrainer
-
 
 class StalenessError(RuntimeError):
     """A batch would train a version more than `max_staleness` past the one that sampled it."""
@@ -87,14 +83,15 @@ class AsyncRollouts:
     """The rollout producer of a trainer with `rollout.max_staleness: k ≥ 1` (see the module docstring).
 
     Args:
-        trainer: the on-policy trainer it feeds (its policy, envs, task sampler, config and
-            step are read; its envs are used by the producer thread only).
+        trainer: the `OnPolicyTrainer` it feeds (its policy, envs, task sampler, config and
+            step are read; its envs are used by the producer thread only). Typed `Any`:
+            `on_policy` imports this module.
 
     Raises:
         ConfigError: see `check`.
     """
 
-    def __init__(self, trainer: OnPolicyTrainer):
+    def __init__(self, trainer: Any):
         self.check(trainer)
         self.trainer = trainer
         self.k = trainer.cfg.rollout.max_staleness
@@ -107,7 +104,7 @@ class AsyncRollouts:
         self.cursor = trainer.sampler.cursor  # the cursor of the next batch to train
 
     @staticmethod
-    def check(trainer: OnPolicyTrainer) -> None:
+    def check(trainer: Any) -> None:
         """Refuse what the producer does not support.
 
         Raises:
