@@ -107,6 +107,32 @@ def test_k1_first_batch_equals_a_seeded_synchronous_batch(warm_model_dir, tmp_pa
         torch.testing.assert_close(a.logprobs, b.logprobs, rtol=0, atol=1e-5)
 
 
+def test_decoupled_correction_drops_tokens_above_the_cap(warm_model_dir, tmp_path, monkeypatch):
+    """`off_policy_correction: decoupled` weights by π_prox/π_behav, 0 above the cap (AReaL eq. 5)."""
+    import textgym.trainers.on_policy as on_policy
+
+    seed_everything(0)
+    model, tok = load_model(warm_model_dir)
+    rollout = {"max_staleness": 1, "off_policy_correction": "decoupled", "tis_cap": 1.05}
+    trainer = GRPOTrainer(grpo_cfg(steps=2, rollout=rollout), model, tok, tmp_path)
+    seen, correction = [], on_policy.rollout_correction
+
+    def recorded(trainer_lp, rollout_lp, mask, **kw):
+        out = correction(trainer_lp, rollout_lp, mask, **kw)
+        seen.append((trainer_lp, rollout_lp, mask, kw, out[0]))
+        return out
+
+    monkeypatch.setattr(on_policy, "rollout_correction", recorded)
+    trainer.train()
+    assert len(seen) == 2
+    for trainer_lp, rollout_lp, mask, kw, w in seen:
+        assert kw == {"cap": 1.05, "drop_above_cap": True}
+        ratio = (trainer_lp - rollout_lp).exp()
+        want = torch.where(ratio <= 1.05, ratio, torch.zeros_like(ratio)) * mask
+        torch.testing.assert_close(w, want, rtol=0, atol=1e-6)
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
 def test_a_batch_past_the_bound_raises(warm_model_dir, tmp_path):
     seed_everything(0)
     model, tok = load_model(warm_model_dir)

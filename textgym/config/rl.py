@@ -57,6 +57,12 @@ class RolloutEngineConfig(_Strict):
     when the KV-cached sampling and the padded training forward differ (bf16, FSDP)."""
     tis_cap: float = Field(2.0, gt=0.0)
     """C, the truncation of the importance weight."""
+    off_policy_correction: Literal["tis", "decoupled"] = "tis"
+    """How TIS weights tokens whose π_old/π_rollout exceeds `tis_cap`: "tis" truncates the weight
+    at the cap (Yao et al. 2025); "decoupled" is the decoupled PPO objective (AReaL, Fu et al.
+    2025, arXiv:2505.24298, eq. 5): the clip is around π_prox = the trainer's π_old at the start
+    of the update and the weight π_prox/π_behav is kept below the cap, those above it dropped
+    (weight 0). Used when TIS is on (`tis`, or by default with vLLM or `max_staleness > 0`)."""
     max_staleness: int = Field(0, ge=0)
     """k of async RL: a rollout sampled by policy version v (the number of optimizer updates its
     weights had seen) trains versions up to v + k. 0 is the synchronous trainer exactly. k >= 1

@@ -343,6 +343,7 @@ class OnPolicyTrainer(PolicyUpdate):
                 rollout_logprobs,
                 batch.loss_mask,
                 cap=cfg.rollout.tis_cap if cfg.rollout.use_tis else None,
+                drop_above_cap=cfg.rollout.off_policy_correction == "decoupled",
             )
             self._is_weights = weights if cfg.rollout.use_tis else None
             metrics.update(stats)
