@@ -51,7 +51,8 @@ def store_versions(stage: Path) -> dict[int, set[int]]:
     out: dict[int, set[int]] = {}
     for shard in sorted((stage / "trajectories").glob("step-*.parquet")):
         step = int(shard.name.split("-")[1])
-        out.setdefault(step, set()).update(pq.read_table(shard, columns=["policy_version"]).column(0).to_pylist())
+        versions = pq.read_table(shard, columns=["policy_version"]).column(0).to_pylist()
+        out.setdefault(step, set()).update(versions)
     return out
 
 
@@ -140,7 +141,7 @@ def test_a_batch_past_the_bound_raises(warm_model_dir, tmp_path):
     trainer.train_step()  # batch 1 (version 0) is now pending
     trainer.train_step()  # trains batch 1 at version 1; batch 2 (version 1) pending
     trainer.async_rollouts.k = 0  # a bound the pending batch 2 breaks at version 2
-    with pytest.raises(StalenessError, match="staleness 1 exceeds rollout.max_staleness=0"):
+    with pytest.raises(StalenessError, match=r"staleness 1 exceeds rollout\.max_staleness=0"):
         trainer.train_step()
     trainer.close()
 
@@ -204,7 +205,8 @@ def test_kill_9_and_resume_keep_the_bound(warm_model_dir, tmp_path):
         proc.send_signal(signal.SIGKILL)
         proc.wait()
     assert not (stage / "final").exists()  # killed mid-run
-    done = subprocess.run([sys.executable, str(script), str(warm_model_dir), str(stage), "1"], env=env, timeout=300)
+    resume = [sys.executable, str(script), str(warm_model_dir), str(stage), "1"]
+    done = subprocess.run(resume, env=env, timeout=300)
     assert done.returncode == 0
     rows = records(stage)
     assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6]

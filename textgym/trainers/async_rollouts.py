@@ -53,6 +53,7 @@ from textgym.agents.trajectory import Trajectory
 from textgym.config.base import ConfigError
 from textgym.trainers.precision import compute_autocast
 
+
 class StalenessError(RuntimeError):
     """A batch would train a version more than `max_staleness` past the one that sampled it."""
 
