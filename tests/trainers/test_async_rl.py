@@ -190,6 +190,7 @@ RUN = textwrap.dedent(
 )
 
 
+@pytest.mark.multiproc
 def test_kill_9_and_resume_keep_the_bound(warm_model_dir, tmp_path):
     script, stage = tmp_path / "run.py", tmp_path / "stage"
     script.write_text(RUN)
