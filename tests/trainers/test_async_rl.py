@@ -159,6 +159,21 @@ def test_unsupported_settings_fail_at_validation(over, message):
         grpo_cfg(**over)
 
 
+def test_several_ranks_are_refused():
+    """Under torchrun the producer would need every rank's sampler in step: a ConfigError, not a hang."""
+    from types import SimpleNamespace
+
+    from textgym.config.base import ConfigError
+    from textgym.trainers.async_rollouts import AsyncRollouts
+
+    trainer = SimpleNamespace(
+        name="grpo", cfg=grpo_cfg(rollout={"max_staleness": 1}), world=SimpleNamespace(size=2), engine=None
+    )
+    with pytest.raises(ConfigError, match=r"max_staleness=1: async rollouts run in one process"):
+        AsyncRollouts.check(trainer)
+    AsyncRollouts.check(SimpleNamespace(**{**vars(trainer), "world": SimpleNamespace(size=1)}))
+
+
 RUN = textwrap.dedent(
     """
     import sys, time
