@@ -311,6 +311,7 @@ class OnPolicyTrainer(PolicyUpdate):
                     group_size=cfg.group_size,
                     env_kwargs=cfg.env.kwargs,
                     policy=str(self.stage_dir),
+                    policy_versions=[t.policy_version for t in everyone],
                 )
 
         # 3 the padded batch, with the rows and tokens that stay out of the loss masked
