@@ -183,6 +183,10 @@ def test_rollout_correction_hand_computed():
     assert stats["mismatch/tis_clip_frac"] == pytest.approx(0.25)
     w, stats = rollout_correction(trainer, rollout, mask, cap=None)
     assert w.tolist() == [[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]] and stats["mismatch/tis_clip_frac"] == 0.0
+    # the decoupled objective's behaviour weight (AReaL eq. 5): the token above the cap is dropped
+    w, stats = rollout_correction(trainer, rollout, mask, cap=2.0, drop_above_cap=True)
+    torch.testing.assert_close(w, torch.tensor([[0.0, 0.5, 1.0], [1.5, 0.0, 0.0]]), atol=TOL, rtol=0)
+    assert stats["mismatch/tis_clip_frac"] == pytest.approx(0.25)
     with pytest.raises(ValueError, match="shapes differ"):
         rollout_correction(trainer, rollout[:, :2], mask)
     with pytest.raises(ValueError, match="cap must be > 0"):

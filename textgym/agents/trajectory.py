@@ -48,8 +48,10 @@ class Trajectory:
             (a rollout records zeros for an env without step rewards).
         step_mask: [T] float32, 1.0 on the tokens that end a step (where `step_rewards` sit,
             whatever their value), else 0.0; None when not recorded.
-        policy_version: the version of the weights that sampled it (a rollout server's reported
-            version, the oldest over its turns), 0 when not recorded.
+        policy_version: the version of the weights that sampled it: the number of optimizer
+            updates they had seen (a rollout server's reported version, the oldest over its
+            turns; else the trainer's tag; 0 when not recorded). A trainer at version s trains
+            on it with staleness s - policy_version (`rollout.max_staleness`).
     """
 
     token_ids: torch.Tensor

@@ -52,11 +52,23 @@ class RolloutEngineConfig(_Strict):
     """Truncated importance sampling (Yao et al. 2025): weight each token's policy gradient by
     min(π_old/π_rollout, tis_cap), with π_old recomputed by the trainer's forward and the
     `mismatch/*` metrics logged. null = on exactly when the engine is not the trainer (vLLM, or
-    rollout `servers`).
+    rollout `servers`) or the rollouts may be stale (`max_staleness > 0`).
     true on the transformers backend recomputes π_old too (one no-grad forward per step), for
     when the KV-cached sampling and the padded training forward differ (bf16, FSDP)."""
     tis_cap: float = Field(2.0, gt=0.0)
     """C, the truncation of the importance weight."""
+    off_policy_correction: Literal["tis", "decoupled"] = "tis"
+    """How TIS weights tokens whose π_old/π_rollout exceeds `tis_cap`: "tis" truncates the weight
+    at the cap (Yao et al. 2025); "decoupled" is the decoupled PPO objective (AReaL, Fu et al.
+    2025, arXiv:2505.24298, eq. 5): the clip is around π_prox = the trainer's π_old at the start
+    of the update and the weight π_prox/π_behav is kept below the cap, those above it dropped
+    (weight 0). Used when TIS is on (`tis`, or by default with vLLM or `max_staleness > 0`)."""
+    max_staleness: int = Field(0, ge=0)
+    """k of async RL: a rollout sampled by policy version v (the number of optimizer updates its
+    weights had seen) trains versions up to v + k. 0 is the synchronous trainer exactly. k >= 1
+    generates the next batches in a background thread with a copy of the policy while the
+    trainer updates (`textgym.trainers.async_rollouts`), TIS on unless `tis` says otherwise.
+    Transformers backend, one process, no dynamic sampling (docs/training/async.md)."""
     vllm: VLLMEngineConfig = Field(default_factory=VLLMEngineConfig)
     """Engine settings for backend "vllm"."""
     mode: Literal["lockstep", "continuous"] = "lockstep"
@@ -107,7 +119,7 @@ class RolloutEngineConfig(_Strict):
         """Whether TIS weights the loss (by default: when the sampler is not the trainer)."""
         if self.tis is not None:
             return self.tis
-        return self.backend != "transformers" or bool(self.servers)
+        return self.backend != "transformers" or bool(self.servers) or self.max_staleness > 0
 
     @model_validator(mode="after")
     def _server_urls(self) -> RolloutEngineConfig:
@@ -120,6 +132,16 @@ class RolloutEngineConfig(_Strict):
             raise ValueError(
                 "servers: with rollout servers the servers generate; leave backend at 'transformers' "
                 "(start a server with `textgym serve MODEL --weight-sync --backend vllm` for vLLM)"
+            )
+        if self.max_staleness > 0 and self.servers:
+            raise ValueError(
+                "max_staleness > 0 with rollout servers is not supported yet (the producer thread "
+                "generates in-process); use max_staleness: 0 with servers"
+            )
+        if self.max_staleness > 0 and self.backend != "transformers":
+            raise ValueError(
+                "max_staleness > 0 needs backend 'transformers' (the vLLM engine's weight push is "
+                "not yet pipelined with generation)"
             )
         return self
 
@@ -306,6 +328,15 @@ class GRPOConfig(_PolicyGradientConfig):
     max_sampling_tries: int = Field(4, ge=1)
     """Rollout rounds per step with dynamic sampling; after the cap the batch is filled with
     dropped groups, which are masked out of the loss (no gradient, not counted in its normaliser)."""
+
+    @model_validator(mode="after")
+    def _staleness_without_dynamic_sampling(self) -> GRPOConfig:
+        if self.rollout.max_staleness > 0 and self.dynamic_sampling:
+            raise ValueError(
+                "rollout.max_staleness > 0 with dynamic_sampling is not supported yet: the extra "
+                "rounds would be sampled by the trainer's current policy, out of the pipeline"
+            )
+        return self
 
     @model_validator(mode="after")
     def _process_kl_in_loss(self) -> GRPOConfig:

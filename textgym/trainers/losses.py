@@ -341,6 +341,7 @@ def rollout_correction(
     mask: torch.Tensor,
     *,
     cap: float | None = 2.0,
+    drop_above_cap: bool = False,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Truncated importance weights for rollouts sampled by an engine other than the trainer.
 
@@ -356,13 +357,17 @@ def rollout_correction(
         rollout_logprobs: [B, L] the sampling log-probabilities the engine reported.
         mask: [B, L] 1.0 on policy tokens.
         cap: C, the truncation; None returns weights of 1 (monitoring only).
+        drop_above_cap: the decoupled PPO objective's behaviour weight instead (AReaL, Fu et
+            al. 2025, arXiv:2505.24298, eq. 5, with its `behav_imp_weight_cap`): with
+            π_old = π_prox, `w = π_prox(a)/π_behav(a)` where it is ≤ C and 0 (the token left
+            out of the gradient, still counted in the loss's normaliser) where it is above.
 
     Returns:
         `w` [B, L] (0 off the mask), and stats over policy tokens: `mismatch/kl` (k1 estimate
         of KL(π_rollout‖π_old), i.e. the mean of `log π_rollout − log π_old`), `mismatch/k3`
         (the non-negative k3 estimate of the same KL), `mismatch/ratio_max` and
         `mismatch/ratio_min` (of π_old/π_rollout), `mismatch/abs_diff_max` (largest
-        |log-prob difference|) and `mismatch/tis_clip_frac` (tokens whose weight was capped).
+        |log-prob difference|) and `mismatch/tis_clip_frac` (tokens whose weight was capped, or dropped).
 
     Raises:
         ValueError: if the shapes differ or `cap` is not > 0.
@@ -377,7 +382,12 @@ def rollout_correction(
     with torch.no_grad():
         log_ratio = ((trainer_logprobs - rollout_logprobs) * mask).clamp(-20.0, 20.0)
         ratio = log_ratio.exp()
-        weights = ratio.clamp(max=cap) if cap is not None else torch.ones_like(ratio)
+        if cap is None:
+            weights = torch.ones_like(ratio)
+        elif drop_above_cap:
+            weights = ratio * (ratio <= cap)
+        else:
+            weights = ratio.clamp(max=cap)
         weights = weights * mask
         on = mask > 0
         n = mask.sum().clamp(min=1.0)

@@ -18,6 +18,9 @@ the padded training forward compute slightly different probabilities under bf16 
 and TIS corrects for it exactly as it does for vLLM; by default it is off there. With
 `rollout.servers` the rollout servers generate (`trainers/remote_rollouts.py`), corrected as
 vLLM is, and get the weights before the first rollout and after every update.
+With `rollout.max_staleness: k > 0` (async RL) the batches come from a producer thread that
+samples up to k policy versions ahead with a copy of the policy (`trainers/async_rollouts.py`);
+TIS is then on by default, and `k = 0` is this synchronous loop unchanged.
 
 Under torchrun (`textgym.distributed`) every rank draws the same global task list, rolls
 out its contiguous slice of whole prompts (a group never straddles ranks) with the full
@@ -55,6 +58,7 @@ from textgym.agents.sampling import SamplingParams, derive_seed
 from textgym.agents.trajectory import Trajectory
 from textgym.config import GRPOConfig, ParallelConfig, PPOConfig
 from textgym.envs.registry import task_count
+from textgym.trainers.async_rollouts import AsyncRollouts
 from textgym.trainers.batch import RolloutBatch, no_token_budget_under_torchrun
 from textgym.trainers.checkpoint import (
     latest_checkpoint,
@@ -179,7 +183,9 @@ class OnPolicyTrainer(PolicyUpdate):
         self.remote: Any = build_remote(cfg.rollout, self.policy, tokenizer, eos, self.step)
         if self.remote is not None:
             self.agent = LLMAgent(None, tokenizer, backend=self.remote.backend)
-        # 7 logging: metrics and the trajectory store keep nothing past the step resumed from
+        # 7 async RL (`rollout.max_staleness` > 0): a producer thread samples ahead with a copy
+        self.async_rollouts = AsyncRollouts(self) if cfg.rollout.max_staleness > 0 else None
+        # 8 logging: metrics and the trajectory store keep nothing past the step resumed from
         self.logger = metrics_logger(
             self.stage_dir, resume_step=self.step if ckpt is not None else None, log_with=log_with, config=cfg
         )
@@ -259,10 +265,25 @@ class OnPolicyTrainer(PolicyUpdate):
                 env_id=cfg.env.id,
                 seeds=seeds,
             )
+        # rollout servers report the version that sampled each turn: keep it
+        return self.finish_rollout(trajs, first, version=None if self.remote is not None else self.step)
+
+    def finish_rollout(self, trajs: list[Trajectory], first: int, version: int | None) -> list[Trajectory]:
+        """Score and tag a rollout in place: judge term, global group indices, version, DAPO's penalty.
+
+        Args:
+            trajs: this rank's trajectories, `group_size` consecutive samples per task.
+            first: the global index of this rank's first group.
+            version: the policy version that sampled them (`Trajectory.policy_version`); None
+                keeps the version the trajectories carry (a rollout server's report).
+        """
+        cfg = self.cfg
         if self.judge is not None:  # the LLM judge's reward term (`env.judge`), the whole batch at once
             self.judge.apply(trajs)
         for t in trajs:
             t.group += first  # the group's index in the step's global batch
+            if version is not None:
+                t.policy_version = version
         if cfg.overlong_penalty is not None:
             op = cfg.overlong_penalty
             apply_overlong_penalty(trajs, op.max_len, op.cache_len, op.factor)
@@ -274,7 +295,10 @@ class OnPolicyTrainer(PolicyUpdate):
         A subclass may set `self._loss_rows` ([B] bool, this rank's rows) to leave rows out of
         the loss: their tokens are masked and they count in neither `num_tokens` nor `num_seqs`.
         """
-        trajs = self.collect(self.cfg.prompts_per_step)
+        if self.async_rollouts is not None:  # `rollout.max_staleness` > 0: the producer's batch
+            trajs = self.async_rollouts.next_batch(metrics)
+        else:
+            trajs = self.collect(self.cfg.prompts_per_step)
         metrics.update(rollout_metrics(trajs))
         return trajs
 
@@ -300,6 +324,7 @@ class OnPolicyTrainer(PolicyUpdate):
                     group_size=cfg.group_size,
                     env_kwargs=cfg.env.kwargs,
                     policy=str(self.stage_dir),
+                    policy_versions=[t.policy_version for t in everyone],
                 )
 
         # 3 the padded batch, with the rows and tokens that stay out of the loss masked
@@ -332,6 +357,7 @@ class OnPolicyTrainer(PolicyUpdate):
                 rollout_logprobs,
                 batch.loss_mask,
                 cap=cfg.rollout.tis_cap if cfg.rollout.use_tis else None,
+                drop_above_cap=cfg.rollout.off_policy_correction == "decoupled",
             )
             self._is_weights = weights if cfg.rollout.use_tis else None
             metrics.update(stats)
@@ -378,7 +404,8 @@ class OnPolicyTrainer(PolicyUpdate):
             self.tokenizer,
             self.optimizer,
             self.scheduler,
-            {"cursor": self.sampler.cursor, **self._extra_state()},
+            {"cursor": self.sampler.cursor, **self._extra_state()}
+            | ({} if self.async_rollouts is None else self.async_rollouts.state()),
             keep=self.cfg.keep_checkpoints,
             extra=self._save_extra,
         )
@@ -426,7 +453,9 @@ class OnPolicyTrainer(PolicyUpdate):
         return final
 
     def close(self) -> None:
-        """Release the rollout engine (vLLM), the judge and the environments."""
+        """Release the async rollout producer, the rollout engine (vLLM), the judge and the environments."""
+        if self.async_rollouts is not None:
+            self.async_rollouts.close()
         if self.judge is not None:
             self.judge.close()
         if self.remote is not None:
