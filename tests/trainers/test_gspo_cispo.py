@@ -385,9 +385,12 @@ def test_the_presets_load_and_name_the_bad_field():
     for preset in ("gspo", "cispo"):
         other = load_config(CONFIGS / f"{preset}_arithmetic.yaml").grpo
         assert other is not None
-        same = {k for k in GRPOConfig.model_fields if k not in loss_keys}
+        same = {k for k in GRPOConfig.model_fields if k not in loss_keys | {"optim"}}
         assert {k: getattr(other, k) for k in same} == {k: getattr(grpo, k) for k in same}
         assert other.minibatch_size == 32 and grpo.minibatch_size is None
+        # CISPO has no trust region: its rate is GRPO's over the 4 optimizer steps per batch
+        assert other.optim.lr == pytest.approx(grpo.optim.lr / 4 if preset == "cispo" else grpo.optim.lr)
+        assert other.optim.model_copy(update={"lr": grpo.optim.lr}) == grpo.optim  # all else equal
 
 
 # --- through the trainer ----------------------------------------------------------------------
