@@ -37,6 +37,28 @@ class CollectResult:
     shards_written: int
 
 
+def rollout_rows(
+    agent: LLMAgent,
+    envs: list[Any],
+    tasks: list[int],
+    params: SamplingParams,
+    samples: int,
+    env_id: str,
+    env_kwargs: dict[str, Any],
+    **meta: Any,
+) -> list[dict[str, Any]]:
+    """Roll out `samples` episodes of each of `tasks` on `envs`; their trajectory-store rows.
+
+    `meta` (seed, policy, policy_version, run) goes into every row (`trajectory_row`), with
+    `source="collect"` and `sample` = the episode's index within its task's group.
+    """
+    trajs = rollout(agent, envs, tasks, params, group_size=samples, env_id=env_id)
+    return [
+        trajectory_row(t, env_kwargs=env_kwargs, sample=j % samples, source="collect", **meta)
+        for j, t in enumerate(trajs)
+    ]
+
+
 def collect_rollouts(
     agent: LLMAgent,
     env_id: str,
@@ -86,22 +108,11 @@ def collect_rollouts(
         with TrajectoryWriter(out, shard_rows=10**9) as writer:
             for c in range(0, len(todo), per_chunk):
                 idx = todo[c : c + per_chunk]
-                trajs = rollout(agent, envs, idx, params, group_size=samples, env_id=env_id)
-                writer.append(
-                    trajectory_row(
-                        t,
-                        env_kwargs=env_kwargs,
-                        sample=j % samples,
-                        seed=seed,
-                        policy=policy,
-                        policy_version=policy_version,
-                        source="collect",
-                        run=run,
-                    )
-                    for j, t in enumerate(trajs)
-                )
+                meta = {"seed": seed, "policy": policy, "policy_version": policy_version, "run": run}
+                chunk_rows = rollout_rows(agent, envs, idx, params, samples, env_id, env_kwargs, **meta)
+                writer.append(chunk_rows)
                 writer.flush()
-                rows += len(trajs)
+                rows += len(chunk_rows)
                 shards += 1
                 if progress is not None:
                     progress(min(c + per_chunk, len(todo)), len(todo))

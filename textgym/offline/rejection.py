@@ -20,11 +20,11 @@ from typing import Any
 import pyarrow as pa
 
 from textgym.agents.llm_agent import LLMAgent, SamplingParams
-from textgym.agents.rollout import rollout
 from textgym.envs.hint import AnswerHintWrapper
 from textgym.envs.registry import make as make_env
 from textgym.evaluation.core import episode_correct
-from textgym.offline.store import SCHEMA, TrajectoryWriter, read_trajectories, shard_paths, trajectory_row
+from textgym.offline.pairs import rollout_rows
+from textgym.offline.store import SCHEMA, TrajectoryWriter, read_trajectories, shard_paths
 
 
 @dataclass
@@ -223,21 +223,9 @@ def collect_hinted(
     try:
         with TrajectoryWriter(out, shard_rows=10**9) as writer:
             for c in range(0, len(tasks), per_chunk):
+                meta = {"seed": seed, "policy": policy, "policy_version": policy_version, "run": run}
                 chunk = tasks[c : c + per_chunk]
-                trajs = rollout(agent, envs, chunk, params, group_size=samples, env_id=env_id)
-                writer.append(
-                    trajectory_row(
-                        t,
-                        env_kwargs=env_kwargs,
-                        sample=j % samples,
-                        seed=seed,
-                        policy=policy,
-                        policy_version=policy_version,
-                        source="collect",
-                        run=run,
-                    )
-                    for j, t in enumerate(trajs)
-                )
+                writer.append(rollout_rows(agent, envs, chunk, params, samples, env_id, env_kwargs, **meta))
     finally:
         for e in envs:
             e.close()
