@@ -133,11 +133,6 @@ class RolloutEngineConfig(_Strict):
                 "servers: with rollout servers the servers generate; leave backend at 'transformers' "
                 "(start a server with `textgym serve MODEL --weight-sync --backend vllm` for vLLM)"
             )
-        if self.max_staleness > 0 and self.servers:
-            raise ValueError(
-                "max_staleness > 0 with rollout servers is not supported yet (the producer thread "
-                "generates in-process); use max_staleness: 0 with servers"
-            )
         if self.max_staleness > 0 and self.backend != "transformers":
             raise ValueError(
                 "max_staleness > 0 needs backend 'transformers' (the vLLM engine's weight push is "
