@@ -306,7 +306,7 @@ def test_openai_backend_spells_out_every_sampling_field():
         "temperature": 1.0,
         "top_p": 1.0,
         **NEUTRAL_BODY,
-        "logprobs": 1,
+        "logprobs": 0,
         "return_tokens_as_token_ids": True,
     }
     assert {k: bodies[1][k] for k in ("temperature", "top_p", "top_k", "max_tokens")} == {
@@ -376,3 +376,29 @@ def test_serve_and_openai_backend_sample_exactly_the_params_not_the_folder(hosti
     finally:
         server.should_exit = True
         thread.join(timeout=10)
+
+
+def test_batched_requests_sample_what_one_request_per_prompt_samples(served, tiny_model_dir):
+    """`prompts_per_request` (textgym serve's per-prompt `seeds`): fewer requests, the same tokens."""
+    import httpx
+    import torch
+
+    prompts = [[5, 6, 7], [8, 9], [10, 11, 12, 13], [5, 6, 7], [14]]
+    seeds = [11, 12, 13, 14, 15]
+    params = SamplingParams(temperature=1.0, max_new_tokens=8)
+    outs = {
+        k: OpenAIBackend(served, "tiny", eos_ids=[0], prompts_per_request=k).generate(prompts, params, seeds)
+        for k in (1, 2, 0)
+    }
+    for k in (2, 0):
+        for a, b in zip(outs[1], outs[k], strict=True):
+            assert a.token_ids == b.token_ids
+            torch.testing.assert_close(a.logprobs, b.logprobs, atol=1e-4, rtol=0)
+    assert outs[1][0].token_ids != outs[1][3].token_ids  # the same prompt, another seed
+    body = {"prompt": prompts[:2], "max_tokens": 4, "logprobs": 0}
+    short = httpx.post(served + "/v1/completions", json={**body, "seeds": [1]})
+    assert short.status_code == 400 and "seeds: 1 seeds for 2 prompts" in short.text
+    both = httpx.post(served + "/v1/completions", json={**body, "seeds": [1, 2], "seed": 3})
+    assert both.status_code == 400 and "not both" in both.text
+    with pytest.raises(ValueError, match="prompts_per_request must be >= 0"):
+        OpenAIBackend(served, "tiny", eos_ids=[0], prompts_per_request=-1)

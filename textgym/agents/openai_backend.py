@@ -1,7 +1,7 @@
 """The `openai` generation backend: any OpenAI-compatible completions endpoint, through httpx.
 
 Prompts go out as token ids (`prompt: [ids]`) and the sampled tokens come back as ids
-(`logprobs=1, return_tokens_as_token_ids=true`, as vLLM's server and `textgym serve`
+(`logprobs=0, return_tokens_as_token_ids=true`, as vLLM's server and `textgym serve`
 support), so nothing is re-tokenized. Requests run concurrently (asyncio, at most
 `concurrency` at once), each with a timeout; 429, 5xx, timeouts and dropped connections
 are retried with exponential backoff, and a 4xx is an immediate, clear error. A response's
@@ -76,6 +76,15 @@ class OpenAIBackend:
         max_retries: retries of a retryable failure before `EndpointError`.
         backoff_s: first retry delay; doubles each retry.
         api_key: sent as a bearer token when given.
+        prompts_per_request: prompts sent together in one request by `generate` (`prompt:
+            [[ids], ...]` with textgym serve's per-prompt `seeds`, so each response is what its
+            own request would sample); 1: one request per prompt (any OpenAI-compatible
+            server); 0: each call's prompts split evenly over the servers, one request each.
+            A batched request is answered by one generation round of one policy version;
+            `generate_one` (continuous rollouts) always sends one prompt.
+
+    Raises:
+        ValueError: no URL, or a negative `prompts_per_request`.
     """
 
     def __init__(
@@ -88,7 +97,11 @@ class OpenAIBackend:
         max_retries: int = 4,
         backoff_s: float = 0.5,
         api_key: str | None = None,
+        prompts_per_request: int = 1,
     ):
+        if prompts_per_request < 0:
+            raise ValueError(f"prompts_per_request must be >= 0, got {prompts_per_request}")
+        self.prompts_per_request = int(prompts_per_request)
         roots = [base_url] if isinstance(base_url, str) else list(base_url)
         if not roots:
             raise ValueError("base_url: give at least one URL")
@@ -124,7 +137,7 @@ class OpenAIBackend:
         lp = choice.get("logprobs") or {}
         tokens, values = lp.get("tokens"), lp.get("token_logprobs")
         if tokens is None or values is None:
-            raise EndpointError("the endpoint returned no token logprobs; it must support logprobs=1")
+            raise EndpointError("the endpoint returned no token logprobs; it must support logprobs=0")
         try:
             ids = [int(str(t).removeprefix("token_id:")) for t in tokens]
         except ValueError:
@@ -165,7 +178,7 @@ class OpenAIBackend:
             "model": self.model,
             "prompt": prompt,
             **sampling_body(params),
-            "logprobs": 1,
+            "logprobs": 0,  # the sampled tokens' log-probs, no alternatives (vLLM's semantics)
             "return_tokens_as_token_ids": True,
         }
         if seed is not None:
@@ -179,6 +192,12 @@ class OpenAIBackend:
 
     async def _send(self, client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> Generation:
         """POST `body` to `url` with the retries; the parsed generation."""
+        return (await self._send_batch(client, url, body, 1))[0]
+
+    async def _send_batch(
+        self, client: httpx.AsyncClient, url: str, body: dict[str, Any], count: int
+    ) -> list[Generation]:
+        """POST `body` to `url` with the retries; its `count` choices parsed, in `index` order."""
         last = ""
         for attempt in range(self.max_retries + 1):
             try:
@@ -189,9 +208,12 @@ class OpenAIBackend:
                 if r.status_code == 200:
                     try:
                         out = r.json()
-                        return self._parse(out["choices"][0], out.get("policy_version"))
+                        choices = sorted(out["choices"], key=lambda c: int(c.get("index", 0)))
+                        if len(choices) != count:
+                            raise IndexError(f"{len(choices)} choices for {count} prompts")
+                        return [self._parse(c, out.get("policy_version")) for c in choices]
                     except (ValueError, KeyError, IndexError) as e:
-                        last = f"malformed response ({type(e).__name__})"
+                        last = f"malformed response ({type(e).__name__}: {e})"
                 elif r.status_code == 429 or r.status_code >= 500:
                     last = f"HTTP {r.status_code}"
                 else:
@@ -200,24 +222,66 @@ class OpenAIBackend:
                 await asyncio.sleep(self.backoff_s * 2**attempt)
         raise EndpointError(f"{url} failed {self.max_retries + 1} times; last: {last}")
 
+    async def _generate_batch(
+        self,
+        client: httpx.AsyncClient,
+        sem: asyncio.Semaphore,
+        prompts: list[list[int]],
+        params: SamplingParams,
+        seeds: list[int] | None,
+    ) -> list[Generation]:
+        """Several prompts in one request (`prompt: [[ids], ...]`, textgym's per-prompt `seeds`)."""
+        body: dict[str, Any] = {
+            "model": self.model,
+            "prompt": prompts,
+            **sampling_body(params),
+            "logprobs": 0,
+            "return_tokens_as_token_ids": True,
+        }
+        if seeds is not None:
+            body["seeds"] = [int(s) for s in seeds]
+        async with sem:
+            server = self._acquire()
+            try:
+                return await self._send_batch(client, self.urls[server], body, len(prompts))
+            finally:
+                self._release(server)
+
     async def _all(
         self, prompts: list[list[int]], params: SamplingParams, seeds: list[int] | None
     ) -> list[Generation]:
         sem = asyncio.Semaphore(self.concurrency)
+        size = self.prompts_per_request or -(-len(prompts) // len(self.urls))  # 0: an even split
         async with httpx.AsyncClient() as client:
             try:
                 # A TaskGroup cancels and awaits every sibling on the first failure, so no
                 # request (or retry) is still being sent after `generate` has raised.
                 async with asyncio.TaskGroup() as group:
-                    tasks = [
-                        group.create_task(
-                            self.generate_one(client, sem, p, params, None if seeds is None else seeds[i])
-                        )
-                        for i, p in enumerate(prompts)
-                    ]
+                    if size <= 1:
+                        tasks = [
+                            group.create_task(
+                                self.generate_one(client, sem, p, params, None if seeds is None else seeds[i])
+                            )
+                            for i, p in enumerate(prompts)
+                        ]
+                    else:
+                        batches = [
+                            group.create_task(
+                                self._generate_batch(
+                                    client,
+                                    sem,
+                                    prompts[i : i + size],
+                                    params,
+                                    None if seeds is None else seeds[i : i + size],
+                                )
+                            )
+                            for i in range(0, len(prompts), size)
+                        ]
             except BaseExceptionGroup as eg:
                 raise eg.exceptions[0] from None
-        return [t.result() for t in tasks]
+        if size <= 1:
+            return [t.result() for t in tasks]
+        return [g for t in batches for g in t.result()]
 
     def generate(
         self, prompts: list[list[int]], params: SamplingParams, seeds: list[int] | None = None

@@ -113,6 +113,12 @@ class RolloutEngineConfig(_Strict):
     """Seconds one generation request to a server may take (then it is retried)."""
     server_concurrency: int = Field(16, ge=1)
     """Generation requests in flight at once, per server."""
+    server_batch: int = Field(0, ge=0)
+    """Prompts per generation request to the rollout servers in lockstep rollouts (one request
+    with `prompt: [[ids], ...]` and a seed per prompt: the same tokens as one request each).
+    0: each turn's prompts split evenly over the servers, one request per server; 1: one
+    request per prompt (continuous rollouts always send one per episode turn). Per-request
+    overhead (HTTP, JSON, a server round each) dominates small models' generation."""
 
     @property
     def use_tis(self) -> bool:

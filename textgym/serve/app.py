@@ -6,7 +6,8 @@ sampled token comes back as "token_id:N" with its log-probability, as vLLM's ser
 `POST /v1/chat/completions` (messages and `tools` rendered by the model's chat template;
 Hermes `<tool_call>` blocks of the reply come back as `message.tool_calls`). Both take `n`,
 `seed`, `stop`, `stream` (server-sent events, `stream_options.include_usage`) and answer
-`usage`. Generation is textgym's transformers
+`usage`; completions also take textgym's `seeds` (one per prompt of a batched request, so a
+batch costs one request: `protocol.CompletionRequest.seeds`). Generation is textgym's transformers
 backend or, with `--backend vllm`, an in-process vLLM engine, behind a bounded queue whose
 worker batches the requests waiting (`batching.Batcher`). Streaming sends a finished
 response in token-sized chunks (generation is not token-by-token).
@@ -236,7 +237,13 @@ def build_app(
             raise APIError(400, f"prompt token ids must be in [0, {vocab})", "prompt")
         top = req.logprobs or 0
         expanded = [p for p in prompts for _ in range(req.n)]
-        results = await run(Job(expanded, params, seeds(req.seed, len(expanded)), top_logprobs=top))
+        if req.seeds is not None:  # one per prompt: each prompt's choices seeded as its own request's
+            if len(req.seeds) != len(prompts):
+                raise APIError(400, f"seeds: {len(req.seeds)} seeds for {len(prompts)} prompts", "seeds")
+            row_seeds = [s for seed in req.seeds for s in seeds(seed, req.n)]
+        else:
+            row_seeds = seeds(req.seed, len(expanded))
+        results = await run(Job(expanded, params, row_seeds, top_logprobs=top))
         choices, kept_ids = [], []
         for i, r in enumerate(results):
             ids, lps, text, reason = finish(r, stops)

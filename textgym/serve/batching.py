@@ -78,7 +78,7 @@ def top_logprobs(
 ) -> list[list[list[tuple[int, float]]]]:
     """The k most likely tokens at each response position, under the distribution sampled from.
 
-    One teacher-forced forward pass per response: `log_softmax` of the logits divided by the
+    Teacher-forced forward passes over right-padded batches of up to 64 responses: `log_softmax` of the logits divided by the
     temperature (T = 1 when greedy, as the recorded log-probs are), after top-k / top-p when on.
 
     Args:
@@ -94,26 +94,31 @@ def top_logprobs(
     from transformers import TopKLogitsWarper, TopPLogitsWarper
 
     device = next(model.parameters()).device
-    out: list[list[list[tuple[int, float]]]] = []
-    for p, r in zip(prompts, responses, strict=True):
-        if not r:
-            out.append([])
-            continue
-        ids = torch.tensor([p + r[:-1]], device=device)
-        logits = model(input_ids=ids).logits[0, len(p) - 1 :].float()  # [N, V]
-        if params.temperature > 0:
-            logits = logits / params.temperature
-            if params.top_k > 0:
-                logits = TopKLogitsWarper(params.top_k)(None, logits)  # type: ignore[arg-type]
-            if params.top_p < 1:
-                logits = TopPLogitsWarper(params.top_p)(None, logits)  # type: ignore[arg-type]
-        values, idx = torch.log_softmax(logits, dim=-1).topk(min(k, logits.shape[-1]), dim=-1)
-        out.append(
-            [
-                list(zip(i.tolist(), v.tolist(), strict=True))
-                for i, v in zip(idx.cpu(), values.cpu(), strict=True)
+    out: list[list[list[tuple[int, float]]]] = [[] for _ in prompts]
+    rows = [b for b, r in enumerate(responses) if r]
+    for start in range(0, len(rows), 64):  # right-padded batches: positions stay 0..n-1 per row
+        chunk = rows[start : start + 64]
+        seqs = [prompts[b] + responses[b][:-1] for b in chunk]
+        width = max(len(x) for x in seqs)
+        ids = torch.zeros(len(seqs), width, dtype=torch.long, device=device)
+        mask = torch.zeros(len(seqs), width, dtype=torch.long, device=device)
+        for i, x in enumerate(seqs):
+            ids[i, : len(x)] = torch.tensor(x, device=device)
+            mask[i, : len(x)] = 1
+        all_logits = model(input_ids=ids, attention_mask=mask).logits
+        for i, b in enumerate(chunk):
+            p, r = prompts[b], responses[b]
+            logits = all_logits[i, len(p) - 1 : len(p) - 1 + len(r)].float()  # [N, V]
+            if params.temperature > 0:
+                logits = logits / params.temperature
+                if params.top_k > 0:
+                    logits = TopKLogitsWarper(params.top_k)(None, logits)  # type: ignore[arg-type]
+                if params.top_p < 1:
+                    logits = TopPLogitsWarper(params.top_p)(None, logits)  # type: ignore[arg-type]
+            values, idx = torch.log_softmax(logits, dim=-1).topk(min(k, logits.shape[-1]), dim=-1)
+            out[b] = [
+                list(zip(t.tolist(), v.tolist(), strict=True)) for t, v in zip(idx.cpu(), values.cpu(), strict=True)
             ]
-        )
     return out
 
 

@@ -13,9 +13,9 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Callable
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from textgym.agents.sampling import SamplingParams
 from textgym.tools.base import TOOL_CALL_RE, parse_tool_calls
@@ -154,6 +154,16 @@ class CompletionRequest(_Common):
     prompt: str | list[int] | list[list[int]] | list[str]
     max_tokens: int = Field(16, ge=1, le=32768)
     logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    seeds: list[Annotated[int, Field(ge=0, lt=2**63)]] | None = None
+    """textgym's extension for batched requests: one seed per prompt, each in [0, 2**63).
+    Choice c of prompt p is sampled as a request of prompt p alone with `seed: seeds[p]`
+    would sample it, so a batch of prompts costs one request instead of one each."""
+
+    @model_validator(mode="after")
+    def _one_kind_of_seed(self) -> CompletionRequest:
+        if self.seeds is not None and self.seed is not None:
+            raise ValueError("send seed (one for the request) or seeds (one per prompt), not both")
+        return self
 
 
 class FunctionDef(BaseModel):

@@ -154,7 +154,8 @@ class RemoteRollouts:
 
     Attributes:
         backend: an `OpenAIBackend` over every server (`server_concurrency` requests in flight
-            per server, `request_timeout_s` each); the trainer's agent generates with it.
+            per server, `request_timeout_s` each, `server_batch` prompts per lockstep request);
+            the trainer's agent generates with it.
         group: the `RolloutServerGroup` (on every rank; only rank 0 talks to the servers).
 
     Raises:
@@ -175,6 +176,7 @@ class RemoteRollouts:
             eos_ids,
             concurrency=cfg.server_concurrency * len(urls),
             timeout_s=cfg.request_timeout_s,
+            prompts_per_request=cfg.server_batch,
         )
         self.group = RolloutServerGroup(
             urls,
