@@ -78,8 +78,9 @@ def top_logprobs(
 ) -> list[list[list[tuple[int, float]]]]:
     """The k most likely tokens at each response position, under the distribution sampled from.
 
-    Teacher-forced forward passes over right-padded batches of up to 64 responses: `log_softmax` of the logits divided by the
-    temperature (T = 1 when greedy, as the recorded log-probs are), after top-k / top-p when on.
+    Teacher-forced forward passes over right-padded batches of up to 64 responses:
+    `log_softmax` of the logits divided by the temperature (T = 1 when greedy, as the
+    recorded log-probs are), after top-k / top-p when on.
 
     Args:
         model: the causal LM that generated the responses.
@@ -116,9 +117,8 @@ def top_logprobs(
                 if params.top_p < 1:
                     logits = TopPLogitsWarper(params.top_p)(None, logits)  # type: ignore[arg-type]
             values, idx = torch.log_softmax(logits, dim=-1).topk(min(k, logits.shape[-1]), dim=-1)
-            out[b] = [
-                list(zip(t.tolist(), v.tolist(), strict=True)) for t, v in zip(idx.cpu(), values.cpu(), strict=True)
-            ]
+            pairs = zip(idx.cpu(), values.cpu(), strict=True)
+            out[b] = [list(zip(t.tolist(), v.tolist(), strict=True)) for t, v in pairs]
     return out
 
 

@@ -141,8 +141,11 @@ class AsyncRollouts:
             raise ConfigError(f"{name}.rollout.max_staleness > 0 with dynamic_sampling is not supported")
 
     def _submit(self, index: int, version: int, snapshot: dict[str, torch.Tensor] | None) -> None:
-        """Draw batch `index`'s tasks and seeds now; generate it in the thread from `snapshot`
-        (None: on the rollout servers, with whatever version they serve)."""
+        """Draw batch `index`'s tasks and seeds now; generate it in the thread.
+
+        The thread loads `snapshot` into the sampler first (None: on the rollout servers, which
+        generate with whatever version they serve).
+        """
         tr, cfg = self.trainer, self.trainer.cfg
         cursor = tr.sampler.cursor
         tasks = tr.sampler.next(cfg.prompts_per_step)
