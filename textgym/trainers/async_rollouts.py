@@ -111,7 +111,7 @@ class AsyncRollouts:
         self.trainer = trainer
         self.k = trainer.cfg.rollout.max_staleness
         self.servers = trainer.remote is not None
-        self.model: torch.nn.Module | None = None
+        self.model: Any = None  # the sampler (None on rollout servers)
         if self.servers:  # the servers generate: the trainer's agent is their client
             self.agent = trainer.agent
         else:  # the sampler: a frozen copy of the policy, weights loaded from each job's snapshot
