@@ -266,8 +266,9 @@ def test_grpo_trainer_takes_rollout_mode_continuous(tiny_model_dir, tmp_path):
 
 @pytest.mark.vllm
 def test_continuous_rollouts_on_the_vllm_backend(tiny_model_dir):
-    """The in-process vLLM engine behind the continuous batcher (per-request seeds): greedy turns equal
-    lockstep's, and seeded sampled rollouts repeat."""
+    """The in-process vLLM engine driven step by step (each turn a request joining the running batch,
+    per-request seeds): greedy and seeded sampled rollouts equal lockstep's, and nothing is left
+    running in the engine."""
     from textgym.agents.vllm_backend import vllm_available
 
     if not vllm_available():
@@ -279,8 +280,12 @@ def test_continuous_rollouts_on_the_vllm_backend(tiny_model_dir):
         a = rollout_continuous(agent, envs, [0, 1, 2, 3], greedy)
         b = rollout(agent, envs, [0, 1, 2, 3], greedy)
         assert [t.token_ids.tolist() for t in a] == [t.token_ids.tolist() for t in b]
-        c = rollout_continuous(agent, envs, [0, 1, 2, 3], PARAMS, seeds=[1, 2, 3, 4])
-        d = rollout_continuous(agent, envs, [0, 1, 2, 3], PARAMS, seeds=[1, 2, 3, 4])
+        stats = RolloutStats()
+        c = rollout_continuous(agent, envs, [0, 1, 2, 3], PARAMS, seeds=[1, 2, 3, 4], stats=stats)
+        d = rollout(agent, envs, [0, 1, 2, 3], PARAMS, seeds=[1, 2, 3, 4])
         assert_same(c, d)
+        turns = sum(sum(m["role"] == "assistant" for m in t.messages) for t in c)
+        assert stats.generated_rows == turns > 4 and stats.generate_s > 0  # multi-turn, turn by turn
+        assert not agent.backend.has_unfinished()
     finally:
         agent.backend.close()

@@ -7,14 +7,16 @@ before anything generates again; here a turn is submitted to the generation back
 as its episode's env step returns, and env steps run in a thread pool while other episodes
 generate:
 
-- in-process backends (`TransformersBackend`, `VLLMBackend`, anything with
+- in-process backends (`TransformersBackend`, anything with
   `generate(prompts, params[, seeds])`): a continuous batcher. Whenever the generator is free
   it takes every turn waiting (up to `max_batch`) and runs one batched `generate` call in the
   calling thread (so the caller's `torch.no_grad`, autocast and FSDP contexts apply, as in
   lockstep); turns whose env step returns meanwhile wait for the next call. It batches by
   calls, not by decoding steps: a row that joins does so at the next `generate` call.
-  vLLM generates through its synchronous `LLM.generate` here (the documented fallback for its
-  async engine: vLLM still batches each call's requests itself).
+- `VLLMBackend` (anything with `add_request` / `step`): vLLM's engine driven step by step in
+  the calling thread, which is what its async engine does in its own loop: each turn is added
+  as a request the moment its env step returns and joins the running batch at the next
+  engine step (token-level continuous batching); each finished request posts its turn.
 - `OpenAIBackend`: one concurrent HTTP request per episode turn (`httpx.AsyncClient` on an
   event loop in a helper thread, at most the backend's `concurrency` in flight); the server
   (`textgym serve`, vLLM's) batches what arrives.
@@ -135,9 +137,11 @@ def rollout_continuous(
     eos_ids = list(agent.backend.eos_ids)
     threads = step_threads or max(1, min(len(episodes), MAX_STEP_THREADS))
     pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="env-step-continuous")
-    generator: _BatchGenerator | _EndpointGenerator
+    generator: _BatchGenerator | _EndpointGenerator | _EngineGenerator
     if isinstance(agent.backend, OpenAIBackend):
         generator = _EndpointGenerator(agent.backend, params, events, stats)
+    elif hasattr(agent.backend, "add_request") and hasattr(agent.backend, "step"):
+        generator = _EngineGenerator(agent.backend, params, events, stats)
     else:
         generator = _BatchGenerator(agent.backend, params, events, stats, max_batch)
     try:
@@ -145,7 +149,8 @@ def rollout_continuous(
         while remaining:
             if ready:
                 ready = generator.submit(ready)
-            for kind, ep, payload in _drain(events, block=not ready):
+            busy = generator.pump()  # the engine's next step, when it has requests running
+            for kind, ep, payload in _drain(events, block=not ready and not busy):
                 if kind == "gen":
                     _step_later(pool, events, ep, payload, agent.decode(payload.token_ids))
                 elif kind == "step":
@@ -230,8 +235,48 @@ class _BatchGenerator:
             self.events.put(("gen", ep, gen))
         return rest
 
+    def pump(self) -> bool:
+        """Nothing to advance: `submit` generated the whole turn."""
+        return False
+
     def close(self) -> None:
         """Nothing to release."""
+
+
+class _EngineGenerator:
+    """An engine driven step by step (vLLM's `LLMEngine`): requests join the running batch."""
+
+    def __init__(
+        self, backend: Any, params: SamplingParams, events: queue.Queue[_Event], stats: RolloutStats
+    ):
+        self.backend, self.params, self.events, self.stats = backend, params, events, stats
+        self.running: dict[str, _Episode] = {}
+
+    def submit(self, ready: list[_Episode]) -> list[_Episode]:
+        """Add the next turn of every episode in `ready` to the engine (run by `pump`). Returns []."""
+        for ep in ready:
+            seed = derive_seed(ep.seed or 0, ep.turns)
+            self.running[self.backend.add_request(list(ep.token_ids), self.params, seed)] = ep
+            self.stats.add_generate(0.0, 1)
+        return []
+
+    def pump(self) -> bool:
+        """One engine step if requests are running; each finished one posts a "gen" event.
+
+        Returns whether a step ran (False: nothing running, the caller may block on its events).
+        """
+        if not self.running:
+            return False
+        t0 = time.perf_counter()
+        for rid, gen in self.backend.step():
+            self.events.put(("gen", self.running.pop(rid), gen))
+        self.stats.generate_s += time.perf_counter() - t0
+        return True
+
+    def close(self) -> None:
+        """Abort the requests still running (after an error), so the engine holds none."""
+        self.backend.abort(list(self.running))
+        self.running.clear()
 
 
 class _EndpointGenerator:
@@ -274,6 +319,10 @@ class _EndpointGenerator:
             self.events.put(("gen", ep, gen))
         finally:
             self._count(-1)
+
+    def pump(self) -> bool:
+        """Nothing to advance: the event loop's thread sends and receives."""
+        return False
 
     def _count(self, delta: int) -> None:
         """Track requests in flight; the time with at least one counts as generation time."""

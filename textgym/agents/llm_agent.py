@@ -161,8 +161,10 @@ class LLMAgent:
     ) -> list[Generation]:
         """Sample one response per token-id prompt.
 
-        `seeds` (one per prompt) makes each response a function of its seed alone; the
-        transformers backend and the `openai` backend (sent as each request's `seed`) take them.
+        `seeds` (one per prompt) makes each response a function of its seed alone (and of the
+        backend: the same seed samples other tokens on vLLM than on transformers); the
+        transformers backend, vLLM (a per-request generator) and the `openai` backend (sent as
+        each request's `seed`) take them.
 
         Raises:
             ValueError: if seeds are given to a backend that cannot honour them.
@@ -170,10 +172,11 @@ class LLMAgent:
         if seeds is None:
             return self.backend.generate(prompts, params)
         from textgym.agents.openai_backend import OpenAIBackend
+        from textgym.agents.vllm_backend import VLLMBackend
 
-        if not isinstance(self.backend, TransformersBackend | OpenAIBackend):
+        if not isinstance(self.backend, TransformersBackend | OpenAIBackend | VLLMBackend):
             name = type(self.backend).__name__
-            raise ValueError(f"per-sequence seeds need the transformers or openai backend, not {name}")
+            raise ValueError(f"per-sequence seeds need the transformers, vllm or openai backend, not {name}")
         return self.backend.generate(prompts, params, seeds=seeds)
 
     def act(self, messages: list[Message], params: SamplingParams | None = None) -> str:

@@ -181,7 +181,6 @@ class VLLMBackend:
             ValueError: if a prompt leaves no room for a response in `max_model_len`, or if
                 `seeds` is not one per prompt.
         """
-        from vllm import SamplingParams as VSamplingParams
         from vllm.inputs import TokensPrompt
 
         for i, p in enumerate(prompts):
@@ -193,41 +192,93 @@ class VLLMBackend:
         if seeds is not None and len(seeds) != len(prompts):
             raise ValueError(f"got {len(seeds)} seeds for {len(prompts)} prompts")
 
-        def sp(n_prompt: int, seed: int | None) -> Any:
-            return VSamplingParams(
-                temperature=params.temperature,
-                top_p=params.top_p,
-                top_k=params.top_k,  # 0: off
-                min_p=0.0,
-                repetition_penalty=1.0,
-                presence_penalty=0.0,
-                frequency_penalty=0.0,
-                min_tokens=0,
-                logit_bias=None,
-                allowed_token_ids=None,
-                bad_words=None,
-                ignore_eos=False,
-                max_tokens=min(params.max_new_tokens, self.max_model_len - n_prompt),
-                stop_token_ids=self.eos_ids,
-                logprobs=0,
-                skip_special_tokens=False,
-                detokenize=False,
-                seed=None if seed is None else int(seed) % 2**63,
-            )
-
         outs = self.llm.generate(
             [TokensPrompt(prompt_token_ids=list(p)) for p in prompts],
-            [sp(len(p), None if seeds is None else seeds[i]) for i, p in enumerate(prompts)],
+            [
+                self._sampling(len(p), params, None if seeds is None else seeds[i])
+                for i, p in enumerate(prompts)
+            ],
             use_tqdm=False,
         )
-        gens = []
-        for o in outs:
-            c = o.outputs[0]
-            ids = list(c.token_ids)
-            lps = [d[t].logprob for d, t in zip(c.logprobs or [], ids, strict=True)]  # type: ignore[index]
-            reason = "stop" if ids and ids[-1] in self.eos_ids else "length"
-            gens.append(Generation(ids, torch.tensor(lps, dtype=torch.float32), reason))  # type: ignore[arg-type]
-        return gens
+        return [self._generation(o) for o in outs]
+
+    def _sampling(
+        self, n_prompt: int, params: SamplingParams, seed: int | None, final_only: bool = False
+    ) -> Any:
+        """The vLLM `SamplingParams` of one request: textgym's fields, every other one neutral."""
+        from vllm import SamplingParams as VSamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        return VSamplingParams(
+            temperature=params.temperature,
+            top_p=params.top_p,
+            top_k=params.top_k,  # 0: off
+            min_p=0.0,
+            repetition_penalty=1.0,
+            presence_penalty=0.0,
+            frequency_penalty=0.0,
+            min_tokens=0,
+            logit_bias=None,
+            allowed_token_ids=None,
+            bad_words=None,
+            ignore_eos=False,
+            max_tokens=min(params.max_new_tokens, self.max_model_len - n_prompt),
+            stop_token_ids=self.eos_ids,
+            logprobs=0,
+            skip_special_tokens=False,
+            detokenize=False,
+            seed=None if seed is None else int(seed) % 2**63,
+            output_kind=RequestOutputKind.FINAL_ONLY if final_only else RequestOutputKind.CUMULATIVE,
+        )
+
+    def _generation(self, output: Any) -> Generation:
+        """A vLLM `RequestOutput` as a `Generation` (ids, their log-probs, finish reason)."""
+        c = output.outputs[0]
+        ids = list(c.token_ids)
+        lps = [d[t].logprob for d, t in zip(c.logprobs or [], ids, strict=True)]
+        reason = "stop" if ids and ids[-1] in self.eos_ids else "length"
+        return Generation(ids, torch.tensor(lps, dtype=torch.float32), reason)  # type: ignore[arg-type]
+
+    # --- the engine driven step by step (continuous rollouts) -----------------------------
+    def add_request(self, prompt: list[int], params: SamplingParams, seed: int | None = None) -> str:
+        """Queue one request in the engine without running it; return its request id.
+
+        The engine schedules it with the requests already running (token-level continuous
+        batching) at the next `step`. With `seed` its tokens depend only on the seed, the
+        prompt and the weights, as in `generate`.
+
+        Raises:
+            ValueError: the prompt does not fit the engine's `max_model_len`.
+        """
+        if len(prompt) >= self.max_model_len:
+            raise ValueError(
+                f"prompt has {len(prompt)} tokens; the engine's max_model_len is {self.max_model_len}"
+            )
+        from vllm.inputs import TokensPrompt
+
+        self._next_id = getattr(self, "_next_id", 0) + 1
+        rid = f"textgym-{self._next_id}"
+        sp = self._sampling(len(prompt), params, seed, final_only=True)
+        # (vLLM returns an internal id with a suffix; its outputs and aborts use ours)
+        self.llm.llm_engine.add_request(rid, TokensPrompt(prompt_token_ids=list(prompt)), sp)
+        return rid
+
+    def step(self) -> list[tuple[str, Generation]]:
+        """Run one engine step; return the requests it finished, as `(request id, Generation)`.
+
+        A step is one scheduling iteration: prefill and/or one decoded token for every request
+        running.
+        """
+        return [(str(o.request_id), self._generation(o)) for o in self.llm.llm_engine.step() if o.finished]
+
+    def has_unfinished(self) -> bool:
+        """Whether requests added with `add_request` are still running or waiting."""
+        return bool(self.llm.llm_engine.has_unfinished_requests())
+
+    def abort(self, request_ids: list[str]) -> None:
+        """Drop requests added with `add_request` that have not finished."""
+        if request_ids:
+            self.llm.llm_engine.abort_request(request_ids)
 
     def close(self) -> None:
         """Release the engine (its KV cache and weights)."""
