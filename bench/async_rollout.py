@@ -17,6 +17,7 @@ intra-op threads contend with other processes and slow generation down several-f
 
     python bench/async_rollout.py [--preset tiny] [--episodes 16] [--latency 0.1 0.4]
                                   [--max-new-tokens 8] [--max-turns 6] [--repeats 3] [--threads 1]
+                                  [--backend transformers|vllm]
 
 Last line: `rollout throughput ratio async/lockstep: X.XX` (continuous episodes/s over lockstep's).
 
@@ -50,6 +51,9 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    ap.add_argument(
+        "--backend", default="transformers", choices=["transformers", "vllm"], help="in-process generation"
+    )
     return ap.parse_args()
 
 
@@ -71,7 +75,10 @@ def main() -> None:
     n = args.episodes
     with tempfile.TemporaryDirectory(prefix="textgym-bench-async-") as tmp:
         folder = init_model(args.preset, Path(tmp) / args.preset, seed=0)
-        agent = LLMAgent.from_pretrained(folder, batch_size=max(n, 1))
+        if args.backend == "vllm":  # continuous: the engine stepped, each turn joining the running batch
+            agent = LLMAgent.from_pretrained(folder, backend="vllm", vllm_kwargs={"dtype": "float32"})
+        else:
+            agent = LLMAgent.from_pretrained(folder, batch_size=max(n, 1))
         envs = [make(args.env, step_latency_s=list(args.latency)) for _ in range(n)]
         tasks, seeds = list(range(n)), [derive_seed(0, e) for e in range(n)]
         params = SamplingParams(temperature=args.temperature, max_new_tokens=args.max_new_tokens)
@@ -79,7 +86,7 @@ def main() -> None:
         print(
             f"model {args.preset} | env {args.env} | {n} episodes, <= {args.max_turns} turns | "
             f"step latency U[{args.latency[0]:g}, {args.latency[1]:g}] s | max_new_tokens "
-            f"{args.max_new_tokens} | torch threads {args.threads} | cpus {os.cpu_count()}"
+            f"{args.max_new_tokens} | {args.backend} | torch threads {args.threads} | cpus {os.cpu_count()}"
         )
         for fn in engines.values():  # warm-up (untimed): allocator, kernels, tokenizer caches
             fn(agent, envs[:2], tasks[:2], params, max_turns=2, seeds=seeds[:2], env_id=args.env)
@@ -118,6 +125,8 @@ def main() -> None:
     for name in engines:
         idle = statistics.median(s.idle_fraction for s in results[name])
         print(f"{name:10s} median {rate[name]:6.2f} episodes/s, generation-idle fraction {idle:.1%}")
+    if args.backend == "vllm":
+        agent.backend.close()
     print(f"rollout throughput ratio async/lockstep: {rate['continuous'] / rate['lockstep']:.2f}")
 
 
