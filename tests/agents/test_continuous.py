@@ -289,3 +289,61 @@ def test_continuous_rollouts_on_the_vllm_backend(tiny_model_dir):
         assert not agent.backend.has_unfinished()
     finally:
         agent.backend.close()
+
+
+def test_an_episode_continues_across_a_weight_push_its_tokens_tagged(tiny_model_dir):
+    """A partial rollout at turn boundaries: the server's version changes between two turns of every
+    episode (as when a push lands), each turn's tokens carry the version that sampled them, the
+    trajectory's `policy_version` is the oldest, and the batch counts as mixed."""
+    from textgym.serve import build_app
+    from textgym.trainers.async_rollouts import staleness_metrics
+
+    app = build_app(tiny_model_dir, "tiny")
+    batcher = app.state.batcher
+
+    def push() -> None:
+        batcher.policy_version = 7  # what a weight sync sets (between two generation rounds)
+
+    class PushAfterFirstTurn(gym.Wrapper):
+        """The first steps of both episodes meet (so both first turns are sampled first), then push."""
+
+        barrier: threading.Barrier | None = None
+
+        def step(self, action):
+            if self.barrier is not None and self.unwrapped.turn == 0:
+                self.barrier.wait(timeout=30)
+            else:
+                push()
+            return self.env.step(action)
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not server.started and time.monotonic() < deadline:
+            time.sleep(0.01)
+        remote = LLMAgent.from_endpoint(f"http://127.0.0.1:{sock.getsockname()[1]}", "tiny", tiny_model_dir)
+        for engine in (rollout, rollout_continuous):
+            batcher.policy_version = 6
+            # lockstep samples every first turn before any step; continuous needs the barrier
+            continuous = engine is rollout_continuous
+            PushAfterFirstTurn.barrier = threading.Barrier(2, action=push) if continuous else None
+            envs = [PushAfterFirstTurn(make(ECHO_ENV_ID)) for _ in range(2)]
+            trajs = engine(remote, envs, [0, 1], PARAMS, seeds=[1, 2])
+            for t in trajs:
+                assert t.policy_version == 6
+                versions = t.token_versions
+                assert versions is not None and versions.shape == t.token_ids.shape
+                policy = t.loss_mask.bool()
+                assert set(versions[policy].tolist()) == {6, 7} and set(versions[~policy].tolist()) == {-1}
+                first_turn = t.prompt_length + int(torch.nonzero(~policy[t.prompt_length :])[0])
+                assert set(versions[t.prompt_length : first_turn].tolist()) == {6}
+            m = staleness_metrics(trajs, trainer_version=7)
+            assert m["rollout/mixed_version_frac"] == 1.0 and m["rollout/staleness_max"] == 1.0
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        batcher.close()

@@ -153,6 +153,7 @@ class _Episode:
     finish_reason: str = "stop"
     seed: int | None = None
     policy_version: int | None = None  # the oldest a server reported over the turns
+    token_versions: list[int] = field(default_factory=list)  # per token: its turn's version, -1 off-policy
 
 
 def rollout(
@@ -261,6 +262,7 @@ def _pad_non_policy(ep: _Episode, n: int) -> None:
     ep.token_rewards += [0.0] * n
     ep.step_rewards += [0.0] * n
     ep.step_mask += [0.0] * n
+    ep.token_versions += [-1] * n
 
 
 def _record_turn(
@@ -299,6 +301,7 @@ def _record_turn(
     ep.token_rewards += [0.0] * n
     ep.step_rewards += [0.0] * n
     ep.step_mask += [0.0] * n
+    ep.token_versions += [-1 if gen.policy_version is None else int(gen.policy_version)] * n
     ep.messages.append({"role": "assistant", "content": text})
     obs, reward, terminated, truncated, info = step
     if "step_rewards" in info:
@@ -347,6 +350,9 @@ def _to_trajectory(ep: _Episode, env_id: str) -> Trajectory:
         info=ep.info,
         finish_reason=ep.finish_reason,
         policy_version=ep.policy_version or 0,
+        token_versions=(
+            None if ep.policy_version is None else torch.tensor(ep.token_versions, dtype=torch.long)
+        ),
     )
 
 

@@ -52,6 +52,12 @@ class Trajectory:
             updates they had seen (a rollout server's reported version, the oldest over its
             turns; else the trainer's tag; 0 when not recorded). A trainer at version s trains
             on it with staleness s - policy_version (`rollout.max_staleness`).
+        token_versions: [T] int64, the version that sampled each policy token (its turn's
+            version, as a rollout server reported it), -1 on other tokens; None when the
+            backend reports no version (in-process). A multi-turn episode that continues
+            across a weight push (a partial rollout at turn boundaries) has tokens of several
+            versions; `policy_version` is the oldest. Kept in memory only (the trajectory
+            store keeps `policy_version`).
     """
 
     token_ids: torch.Tensor
@@ -73,6 +79,7 @@ class Trajectory:
     step_rewards: torch.Tensor | None = None
     step_mask: torch.Tensor | None = None
     policy_version: int = 0
+    token_versions: torch.Tensor | None = None
 
     @property
     def response_length(self) -> int:

@@ -85,12 +85,22 @@ class _Job:
 
 
 def staleness_metrics(trajs: list[Trajectory], trainer_version: int) -> dict[str, float]:
-    """`rollout/staleness_mean` and `rollout/staleness_max`: trainer_version − policy_version over `trajs`."""
+    """Staleness of a batch: trainer_version − policy_version over `trajs`.
+
+    Returns `rollout/staleness_mean`, `rollout/staleness_max` and, when the trajectories carry
+    per-token versions (rollout servers), `rollout/mixed_version_frac`: the fraction of
+    trajectories whose turns were sampled by more than one version (partial rollouts).
+    """
     gaps = [trainer_version - t.policy_version for t in trajs]
-    return {
+    out = {
         "rollout/staleness_mean": sum(gaps) / max(1, len(gaps)),
         "rollout/staleness_max": float(max(gaps, default=0)),
     }
+    tagged = [t.token_versions for t in trajs if t.token_versions is not None]
+    if tagged:
+        mixed = sum(len(torch.unique(v[v >= 0])) > 1 for v in tagged)
+        out["rollout/mixed_version_frac"] = mixed / len(tagged)
+    return out
 
 
 class AsyncRollouts:
