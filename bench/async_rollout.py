@@ -17,7 +17,7 @@ intra-op threads contend with other processes and slow generation down several-f
 
     python bench/async_rollout.py [--preset tiny] [--episodes 16] [--latency 0.1 0.4]
                                   [--max-new-tokens 8] [--max-turns 6] [--repeats 3] [--threads 1]
-                                  [--backend transformers|vllm]
+                                  [--backend transformers|vllm] [--window 0]
 
 Last line: `rollout throughput ratio async/lockstep: X.XX` (continuous episodes/s over lockstep's).
 
@@ -32,6 +32,7 @@ the shared 2-core CPU was 1.04 to 1.22 (16 episodes) and 1.34 (8); see docs/agen
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import statistics
 import tempfile
@@ -51,6 +52,7 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    ap.add_argument("--window", type=float, default=0.0, help="continuous: batch_window_s (transformers)")
     ap.add_argument(
         "--backend", default="transformers", choices=["transformers", "vllm"], help="in-process generation"
     )
@@ -82,11 +84,12 @@ def main() -> None:
         envs = [make(args.env, step_latency_s=list(args.latency)) for _ in range(n)]
         tasks, seeds = list(range(n)), [derive_seed(0, e) for e in range(n)]
         params = SamplingParams(temperature=args.temperature, max_new_tokens=args.max_new_tokens)
-        engines = {"lockstep": rollout, "continuous": rollout_continuous}
+        continuous = functools.partial(rollout_continuous, batch_window_s=args.window)
+        engines = {"lockstep": rollout, "continuous": continuous}
         print(
             f"model {args.preset} | env {args.env} | {n} episodes, <= {args.max_turns} turns | "
             f"step latency U[{args.latency[0]:g}, {args.latency[1]:g}] s | max_new_tokens "
-            f"{args.max_new_tokens} | {args.backend} | torch threads {args.threads} | cpus {os.cpu_count()}"
+            f"{args.max_new_tokens} | {args.backend} | window {args.window:g} s | torch threads {args.threads} | cpus {os.cpu_count()}"
         )
         for fn in engines.values():  # warm-up (untimed): allocator, kernels, tokenizer caches
             fn(agent, envs[:2], tasks[:2], params, max_turns=2, seeds=seeds[:2], env_id=args.env)

@@ -347,3 +347,22 @@ def test_an_episode_continues_across_a_weight_push_its_tokens_tagged(tiny_model_
         server.should_exit = True
         thread.join(timeout=10)
         batcher.close()
+
+
+def test_a_batching_window_makes_fuller_calls_and_the_same_trajectories(agent):
+    """With a window longer than any step, each turn waits for every running step: one `generate`
+    call per turn, and still lockstep's trajectories for the same seeds."""
+    envs = [make(ECHO_ENV_ID, step_latency_s=[0.0, 0.05]) for _ in range(6)]
+    seeds = [40 + i for i in range(6)]
+    a = rollout(agent, envs, [0, 1, 2], PARAMS, group_size=2, seeds=seeds)
+    stats = RolloutStats()
+    b = rollout_continuous(
+        agent, envs, [0, 1, 2], PARAMS, group_size=2, seeds=seeds, stats=stats, batch_window_s=5.0
+    )
+    assert_same(a, b)
+    assert stats.generate_calls == 2 and stats.generated_rows == 12  # 2 turns (TimeLimit) x 6 episodes
+    assert stats.wall_s < 5.0  # the window closed early: every unfinished episode was ready
+    with pytest.raises(ValueError, match="batch_window_s must be >= 0"):
+        rollout_continuous(agent, envs, [0], PARAMS, batch_window_s=-1.0)
+    trainer_fn = rollout_fn("continuous", 5.0)
+    assert trainer_fn.keywords == {"batch_window_s": 5.0}  # what a trainer's `rollout.batch_window_s` passes

@@ -33,6 +33,7 @@ though not equal to a lockstep one.
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import queue
 import threading
@@ -68,8 +69,10 @@ _Event = tuple[str, _Episode, Any]
 | ("error", episode, exception)."""
 
 
-def rollout_fn(mode: RolloutMode) -> Callable[..., list[Trajectory]]:
+def rollout_fn(mode: RolloutMode, batch_window_s: float = 0.0) -> Callable[..., list[Trajectory]]:
     """The rollout engine of `mode`: `rollout` ("lockstep") or `rollout_continuous` ("continuous").
+
+    `batch_window_s` is passed to `rollout_continuous` (lockstep has no window).
 
     Raises:
         ValueError: on another mode.
@@ -77,7 +80,9 @@ def rollout_fn(mode: RolloutMode) -> Callable[..., list[Trajectory]]:
     if mode == "lockstep":
         return rollout
     if mode == "continuous":
-        return rollout_continuous
+        if batch_window_s == 0:
+            return rollout_continuous
+        return functools.partial(rollout_continuous, batch_window_s=batch_window_s)
     raise ValueError(f"unknown rollout mode {mode!r}; choose 'lockstep' or 'continuous'")
 
 
@@ -94,6 +99,7 @@ def rollout_continuous(
     stats: RolloutStats | None = None,
     max_batch: int | None = None,
     step_threads: int | None = None,
+    batch_window_s: float = 0.0,
 ) -> list[Trajectory]:
     """Run `group_size` episodes of each task, each advancing on its own; return their trajectories.
 
@@ -112,6 +118,10 @@ def rollout_continuous(
         stats: filled in with the timing (`RolloutStats`: generation busy time, calls, rows).
         max_batch: prompts per `generate` call at most (in-process backends); None: every turn waiting.
         step_threads: env steps running at once; None: one per episode, at most `MAX_STEP_THREADS`.
+        batch_window_s: in-process batcher only: seconds a `generate` call may wait, once a
+            turn is ready, for env steps still running to return their turns too (fewer,
+            fuller calls; 0: generate whatever is ready at once). The wait ends early when
+            every episode not yet finished is ready, or `max_batch` turns are.
 
     Returns:
         `len(task_indices) * group_size` trajectories in `rollout`'s order (row g*G + j: sample j of task g).
@@ -126,6 +136,8 @@ def rollout_continuous(
     """
     if (max_batch is not None and max_batch < 1) or (step_threads is not None and step_threads < 1):
         raise ValueError(f"max_batch and step_threads must be >= 1, got {max_batch} and {step_threads}")
+    if not batch_window_s >= 0:
+        raise ValueError(f"batch_window_s must be >= 0, got {batch_window_s}")
     start = time.perf_counter()
     episodes = _start_episodes(agent, envs, task_indices, group_size, seeds)
     own_seeds = seeds if seeds is not None else torch.randint(0, 2**62, (len(episodes),)).tolist()
@@ -144,16 +156,30 @@ def rollout_continuous(
         generator = _EngineGenerator(agent.backend, params, events, stats)
     else:
         generator = _BatchGenerator(agent.backend, params, events, stats, max_batch)
+    window = batch_window_s if isinstance(generator, _BatchGenerator) else 0.0
+    full = max_batch or len(episodes)
     try:
-        ready, remaining = list(episodes), len(episodes)
+        ready, remaining, stepping = list(episodes), len(episodes), 0
+        opened: float | None = None  # when the batching window opened (the first turn ready)
         while remaining:
+            wait: float | None = None  # seconds to wait for events; None: block, 0: do not
             if ready:
-                ready = generator.submit(ready)
+                now = time.perf_counter()
+                opened = now if opened is None else opened
+                left = opened + window - now
+                if left > 0 and stepping > 0 and len(ready) < full:
+                    wait = left  # hold the call: steps still running may add their turns
+                else:
+                    ready, opened = generator.submit(ready), None
             busy = generator.pump()  # the engine's next step, when it has requests running
-            for kind, ep, payload in _drain(events, block=not ready and not busy):
+            if wait is None and (ready or busy):
+                wait = 0.0
+            for kind, ep, payload in _drain(events, wait):
                 if kind == "gen":
+                    stepping += 1
                     _step_later(pool, events, ep, payload, agent.decode(payload.token_ids))
                 elif kind == "step":
+                    stepping -= 1
                     gen, text, future = payload
                     error = future.exception()
                     if error is not None:
@@ -191,9 +217,16 @@ def _step_later(
     future.add_done_callback(done)
 
 
-def _drain(events: queue.Queue[_Event], block: bool) -> list[_Event]:
-    """Every event waiting (after waiting for a first one when `block`)."""
-    out = [events.get()] if block else []
+def _drain(events: queue.Queue[_Event], wait: float | None) -> list[_Event]:
+    """Every event waiting, after waiting up to `wait` seconds for a first one (None: as long as it takes)."""
+    out: list[_Event] = []
+    if wait is None:
+        out.append(events.get())
+    elif wait > 0:
+        try:
+            out.append(events.get(timeout=wait))
+        except queue.Empty:
+            return out
     while True:
         try:
             out.append(events.get_nowait())

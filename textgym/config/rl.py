@@ -78,6 +78,10 @@ class RolloutEngineConfig(_Strict):
     generation (`textgym.agents.continuous`); with `per_sequence_seeds` the trajectories equal
     lockstep's (log-probs up to float rounding). Gains only when env steps are slow: with
     instant steps it splits turns into smaller generate calls."""
+    batch_window_s: float = Field(0.0, ge=0.0)
+    """Continuous mode, in-process transformers backend: seconds a generate call may wait, once
+    a turn is ready, for the env steps still running to return theirs (fewer, fuller calls;
+    ends early once every unfinished episode is ready). 0: generate what is ready at once."""
     per_sequence_seeds: bool = False
     """Sample each sequence from its own generator, seeded by (run seed, step, the task's slot in
     the step's global batch, sample index, turn): the rollouts then depend neither on the number

@@ -168,7 +168,7 @@ class AsyncRollouts:
             with torch.no_grad(), precision:
                 if self.model is not None and snapshot is not None:
                     self.model.load_state_dict(snapshot)
-                return rollout_fn(cfg.rollout.mode)(
+                return rollout_fn(cfg.rollout.mode, cfg.rollout.batch_window_s)(
                     self.agent,
                     tr.envs,
                     tasks,

@@ -255,7 +255,7 @@ class OnPolicyTrainer(PolicyUpdate):
         # rollout servers generate: no full weights needed here
         weights = distributed.full_params(self.policy) if self.remote is None else contextlib.nullcontext()
         with torch.no_grad(), weights, sampler_precision:
-            trajs = rollout_fn(cfg.rollout.mode)(
+            trajs = rollout_fn(cfg.rollout.mode, cfg.rollout.batch_window_s)(
                 self.agent,
                 self.envs,
                 tasks[first : first + k],

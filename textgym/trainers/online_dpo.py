@@ -199,7 +199,7 @@ class OnlineDPOTrainer:
             seeds = [derive_seed(self.seed, self.step, 0, first + g, j) for g in range(k) for j in range(G)]
         precision = compute_autocast(self.policy) if self.engine is None else contextlib.nullcontext()
         with torch.no_grad(), distributed.full_params(self.policy), precision:
-            trajs = rollout_fn(cfg.rollout.mode)(
+            trajs = rollout_fn(cfg.rollout.mode, cfg.rollout.batch_window_s)(
                 self.agent, self.envs, tasks[first : first + k], self.params, group_size=G,
                 max_turns=cfg.max_turns or 16, env_id=cfg.env.id, seeds=seeds,
             )  # fmt: skip
