@@ -89,7 +89,8 @@ def main() -> None:
         print(
             f"model {args.preset} | env {args.env} | {n} episodes, <= {args.max_turns} turns | "
             f"step latency U[{args.latency[0]:g}, {args.latency[1]:g}] s | max_new_tokens "
-            f"{args.max_new_tokens} | {args.backend} | window {args.window:g} s | torch threads {args.threads} | cpus {os.cpu_count()}"
+            f"{args.max_new_tokens} | {args.backend} | window {args.window:g} s | "
+            f"torch threads {args.threads} | cpus {os.cpu_count()}"
         )
         for fn in engines.values():  # warm-up (untimed): allocator, kernels, tokenizer caches
             fn(agent, envs[:2], tasks[:2], params, max_turns=2, seeds=seeds[:2], env_id=args.env)
