@@ -332,3 +332,19 @@ def truncated_logprobs(
         keep = torch.zeros_like(s, dtype=torch.bool).scatter(-1, order, before < top_p)
         s = s.masked_fill(~keep, float("-inf"))
     return s.log_softmax(-1), ambiguous
+
+
+def watch_pending_jobs(trainer: Any) -> list[list[tuple[int, int]]]:
+    """Record, at each update of an async trainer, the producer's pending `(batch index, version)` jobs.
+
+    Returns the list the records are appended to (one entry per update, in order).
+    """
+    pending: list[list[tuple[int, int]]] = []
+    update = trainer.update
+
+    def watched_update(*args: Any, **kwargs: Any) -> Any:
+        pending.append([(j.index, j.version) for j in trainer.async_rollouts.jobs])
+        return update(*args, **kwargs)
+
+    trainer.update = watched_update
+    return pending

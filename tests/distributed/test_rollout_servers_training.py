@@ -37,7 +37,7 @@ import httpx
 import pytest
 import torch
 import yaml
-from conftest import WARM_ENV
+from conftest import WARM_ENV, watch_pending_jobs
 
 from textgym.agents.sampling import SamplingParams, derive_seed
 from textgym.agents.transformers_backend import TransformersBackend
@@ -179,13 +179,7 @@ def test_async_grpo_on_servers_keeps_the_bound(tiny_model_dir, tmp_path):
         model, tok = load_model(tiny_model_dir)
         trainer = GRPOTrainer(cfg, model, tok, tmp_path / "grpo", seed=3)
         assert trainer.async_rollouts is not None and trainer.async_rollouts.model is None  # no sampler copy
-        pending, update = [], trainer.update
-
-        def watched_update(*args, **kwargs):
-            pending.append([(j.index, j.version) for j in trainer.async_rollouts.jobs])
-            return update(*args, **kwargs)
-
-        trainer.update = watched_update  # type: ignore[method-assign]
+        pending = watch_pending_jobs(trainer)  # while batch s trains, batch s + 1 is with the servers
         trainer.train()
         assert pending == [[(1, 0)], [(2, 1)], [(3, 2)], []]
         rows = [json.loads(line) for line in (tmp_path / "grpo" / "metrics.jsonl").read_text().splitlines()]

@@ -18,6 +18,7 @@ import pydantic
 import pytest
 import torch
 from conftest import WARM_ENV as ENV
+from conftest import watch_pending_jobs
 
 from textgym.config import GRPOConfig
 from textgym.models import load_model
@@ -77,14 +78,7 @@ def test_k1_runs_one_batch_ahead_and_tags_versions(warm_model_dir, tmp_path):
     cfg = grpo_cfg(steps=4, rollout={"max_staleness": 1}, log_trajectories=True)
     assert cfg.rollout.use_tis  # on by default once rollouts may be stale
     trainer = GRPOTrainer(cfg, model, tok, tmp_path)
-    pending, update = [], trainer.update
-
-    def watched_update(*args, **kwargs):
-        # while batch s trains, batch s + 1 is already with the producer (sampled by version s)
-        pending.append([(j.index, j.version) for j in trainer.async_rollouts.jobs])
-        return update(*args, **kwargs)
-
-    trainer.update = watched_update  # type: ignore[method-assign]
+    pending = watch_pending_jobs(trainer)  # while batch s trains, batch s + 1 is with the producer
     trainer.train()
     assert pending == [[(1, 0)], [(2, 1)], [(3, 2)], []]
     rows = records(tmp_path)
