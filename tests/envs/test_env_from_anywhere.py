@@ -350,10 +350,11 @@ def test_a_user_env_trains_from_yaml_and_an_env_failing_mid_run_resumes(user_dir
     assert r.exit_code == 2 and "pre-flight" in r.output and "boom" in r.output
     assert not (user_dir / "runs" / "echo" / "grpo").exists()
     # mid-run: the task stream of a seed-indexed env is 0, 1, 2, ...: task 9 comes at step 3
-    r = runner.invoke(app, ["train", "echo.yaml"])
+    r = runner.invoke(app, ["train", "echo.yaml", "grpo.log_every=1"])
     assert r.exit_code == 1, r.output
     assert "user/Echo-v0: step raised KeyError('boom') on task_index=9" in r.output
-    assert "--resume" in r.output
+    # the hint repeats the overrides, so the command it gives continues this run
+    assert "`textgym train echo.yaml grpo.log_every=1 --resume`" in " ".join(r.output.split())
     stage = user_dir / "runs" / "echo" / "grpo"
     steps = [json.loads(x)["step"] for x in (stage / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2]

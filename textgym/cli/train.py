@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -30,6 +31,9 @@ def train_cmd(
     from textgym.pipeline import run
     from textgym.verifiers.judge_client import JudgeError
 
+    # the command that continues this run: the same config and overrides, with --resume
+    words = [str(config), *(overrides or [])]
+    again = " ".join(["textgym train", *(shlex.quote(w) for w in words), "--resume"])
     try:
         cfg = load_config(config, overrides or [])
         summary = run(cfg, resume=resume, overwrite=overwrite, echo=console.print)
@@ -41,7 +45,7 @@ def train_cmd(
         leave_world(
             error=RuntimeError(
                 f"{e}\nThe run directory {cfg.run_dir} keeps its last checkpoint and logs: fix the env, "
-                f"then continue with `textgym train {config} --resume`."
+                f"then continue with `{again}`."
             ),
             code=1,
         )
@@ -49,7 +53,7 @@ def train_cmd(
         leave_world(
             error=RuntimeError(
                 f"{e}\nThe run directory {cfg.run_dir} keeps its last checkpoint and logs: once the judge "
-                f"answers again, continue with `textgym train {config} --resume`."
+                f"answers again, continue with `{again}`."
             ),
             code=1,
         )
@@ -58,7 +62,7 @@ def train_cmd(
             error=RuntimeError(
                 f"{type(e).__name__}: {e}\nThe run directory {cfg.run_dir} keeps its last checkpoint "
                 "and logs: "
-                f"once every rollout server answers again, continue with `textgym train {config} --resume` "
+                f"once every rollout server answers again, continue with `{again}` "
                 "(the first push after the resume sends the checkpoint's weights)."
             ),
             code=1,
