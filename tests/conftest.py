@@ -348,3 +348,44 @@ def watch_pending_jobs(trainer: Any) -> list[list[tuple[int, int]]]:
 
     trainer.update = watched_update
     return pending
+
+
+SERVER_ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+"""The environment of test server processes: one torch thread each."""
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_weight_sync_server(model_dir: Path, port: int, log: Path, **env: str) -> Any:
+    """`textgym serve MODEL --weight-sync --served-model-name tiny` on `port`, its output in `log`."""
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "textgym", "serve", str(model_dir), "--port", str(port), "--weight-sync"]
+    cmd += ["--served-model-name", "tiny"]
+    return subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, env={**SERVER_ENV, **env})
+
+
+def wait_server_ready(url: str, proc: Any, log: Path, timeout_s: float = 120.0) -> None:
+    """Wait until `url/health` answers 200; fail with the log's tail if the process exits or it is late."""
+    import time
+
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        assert proc.poll() is None, log.read_text()[-3000:]
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        assert time.monotonic() < deadline, f"server did not start in {timeout_s:g} s"
+        time.sleep(0.2)

@@ -25,8 +25,6 @@ Every server and trainer process is killed at teardown.
 from __future__ import annotations
 
 import json
-import os
-import socket
 import subprocess
 import sys
 import time
@@ -38,7 +36,14 @@ import httpx
 import pytest
 import torch
 import yaml
-from conftest import WARM_ENV, watch_pending_jobs
+from conftest import (
+    SERVER_ENV,
+    WARM_ENV,
+    free_port,
+    start_weight_sync_server,
+    wait_server_ready,
+    watch_pending_jobs,
+)
 
 from textgym.agents.sampling import SamplingParams, derive_seed
 from textgym.agents.transformers_backend import TransformersBackend
@@ -51,35 +56,9 @@ from textgym.trainers.remote_rollouts import check_servers
 
 pytestmark = pytest.mark.multiproc
 
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 SAMPLING = {"temperature": 1.0, "max_new_tokens": 6}
 # zero rewards for a random model: the entropy bonus is what moves the weights
 GRPO = {"env": WARM_ENV, "prompts_per_step": 2, "group_size": 2, "sampling": SAMPLING, "entropy_coef": 0.05}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _start(model_dir: Path, port: int, log: Path, **env: str) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "textgym", "serve", str(model_dir), "--port", str(port), "--weight-sync"]
-    cmd += ["--served-model-name", "tiny"]
-    return subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, env={**ENV, **env})
-
-
-def _wait_ready(url: str, proc: subprocess.Popen, log: Path) -> None:
-    deadline = time.monotonic() + 120
-    while True:
-        assert proc.poll() is None, log.read_text()[-3000:]
-        try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        assert time.monotonic() < deadline, "server did not start in 120 s"
-        time.sleep(0.2)
 
 
 def _kill(proc: subprocess.Popen) -> None:
@@ -94,12 +73,11 @@ def servers(model_dir: Path, logs: Path, envs: list[dict[str, str]]) -> Iterator
     procs: list[list] = []
     try:
         for i, env in enumerate(envs):
-            port = _free_port()
-            procs.append(
-                [f"http://127.0.0.1:{port}", port, _start(model_dir, port, logs / f"s{i}.log", **env)]
-            )
+            port = free_port()
+            proc = start_weight_sync_server(model_dir, port, logs / f"s{i}.log", **env)
+            procs.append([f"http://127.0.0.1:{port}", port, proc])
         for i, (url, _, proc) in enumerate(procs):
-            _wait_ready(url, proc, logs / f"s{i}.log")
+            wait_server_ready(url, proc, logs / f"s{i}.log")
         yield procs
     finally:
         for _, _, proc in procs:
@@ -216,7 +194,7 @@ def _train(config: Path, ranks: int, *extra: str) -> subprocess.Popen:
         ]
         launcher += ["-m", "textgym"]
     cmd = [*launcher, "train", str(config), *extra]
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV)
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=SERVER_ENV)
 
 
 def _finish(proc: subprocess.Popen, timeout: float = 300) -> tuple[int, str]:
@@ -277,8 +255,8 @@ def test_a_server_killed_mid_sync_stops_the_run_and_resume_completes(tiny_model_
         assert _steps(stage) == [1]  # step 2 failed: not logged, not checkpointed
         assert (stage / "checkpoints" / "step_1").is_dir()
         # the server comes back on its port (without the delay); the run resumes and completes
-        victim[2] = _start(tiny_model_dir, victim[1], tmp_path / "s1b.log")
-        _wait_ready(victim[0], victim[2], tmp_path / "s1b.log")
+        victim[2] = start_weight_sync_server(tiny_model_dir, victim[1], tmp_path / "s1b.log")
+        wait_server_ready(victim[0], victim[2], tmp_path / "s1b.log")
         code, out = _finish(_train(config, 1, "--resume"))
         assert code == 0, out[-5000:]
         assert _steps(stage) == [1, 2, 3]

@@ -10,11 +10,8 @@ killed at teardown (SIGCONT first, for a frozen one).
 
 from __future__ import annotations
 
-import os
 import signal
-import socket
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -25,6 +22,7 @@ from typing import Any
 import httpx
 import pytest
 import torch
+from conftest import free_port, start_weight_sync_server, wait_server_ready
 
 from textgym.agents.openai_backend import OpenAIBackend
 from textgym.agents.rollout_servers import RolloutServerGroup, WeightSyncError
@@ -41,36 +39,17 @@ PROMPTS = [[5, 17, 42, 7], [100, 3], [9, 9, 9, 9, 9, 1], [250, 31, 77]]
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=10)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @contextmanager
 def servers(model_dir: Path, n: int, logs: Path, **env: str) -> Iterator[list[tuple[str, subprocess.Popen]]]:
     """`n` `textgym serve --weight-sync` processes, ready; all killed on exit."""
     procs: list[tuple[str, subprocess.Popen]] = []
-    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", **env}
     try:
         for i in range(n):
-            port = _free_port()
-            log = open(logs / f"server{i}.log", "w")  # noqa: SIM115 - closed with the process
-            cmd = [sys.executable, "-m", "textgym", "serve", str(model_dir), "--port", str(port)]
-            cmd += ["--weight-sync", "--served-model-name", "tiny"]
-            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=full_env)
+            port = free_port()
+            proc = start_weight_sync_server(model_dir, port, logs / f"server{i}.log", **env)
             procs.append((f"http://127.0.0.1:{port}", proc))
-        deadline = time.monotonic() + 120
         for i, (url, proc) in enumerate(procs):
-            while True:
-                assert proc.poll() is None, (logs / f"server{i}.log").read_text()[-3000:]
-                try:
-                    if httpx.get(url + "/health", timeout=1).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                assert time.monotonic() < deadline, "server did not start in 120 s"
-                time.sleep(0.2)
+            wait_server_ready(url, proc, logs / f"server{i}.log")
         yield procs
     finally:
         for _, proc in procs:
@@ -246,7 +225,7 @@ def test_a_frozen_server_makes_the_push_time_out_naming_it(tiny_model_dir, tmp_p
 
 
 def test_a_server_that_is_not_there_fails_the_join_quickly(tmp_path):
-    url = f"http://127.0.0.1:{_free_port()}"
+    url = f"http://127.0.0.1:{free_port()}"
     group = RolloutServerGroup([url], timeout_s=10, http_timeout_s=2)
     t0 = time.monotonic()
     with pytest.raises(WeightSyncError) as err:

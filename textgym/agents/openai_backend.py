@@ -174,27 +174,35 @@ class OpenAIBackend:
         Raises:
             EndpointError: on a 4xx, or when the request still fails after `max_retries` retries.
         """
+        seed_field = {} if seed is None else {"seed": int(seed)}
+        return (await self._request(client, sem, prompt, 1, params, seed_field))[0]
+
+    async def _request(
+        self,
+        client: httpx.AsyncClient,
+        sem: asyncio.Semaphore,
+        prompt: list[int] | list[list[int]],
+        count: int,
+        params: SamplingParams,
+        seed_field: dict[str, Any],
+    ) -> list[Generation]:
+        """One request (`prompt`: token ids, or `count` lists of them) to the least-loaded server."""
         body: dict[str, Any] = {
             "model": self.model,
             "prompt": prompt,
             **sampling_body(params),
             "logprobs": 0,  # the sampled tokens' log-probs, no alternatives (vLLM's semantics)
             "return_tokens_as_token_ids": True,
+            **seed_field,
         }
-        if seed is not None:
-            body["seed"] = int(seed)
         async with sem:
             server = self._acquire()
             try:
-                return await self._send(client, self.urls[server], body)
+                return await self._send(client, self.urls[server], body, count)
             finally:
                 self._release(server)
 
-    async def _send(self, client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> Generation:
-        """POST `body` to `url` with the retries; the parsed generation."""
-        return (await self._send_batch(client, url, body, 1))[0]
-
-    async def _send_batch(
+    async def _send(
         self, client: httpx.AsyncClient, url: str, body: dict[str, Any], count: int
     ) -> list[Generation]:
         """POST `body` to `url` with the retries; its `count` choices parsed, in `index` order."""
@@ -231,21 +239,8 @@ class OpenAIBackend:
         seeds: list[int] | None,
     ) -> list[Generation]:
         """Several prompts in one request (`prompt: [[ids], ...]`, textgym's per-prompt `seeds`)."""
-        body: dict[str, Any] = {
-            "model": self.model,
-            "prompt": prompts,
-            **sampling_body(params),
-            "logprobs": 0,
-            "return_tokens_as_token_ids": True,
-        }
-        if seeds is not None:
-            body["seeds"] = [int(s) for s in seeds]
-        async with sem:
-            server = self._acquire()
-            try:
-                return await self._send_batch(client, self.urls[server], body, len(prompts))
-            finally:
-                self._release(server)
+        seed_field = {} if seeds is None else {"seeds": [int(s) for s in seeds]}
+        return await self._request(client, sem, prompts, len(prompts), params, seed_field)
 
     async def _all(
         self, prompts: list[list[int]], params: SamplingParams, seeds: list[int] | None

@@ -152,8 +152,7 @@ class _Episode:
     info: dict = field(default_factory=dict)
     finish_reason: str = "stop"
     seed: int | None = None
-    policy_version: int | None = None  # the oldest a server reported over the turns
-    token_versions: list[int] = field(default_factory=list)  # per token: its turn's version, -1 off-policy
+    token_versions: list[int] = field(default_factory=list)  # per token: its turn's server version, else -1
 
 
 def rollout(
@@ -314,9 +313,6 @@ def _record_turn(
             ep.terms[k] += float(v)
     ep.info = info
     ep.finish_reason = gen.finish_reason
-    if gen.policy_version is not None:
-        v = int(gen.policy_version)
-        ep.policy_version = v if ep.policy_version is None else min(ep.policy_version, v)
     ep.terminated, ep.truncated = bool(terminated), bool(truncated)
     if terminated or truncated or ep.turns >= max_turns:
         ep.done = True
@@ -330,6 +326,7 @@ def _record_turn(
 
 def _to_trajectory(ep: _Episode, env_id: str) -> Trajectory:
     """The finished episode as a `Trajectory` (its lists become [T] tensors)."""
+    reported = [v for v in ep.token_versions if v >= 0]  # versions a rollout server reported
     return Trajectory(
         token_ids=torch.tensor(ep.token_ids, dtype=torch.long),
         loss_mask=torch.tensor(ep.loss_mask, dtype=torch.float32),
@@ -349,10 +346,8 @@ def _to_trajectory(ep: _Episode, env_id: str) -> Trajectory:
         truncated=ep.truncated,
         info=ep.info,
         finish_reason=ep.finish_reason,
-        policy_version=ep.policy_version or 0,
-        token_versions=(
-            None if ep.policy_version is None else torch.tensor(ep.token_versions, dtype=torch.long)
-        ),
+        policy_version=min(reported, default=0),  # the oldest version over the turns
+        token_versions=torch.tensor(ep.token_versions, dtype=torch.long) if reported else None,
     )
 
 

@@ -126,6 +126,7 @@ class VLLMBackend:
         self.eos_ids = sorted(set(eos_ids))
         self.max_model_len = int(self.llm.llm_engine.model_config.max_model_len)
         self.weight_version = 0
+        self._requests = 0  # requests added with `add_request` (their ids: textgym-1, textgym-2, ...)
 
     @classmethod
     def for_policy(cls, policy: Any, tokenizer: Any, eos_ids: list[int], **kwargs: Any) -> VLLMBackend:
@@ -256,8 +257,8 @@ class VLLMBackend:
             )
         from vllm.inputs import TokensPrompt
 
-        self._next_id = getattr(self, "_next_id", 0) + 1
-        rid = f"textgym-{self._next_id}"
+        self._requests += 1
+        rid = f"textgym-{self._requests}"
         sp = self._sampling(len(prompt), params, seed, final_only=True)
         # (vLLM returns an internal id with a suffix; its outputs and aborts use ours)
         self.llm.llm_engine.add_request(rid, TokensPrompt(prompt_token_ids=list(prompt)), sp)

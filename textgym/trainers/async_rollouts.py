@@ -120,9 +120,8 @@ class AsyncRollouts:
         self.check(trainer)
         self.trainer = trainer
         self.k = trainer.cfg.rollout.max_staleness
-        self.servers = trainer.remote is not None
         self.model: Any = None  # the sampler (None on rollout servers)
-        if self.servers:  # the servers generate: the trainer's agent is their client
+        if trainer.remote is not None:  # the servers generate: the trainer's agent is their client
             self.agent = trainer.agent
         else:  # the sampler: a frozen copy of the policy, weights loaded from each job's snapshot
             self.model = copy.deepcopy(trainer.policy).requires_grad_(False)
@@ -166,7 +165,7 @@ class AsyncRollouts:
         def work() -> list[Trajectory]:
             # grad mode and autocast are thread-local: set them in the producer's thread
             with torch.no_grad(), precision:
-                if self.model is not None and snapshot is not None:
+                if snapshot is not None:
                     self.model.load_state_dict(snapshot)
                 return rollout_fn(cfg.rollout.mode, cfg.rollout.batch_window_s)(
                     self.agent,
@@ -197,9 +196,9 @@ class AsyncRollouts:
         s = tr.step
         last = min(s + self.k, tr.cfg.steps - 1)
         if self.next_index <= last:
-            snapshot = (
-                None if self.servers else {n: p.detach().clone() for n, p in tr.policy.state_dict().items()}
-            )  # version s
+            snapshot = None  # version s, for the sampler (rollout servers get it as a push)
+            if self.model is not None:
+                snapshot = {n: p.detach().clone() for n, p in tr.policy.state_dict().items()}
             for index in range(self.next_index, last + 1):
                 self._submit(index, s, snapshot)
             self.next_index = last + 1
@@ -209,15 +208,15 @@ class AsyncRollouts:
         t0 = time.perf_counter()
         trajs = job.future.result()
         metrics["time/rollout_wait_s"] = time.perf_counter() - t0
-        # on servers each trajectory carries the oldest version the servers reported for it
-        oldest = min((t.policy_version for t in trajs), default=job.version) if self.servers else job.version
+        # tagged with the job's version; on servers each keeps the oldest version reported for it
+        trajs = tr.finish_rollout(trajs, first=0, version=job.version if self.model is not None else None)
+        oldest = min((t.policy_version for t in trajs), default=job.version)
         if s - oldest > self.k:
             raise StalenessError(
                 f"batch {s} was sampled by policy version {oldest}: staleness {s - oldest} "
                 f"exceeds rollout.max_staleness={self.k}"
             )
         self.cursor = self.jobs[0].cursor if self.jobs else tr.sampler.cursor
-        trajs = tr.finish_rollout(trajs, first=0, version=None if self.servers else job.version)
         metrics.update(staleness_metrics(trajs, s))
         return trajs
 

@@ -123,15 +123,17 @@ def _raise(error: tuple[str, tuple[Any, ...]]) -> None:
     raise {"sync": WeightSyncError, "config": ConfigError}.get(kind, RuntimeError)(*args)
 
 
-def _from_main(fn: Callable[[], T]) -> T:
-    """`fn()` on rank 0, its result (or its exception, as `_raise` makes it) on every rank.
+def _from_main(fn: Callable[[], T], every_rank: bool = False) -> T:
+    """Rank 0's `fn()` result (or its exception, as `_raise` makes it) on every rank.
 
-    Whatever rank 0 raises reaches the other ranks, so none waits for it in a collective.
+    `fn` runs on rank 0 only, or on every rank with `every_rank` (a collective). Whatever
+    rank 0 raises reaches the other ranks, so none waits for it in a collective; a rank whose
+    own `fn()` raised raises its own exception.
     """
     out: Any = None
     error: tuple[str, tuple[Any, ...]] | None = None
     raised: Exception | None = None
-    if distributed.is_main():
+    if every_rank or distributed.is_main():
         try:
             out = fn()
         except Exception as e:
@@ -209,19 +211,10 @@ class RemoteRollouts:
             ValueError: a LoRA policy with trainable tensors outside its factors and
                 `sync_lora: adapters` (other ranks: RuntimeError with its message).
         """
-        stats: dict[str, float] = {}
-        error: tuple[str, tuple[Any, ...]] | None = None
-        raised: Exception | None = None
-        try:
-            stats = self.group.push(policy, version=step, step=step, lora=self.cfg.sync_lora)
-        except Exception as e:  # on rank 0 (the others only gather): every rank raises it
-            error, raised = _error(e), e
-        error, stats = distributed.broadcast_object((error, stats))
-        if raised is not None:
-            raise raised
-        if error is not None:
-            _raise(error)
-        return stats
+        # every rank takes part (the others contribute their shards); rank 0's outcome is returned
+        return _from_main(
+            lambda: self.group.push(policy, version=step, step=step, lora=self.cfg.sync_lora), every_rank=True
+        )
 
     def close(self) -> None:
         """Close the sync group and the HTTP client (the servers keep running)."""
