@@ -47,9 +47,12 @@ def run_one(
             "optim": {"lr": 3e-4, "warmup_steps": 10},
             "kl_coef": kl_coef,
             "kl_estimator": estimator,
-            "kl_placement": placement,
+            "kl_placement": "loss",
         }
     )
+    # The config refuses k3 in the reward (its biased gradient is what this sweep shows), so
+    # every run validates with the KL in the loss and is then placed where the sweep asks.
+    cfg.kl_placement = placement
     trainer = GRPOTrainer(cfg, model, tok, out / f"{estimator}_{placement}")
     rows = []
     while trainer.step < steps:

@@ -7,6 +7,9 @@ and the markers (`slow`, `learning`, `sandbox`, `vllm`, `multiproc`)."""
 from __future__ import annotations
 
 import os
+import socket
+import threading
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -334,6 +337,27 @@ def truncated_logprobs(
     return s.log_softmax(-1), ambiguous
 
 
+class ScriptedBackend:
+    """A generation backend that answers each prompt with the next of `texts` (tokenized, then EOS).
+
+    Each text becomes a "stop" `Generation` with log-prob −0.5 per token. It stands in for a
+    policy where a test needs exact actions (an env's known moves) through the real rollout.
+    """
+
+    def __init__(self, tokenizer: Any, texts: list[str]):
+        self.tokenizer, self.texts = tokenizer, list(texts)
+        self.eos_ids = [int(tokenizer.eos_token_id)]
+
+    def generate(self, prompts: list[list[int]], params: Any, seeds: Any = None) -> list[Any]:
+        from textgym.agents.sampling import Generation
+
+        out = []
+        for _ in prompts:
+            ids = self.tokenizer(self.texts.pop(0), add_special_tokens=False)["input_ids"] + self.eos_ids
+            out.append(Generation(list(ids), torch.full((len(ids),), -0.5), "stop"))
+        return out
+
+
 def watch_pending_jobs(trainer: Any) -> list[list[tuple[int, int]]]:
     """Record, at each update of an async trainer, the producer's pending `(batch index, version)` jobs.
 
@@ -354,10 +378,27 @@ SERVER_ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "f
 """The environment of test server processes: one torch thread each."""
 
 
+def serve_app(app: Any) -> tuple[str, Any, threading.Thread]:
+    """Run an ASGI `app` (FastAPI) under uvicorn on 127.0.0.1, on a free port, in a daemon thread.
+
+    Returns `(base URL, server, thread)`; stop it with `server.should_exit = True; thread.join()`.
+    """
+    import uvicorn
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert server.started
+    return f"http://127.0.0.1:{sock.getsockname()[1]}", server, thread
+
+
 def free_port() -> int:
     """A TCP port free on 127.0.0.1 now."""
-    import socket
-
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -375,8 +416,6 @@ def start_weight_sync_server(model_dir: Path, port: int, log: Path, **env: str) 
 
 def wait_server_ready(url: str, proc: Any, log: Path, timeout_s: float = 120.0) -> None:
     """Wait until `url/health` answers 200; fail with the log's tail if the process exits or it is late."""
-    import time
-
     import httpx
 
     deadline = time.monotonic() + timeout_s

@@ -117,3 +117,34 @@ def load_model(
 def count_parameters(model: torch.nn.Module) -> int:
     """Return the number of parameters (tied weights counted once)."""
     return sum(p.numel() for p in model.parameters())
+
+
+def disable_dropout(model: torch.nn.Module) -> int:
+    """Set every dropout probability inside `model` to 0, in place; return how many were > 0.
+
+    RL and preference losses compare the same weights' probabilities across two forward
+    passes: π_old (or π_ref) in eval mode, π in training mode. Dropout makes the second a
+    random function of the first, so the ratio π/π_old is not 1 at the first minibatch and
+    the critic's values are noisy (as TRL's `disable_dropout_in_model` argues). This zeroes
+    `p` of every `torch.nn.Dropout`-family module (GPT-2/OPT/Phi `*_pdrop` layers, peft's
+    `lora_dropout`) and every float attribute named like `*dropout*` on a module (the
+    `attention_dropout` that Llama/Qwen2 attention hands to SDPA). The model's `config` is
+    left as it was loaded, so a saved checkpoint keeps the user's dropout settings.
+
+    Args:
+        model: any torch module (a causal LM, a critic, a peft model).
+
+    Returns:
+        The number of dropout probabilities that were above 0.
+    """
+    changed = 0
+    for module in model.modules():
+        if isinstance(module, torch.nn.modules.dropout._DropoutNd):
+            changed += module.p > 0
+            module.p = 0.0
+            continue
+        for name, value in list(vars(module).items()):
+            if "dropout" in name and isinstance(value, float) and not isinstance(value, bool):
+                changed += value > 0
+                setattr(module, name, 0.0)
+    return int(changed)

@@ -320,17 +320,18 @@ def test_check_template_cli(tiny_model_dir, tmp_path):
     assert "growing token sequence" in r.output
 
 
-def _gumbel_decode(model, prompt, temperature, seed, max_new_tokens, eos_ids):
-    """Seeded sampling written out by hand: plain forward passes, logits / T + Gumbel noise from one
-    generator seeded with `seed`, argmax (what `SeededGumbelNoise` promises)."""
+def _seeded_decode(model, prompt, temperature, seed, max_new_tokens, eos_ids):
+    """Seeded sampling written out by hand: plain forward passes, softmax(logits / T), one float64
+    uniform u per step from one generator seeded with `seed`, and the token whose float64 CDF
+    interval holds u (what `SeededSample` promises)."""
     g = torch.Generator().manual_seed(seed)
     ids, out = list(prompt), []
     with torch.no_grad():
         for _ in range(max_new_tokens):
             scores = model(input_ids=torch.tensor([ids])).logits[0, -1].float() / temperature
-            u = torch.rand(scores.shape[-1], generator=g)
-            u = u.clamp_(min=torch.finfo(u.dtype).tiny, max=1.0 - torch.finfo(u.dtype).eps)
-            t = int((scores - torch.log(-torch.log(u))).argmax())
+            cdf = torch.softmax(scores, -1).double().cumsum(0)
+            u = float(torch.rand(1, 1, dtype=torch.float64, generator=g)) * float(cdf[-1])
+            t = next(v for v in range(len(cdf)) if u < float(cdf[v]))
             out.append(t)
             ids.append(t)
             if t in eos_ids:
@@ -353,12 +354,12 @@ def test_transformers_backend_samples_exactly_the_params_not_the_folder(
     else:
         generate = agent.generate
     check_exact_sampling(generate, agent.model, agent.tokenizer, agent.backend.eos_ids)
-    if seeded:  # each seeded sample is the hand-written Gumbel-max decode of its seed
+    if seeded:  # each seeded sample is the hand-written inverse-CDF decode of its seed
         prompt = agent.encode_prompt([{"role": "user", "content": "Compute 1+2."}])
         for T in (1.0, 0.7):
             gens = generate([prompt] * 4, SamplingParams(temperature=T, max_new_tokens=8))
             for i, gen in enumerate(gens):
-                assert gen.token_ids == _gumbel_decode(
+                assert gen.token_ids == _seeded_decode(
                     agent.model, prompt, T, 1000 + i, 8, agent.backend.eos_ids
                 )
 

@@ -8,8 +8,7 @@ import time
 
 import gymnasium as gym
 import pytest
-import uvicorn
-from conftest import argmax_decode, check_exact_sampling
+from conftest import argmax_decode, check_exact_sampling, serve_app
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
@@ -18,18 +17,7 @@ from textgym.agents import LLMAgent, SamplingParams, rollout
 from textgym.agents.openai_backend import EndpointError, OpenAIBackend
 from textgym.serve import build_app
 
-
-def _serve(app: FastAPI) -> tuple[str, uvicorn.Server, threading.Thread]:
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert server.started
-    return f"http://127.0.0.1:{sock.getsockname()[1]}", server, thread
+_serve = serve_app  # the name the other server tests import from here
 
 
 @pytest.fixture(scope="module")

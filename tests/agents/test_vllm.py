@@ -71,22 +71,28 @@ def test_greedy_outputs_match_across_transformers_vllm_and_http(vllm_agent, warm
             assert a.finish_reason == b.finish_reason
 
 
-def test_sampled_logprobs_are_the_temperature_scaled_ones_the_trainer_recomputes(vllm_agent, warm_model_dir):
+@pytest.mark.parametrize("top_k,top_p", [(0, 1.0), (5, 1.0), (0, 0.6), (20, 0.9)])
+def test_sampled_logprobs_are_the_ones_the_trainer_recomputes(vllm_agent, warm_model_dir, top_k, top_p):
+    """vLLM's processed log-probs (after temperature, top-k, top-p) are the trainer's π_old: the TIS
+    weight π_old/π_rollout is 1, not Z_t (the mass the cut kept), at any truncation."""
     model, tok = load_model(warm_model_dir)
     envs = [gym.make(TEST_ENV["id"], **TEST_ENV["kwargs"]) for _ in range(16)]
     T = 0.7
-    trajs = rollout(
-        vllm_agent, envs, list(range(4)), SamplingParams(temperature=T, max_new_tokens=12), group_size=4
-    )
+    params = SamplingParams(temperature=T, top_k=top_k, top_p=top_p, max_new_tokens=12)
+    trajs = rollout(vllm_agent, envs, list(range(4)), params, group_size=4)
     # The engine really samples: some group's 4 samples differ (one group alone can be 4 equal
     # samples of a confident model at T = 0.7, as with the portable kernels' warm model).
     groups = [{tuple(t.token_ids.tolist()) for t in trajs[i : i + 4]} for i in range(0, 16, 4)]
-    assert max(len(g) for g in groups) > 1
+    if (top_k, top_p) == (0, 1.0):
+        assert max(len(g) for g in groups) > 1
     batch = RolloutBatch.from_trajectories(trajs, int(tok.pad_token_id))
     with torch.no_grad():
-        recomputed, _ = sequence_logprobs(model, batch, T)
+        recomputed, _ = sequence_logprobs(model, batch, T, top_k=top_k, top_p=top_p)
+        untruncated, _ = sequence_logprobs(model, batch, T)
     diff = ((recomputed - batch.old_logprobs) * batch.loss_mask).abs().max()
     assert float(diff) < 1e-4
+    if (top_k, top_p) != (0, 1.0):  # the cut mattered: the full softmax is not what was sampled
+        assert float(((untruncated - batch.old_logprobs) * batch.loss_mask).abs().max()) > 1e-2
 
 
 def test_prompt_longer_than_the_context_is_a_clear_error(vllm_agent):
@@ -112,7 +118,9 @@ def test_grpo_with_vllm_rollouts_pushes_weights_and_logs_the_mismatch(warm_model
             "steps": 2,
             "prompts_per_step": 8,
             "group_size": 4,
-            "sampling": {"temperature": 1.0, "max_new_tokens": 8},
+            # top-k / top-p on: vLLM's processed log-probs and the trainer's π_old are one
+            # distribution, so the TIS weights are 1 (before: Z_t, the mass the cut kept)
+            "sampling": {"temperature": 1.0, "top_k": 20, "top_p": 0.9, "max_new_tokens": 8},
             "optim": {"lr": 1e-2, "warmup_steps": 0},
             "rollout": {"backend": "vllm", "vllm": {"dtype": "float32"}},
         }

@@ -485,21 +485,41 @@ def test_per_sequence_seeds_make_samples_independent_of_batching(tiny_model_dir)
     assert [g.token_ids for g in other] != [g.token_ids for g in together]
 
 
-def test_seeded_gumbel_noise_samples_the_softmax():
-    """argmax(s + Gumbel) over 20000 seeded rows hits each token with probability softmax(s)."""
-    from textgym.agents.llm_agent import SeededGumbelNoise
+def test_seeded_sampling_draws_the_softmax_even_in_the_far_tail():
+    """One generator per row: 20000 seeded rows hit each token with probability softmax(s), and the
+    draw's float64 CDF gives a token of probability ~e^-18 exactly its share of [0, 1), where float32
+    Gumbel noise (uniforms clamped at 1 - 2^-23) drew it at 0.3% of its rate."""
+    from textgym.agents.llm_agent import SeededSample
+    from textgym.agents.transformers_backend import inverse_cdf
 
     n, logits = 20000, torch.tensor([2.0, 1.0, 0.0, -1.0, -float("inf")])
     scores = logits.repeat(n, 1)
-    noisy = SeededGumbelNoise(list(range(n)), torch.device("cpu"))(
-        torch.zeros(n, 1, dtype=torch.long), scores
-    )
-    freq = torch.bincount(noisy.argmax(-1), minlength=5).float() / n
+    drawn = SeededSample(list(range(n)), torch.device("cpu"))(torch.zeros(n, 1, dtype=torch.long), scores)
+    assert bool((drawn.max(-1).values == 0).all()) and bool((drawn == 0).sum(-1).eq(1).all())  # one-hot
+    freq = torch.bincount(drawn.argmax(-1), minlength=5).float() / n
     p = torch.softmax(logits, -1)
     assert freq[4] == 0  # a filtered token is never drawn
     assert torch.all((freq - p).abs() <= 4 * (p * (1 - p) / n).sqrt() + 1e-9)  # 4 standard errors
-    again = SeededGumbelNoise([7, 8], torch.device("cpu"))(torch.zeros(2, 1, dtype=torch.long), scores[:2])
-    assert torch.equal(again, SeededGumbelNoise([7, 8], torch.device("cpu"))(None, scores[:2]))  # type: ignore[arg-type]
+    again = SeededSample([7, 8], torch.device("cpu"))(torch.zeros(2, 1, dtype=torch.long), scores[:2])
+    assert torch.equal(again, SeededSample([7, 8], torch.device("cpu"))(None, scores[:2]))  # type: ignore[arg-type]
+    # The far tail: a draw is the token whose CDF interval holds u, so a token's chance is its
+    # interval's width. Found by bisection over u, the interval of a p ≈ e^-18 token is its
+    # probability to float64 rounding (float32 uniforms cannot resolve widths below 2^-24).
+    probs = torch.softmax(torch.tensor([[0.0, -18.0, 0.0]]), -1)
+
+    def token(u: float) -> int:
+        return int(inverse_cdf(probs, torch.tensor([[u]], dtype=torch.float64)))
+
+    def first_u_above(tok: int) -> float:
+        lo, hi = 0.0, 1.0
+        for _ in range(80):
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if token(mid) <= tok else (lo, mid)
+        return hi
+
+    start, end = first_u_above(0), first_u_above(1)
+    assert token((start + end) / 2) == 1 and token(start - 1e-12) == 0 and token(end) == 2
+    assert end - start == pytest.approx(float(probs[0, 1]), rel=1e-6)
 
 
 def test_gradient_checkpointing_gives_the_same_gradients(tiny_model_dir):

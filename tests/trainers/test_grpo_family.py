@@ -42,7 +42,7 @@ def grpo_cfg(**over):
             "kl_estimator": "k1",
         },
         {"scale_rewards": "none", "loss_aggregation": "seq_mean_token_sum_norm"},
-        {"kl_coef": 0.05, "kl_placement": "reward", "kl_estimator": "k3", "dual_clip": 3.0},
+        {"kl_coef": 0.05, "kl_placement": "reward", "kl_estimator": "k1", "dual_clip": 3.0},
         {"entropy_coef": 0.01, "overlong_penalty": {"max_len": 8, "cache_len": 4}, "overlong_filter": True},
     ],
     ids=["rloo", "reinforce_pp", "drgrpo", "kl_reward_dual_clip", "entropy_overlong"],

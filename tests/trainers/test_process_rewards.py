@@ -8,11 +8,11 @@ import math
 import gymnasium as gym
 import pytest
 import torch
+from conftest import ScriptedBackend
 
 import textgym  # noqa: F401
 from textgym.agents import LLMAgent, SamplingParams, Trajectory
 from textgym.agents.rollout import rollout
-from textgym.agents.sampling import Generation
 from textgym.envs.base import SingleTurnEnv
 from textgym.models import load_tokenizer
 from textgym.trainers.advantages import group_advantages, process_advantages
@@ -24,21 +24,6 @@ from textgym.verifiers.steps import step_token_indices
 
 WORKED = {"split": "test", "operators": "+*", "digits": 1, "n_terms": 3, "worked_steps": True}
 WORKED["instruction"] = ""
-
-
-class ScriptedBackend:
-    """Answers each prompt with the next of `texts` (tokenized, then the end-of-turn id)."""
-
-    def __init__(self, tokenizer, texts):
-        self.tokenizer, self.texts = tokenizer, list(texts)
-        self.eos_ids = [int(tokenizer.eos_token_id)]
-
-    def generate(self, prompts, params):
-        out = []
-        for _ in prompts:
-            ids = self.tokenizer(self.texts.pop(0), add_special_tokens=False)["input_ids"] + self.eos_ids
-            out.append(Generation(list(ids), torch.full((len(ids),), -0.5), "stop"))
-        return out
 
 
 def test_step_rewards_sit_on_the_token_holding_each_steps_last_character(tiny_model_dir):

@@ -22,7 +22,7 @@ generate:
   (`textgym serve`, vLLM's) batches what arrives.
 
 Seeds: turn k of episode e is sampled with `derive_seed(seeds[e], k)`, as in lockstep, and
-with per-row seeds (`SeededGumbelNoise`) a row's tokens do not depend on what shares its
+with per-row seeds (`SeededSample`) a row's tokens do not depend on what shares its
 batch: for the same seeds and a deterministic backend the two engines give the same token
 ids and masks, and log-probs equal up to the float rounding that a different batch
 (padding) brings (~1e-6). Without seeds, each episode draws its seed from torch's global

@@ -17,7 +17,7 @@ from textgym.agents.sampling import Generation, SamplingParams, derive_seed, eos
 from textgym.agents.transformers_backend import (
     MultinomialSample,
     SampledLogprobs,
-    SeededGumbelNoise,
+    SeededSample,
     TransformersBackend,
     neutral_generation,
     neutral_generation_config,
@@ -31,7 +31,7 @@ __all__ = [
     "MultinomialSample",
     "SampledLogprobs",
     "SamplingParams",
-    "SeededGumbelNoise",
+    "SeededSample",
     "TransformersBackend",
     "derive_seed",
     "eos_token_ids",

@@ -70,7 +70,8 @@ class OpenAIBackend:
             of them: each request goes to the least-loaded one (module docstring).
         model: the served model name.
         eos_ids: end-of-turn token ids (a response that stops without one gets it appended,
-            with log-probability 0, so trajectories end the way the transformers backend's do).
+            so trajectories end the way the transformers backend's do; it is marked not
+            sampled, `Generation.sampled`, and gets loss mask 0).
         concurrency: requests in flight at once.
         timeout_s: per-request timeout (seconds).
         max_retries: retries of a retryable failure before `EndpointError`.
@@ -144,13 +145,17 @@ class OpenAIBackend:
             raise EndpointError(
                 "the endpoint returned tokens as text; it must support return_tokens_as_token_ids"
             ) from None
+        # A token without a log-prob, or an end-of-turn id appended here, is context, not a
+        # policy token: `sampled` False gives it loss mask 0 in the trajectory.
+        sampled = [v is not None for v in values]
         logprobs = [float(v) if v is not None else 0.0 for v in values]
         reason = "length" if choice.get("finish_reason") == "length" else "stop"
         if reason == "stop" and (not ids or ids[-1] not in self.eos_ids):
             ids.append(self.eos_ids[0])
             logprobs.append(0.0)
+            sampled.append(False)
         lps = torch.tensor(logprobs, dtype=torch.float32)
-        return Generation(ids, lps, reason, policy_version)  # type: ignore[arg-type]
+        return Generation(ids, lps, reason, policy_version, None if all(sampled) else sampled)  # type: ignore[arg-type]
 
     async def generate_one(
         self,

@@ -277,8 +277,9 @@ def _record_turn(
 ) -> None:
     """Append one turn to `ep`: its generated tokens, its reward, then the observation's tokens.
 
-    The generated tokens get mask 1 and their log-probs; the turn's reward sits on its last
-    token; unless the episode ends here, the observation follows (`observation_tokens`, mask 0).
+    The generated tokens get mask 1 and their log-probs (mask 0 for ids the backend marks
+    not sampled, `Generation.sampled`); the turn's reward sits on its last policy token;
+    unless the episode ends here, the observation follows (`observation_tokens`, mask 0).
 
     Args:
         ep: the episode (mutated; `ep.done` set when it ends).
@@ -295,7 +296,7 @@ def _record_turn(
     """
     n = len(gen.token_ids)
     ep.token_ids += gen.token_ids
-    ep.loss_mask += [1.0] * n
+    ep.loss_mask += [1.0] * n if gen.sampled is None else [float(x) for x in gen.sampled]
     ep.logprobs += gen.logprobs.tolist()
     ep.token_rewards += [0.0] * n
     ep.step_rewards += [0.0] * n
@@ -306,17 +307,22 @@ def _record_turn(
     if "step_rewards" in info:
         _place_step_rewards(ep, agent, list(gen.token_ids), info, env_id)
     ep.turns += 1
-    ep.token_rewards[-1] += float(reward)
+    # the turn's reward on its last policy token (an appended end-of-turn id has mask 0)
+    last = max((i for i in range(n) if ep.loss_mask[len(ep.loss_mask) - n + i] > 0), default=n - 1)
+    ep.token_rewards[len(ep.token_rewards) - n + last] += float(reward)
     ep.reward += float(reward)
     for k, v in info.items():
         if k.startswith("reward/"):
             ep.terms[k] += float(v)
     ep.info = info
     ep.finish_reason = gen.finish_reason
-    ep.terminated, ep.truncated = bool(terminated), bool(truncated)
+    # An episode that terminated is not truncated, even when a `TimeLimit` also reported its
+    # step limit on that step (gymnasium sets both): its return ends there, with nothing to
+    # bootstrap. Truncated means cut short of a terminal state (time limit or `max_turns`).
+    ep.terminated = bool(terminated)
+    ep.truncated = not ep.terminated and (bool(truncated) or ep.turns >= max_turns)
     if terminated or truncated or ep.turns >= max_turns:
         ep.done = True
-        ep.truncated = ep.truncated or (not terminated and ep.turns >= max_turns)
         return
     env_ids = observation_tokens(agent.tokenizer, list(obs), gen.finish_reason == "stop", eos_ids, ep.tools)
     ep.messages += list(obs)

@@ -56,12 +56,18 @@ class Generation:
         finish_reason: "stop" (end-of-turn token sampled) or "length" (hit max_new_tokens).
         policy_version: the version of the weights that generated it, as a rollout server
             reports it (`textgym serve`'s `policy_version`); None from an in-process backend.
+        sampled: [N] bool, which ids the policy sampled (with a real log-prob); None means all.
+            An id the client added (the end-of-turn id an endpoint stopped before returning) or
+            one the endpoint gave no log-prob for is False: it stays in the context but gets
+            loss mask 0, so no policy is trained on a token it never drew against a made-up
+            behaviour probability.
     """
 
     token_ids: list[int]
     logprobs: torch.Tensor
     finish_reason: Literal["stop", "length"]
     policy_version: int | None = None
+    sampled: list[bool] | None = None
 
 
 def eos_token_ids(
@@ -83,3 +89,52 @@ def derive_seed(*words: int) -> int:
 
     hi, lo = np.random.SeedSequence([int(w) for w in words]).generate_state(2, dtype=np.uint32)
     return (int(hi) << 32) | int(lo)
+
+
+def truncation_mask(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor | None:
+    """The tokens that top-k, then top-p (nucleus) sampling keeps: [..., V] bool, or None when both are off.
+
+    The one definition the samplers (`truncate_logits`) and the trainer's log-probs
+    (`textgym.trainers.logprobs`) share, so that the policy the trainer differentiates is
+    the distribution that was sampled. Order and ties as in Hugging Face's `TopKLogitsWarper`
+    then `TopPLogitsWarper` and vLLM's `apply_top_k_top_p`:
+    - top-k (Fan et al. 2018, arXiv:1805.04833, §5.4) keeps every token whose logit is ≥ the
+      k-th largest (ties at the k-th are kept);
+    - top-p (Holtzman et al. 2020, arXiv:1904.09751, eq. 3), on the top-k survivors
+      renormalised: with the kept tokens sorted by ascending probability, a token is dropped
+      when the cumulative probability up to and including it is ≤ 1 − p; the most likely
+      token is always kept.
+    Computed without gradient (a mask is not a function to differentiate).
+
+    Args:
+        logits: [..., V] scores already divided by the temperature.
+        top_k: keep the k most likely tokens (0, or k ≥ V: off).
+        top_p: nucleus mass in (0, 1] (1: off).
+
+    Returns:
+        [..., V] bool (True = kept), or None when neither cut applies.
+    """
+    V = logits.shape[-1]
+    cut_k = 0 < top_k < V
+    if not cut_k and top_p >= 1.0:
+        return None
+    with torch.no_grad():
+        z = logits.detach().float()
+        keep = torch.ones_like(z, dtype=torch.bool)
+        if cut_k:
+            kth = torch.topk(z, top_k, dim=-1).values[..., -1:]
+            keep = z >= kth
+            z = z.masked_fill(~keep, float("-inf"))
+        if top_p < 1.0:
+            sorted_z, order = torch.sort(z, dim=-1)  # ascending
+            cumulative = sorted_z.softmax(dim=-1).cumsum(dim=-1)
+            drop = cumulative <= 1.0 - top_p
+            drop[..., -1] = False  # the most likely token stays
+            keep = keep & ~drop.scatter(-1, order, drop)
+    return keep
+
+
+def truncate_logits(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
+    """`logits` [..., V] with the tokens `truncation_mask` drops set to −inf (as is when both are off)."""
+    keep = truncation_mask(logits, top_k, top_p)
+    return logits if keep is None else logits.masked_fill(~keep, float("-inf"))

@@ -28,8 +28,9 @@ class Trajectory:
         token_ids: [T] int64, the whole sequence (prompt, responses, environment turns).
         loss_mask: [T] float32, 1.0 where the policy sampled the token, else 0.0.
         logprobs: [T] float32, log π_sample(token_t | tokens_<t) for policy tokens, 0.0 elsewhere.
-            π_sample is the sampling distribution before top-k/top-p truncation:
-            `log_softmax(logits / temperature)` (temperature 1 for greedy decoding).
+            π_sample is the distribution the token was drawn from: `log_softmax(logits / T)`
+            (T = 1 for greedy decoding), restricted to the tokens top-k / top-p kept and
+            renormalised when they are on (`textgym.agents.sampling.truncation_mask`).
         token_rewards: [T] float32, each turn's reward on that turn's last policy token.
         prompt_length: number of tokens before the first policy token.
         messages: the conversation as text (what the environment saw and said).
@@ -37,8 +38,9 @@ class Trajectory:
         reward_terms: each rubric term summed over turns, e.g. {"reward/correct": 1.0}.
         task_index, task_id, env_id: which task of which environment.
         group: index of the group of samples of the same task (GRPO), or -1.
-        terminated, truncated: gymnasium's episode-end flags (`truncated` also when the
-            rollout's `max_turns` cap ended the episode).
+        terminated, truncated: how the episode ended, never both: `terminated` when the env
+            reached a terminal state (a `TimeLimit` that fired on the same step does not make it
+            truncated), else `truncated` when a time limit or the rollout's `max_turns` cut it.
         info: the environment's last `info` dict.
         finish_reason: how the last turn's generation ended: "stop" (end-of-turn token)
             or "length" (cut at `max_new_tokens`; the response is overlong).

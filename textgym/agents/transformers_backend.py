@@ -27,39 +27,29 @@ from transformers import (
     PreTrainedModel,
     PreTrainedTokenizerBase,
     TemperatureLogitsWarper,
-    TopKLogitsWarper,
-    TopPLogitsWarper,
 )
 
-from textgym.agents.sampling import Generation, SamplingParams, eos_token_ids
+from textgym.agents.sampling import Generation, SamplingParams, eos_token_ids, truncate_logits
 
 
-class SeededGumbelNoise(LogitsProcessor):
-    """Adds Gumbel noise from one generator per row, so that greedy decoding draws a sample.
+class TruncationWarper(LogitsProcessor):
+    """Top-k then top-p truncation (`textgym.agents.sampling.truncation_mask`): dropped tokens get −inf.
 
-    The Gumbel-max trick (Gumbel 1954; Maddison et al. 2014, arXiv:1411.0030, §2):
-    `argmax_v(s_v + g_v)` with `g_v = −log(−log U_v)`, `U_v ~ Uniform(0, 1)` i.i.d., is
-    distributed as `softmax(s)`. Row i's noise comes from its own `torch.Generator` seeded
-    with `seeds[i]`, so its t-th token depends only on its seed and its own logits, not on
-    which other rows share the batch or on the global RNG. Filtered logits (−inf) stay −inf.
+    The same function the trainer applies when it recomputes log-probs, so the recorded
+    log-probs and the trainer's are of one distribution (HF's `TopKLogitsWarper` and
+    `TopPLogitsWarper` keep the same tokens; this is the project's one definition of them).
 
     Args:
-        seeds: one seed per row of the generation batch.
-        device: where the generators (and the noise) live.
+        top_k: keep the k most likely tokens (0: off).
+        top_p: nucleus mass (1: off).
     """
 
-    def __init__(self, seeds: list[int], device: torch.device):
-        self.generators = [torch.Generator(device=device).manual_seed(int(s)) for s in seeds]
-        self.device = device
+    def __init__(self, top_k: int, top_p: float):
+        self.top_k, self.top_p = top_k, top_p
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        """Return `scores + Gumbel noise`, [B, V] (float32)."""
-        V = scores.shape[-1]
-        u = torch.stack([torch.rand(V, generator=g, device=self.device) for g in self.generators])
-        tiny = torch.finfo(u.dtype).tiny
-        u = u.clamp_(min=tiny, max=1.0 - torch.finfo(u.dtype).eps)
-        noise = -torch.log(-torch.log(u))
-        return scores.float() + noise.to(scores.device)  # type: ignore[return-value]
+        """Return `scores` [B, V] with the truncated tokens at −inf."""
+        return truncate_logits(scores, self.top_k, self.top_p)  # type: ignore[return-value]
 
 
 class SampledLogprobs(LogitsProcessor):
@@ -105,20 +95,16 @@ class SampledLogprobs(LogitsProcessor):
         return torch.stack(steps, dim=1).float()
 
 
-def inverse_cdf_sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-    """One draw per row from the categorical distribution `probs`, by inverse-CDF sampling.
+def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """The token whose CDF interval holds `u`: `c_{v-1} ≤ u_b · c_V < c_v`, with c the float64 running sum.
 
-    Row b's draw is the token v with `c_{v-1} ≤ u_b · c_V < c_v`, where `c` is the float64
-    running sum of the row's probabilities and `u_b ~ Uniform[0, 1)` (53-bit float64, one
-    per row): P(v) = p_v / Σ p exactly, up to float64 rounding (2^-53 relative), so the
-    draw is from `probs` as given (Devroye 1986, "Non-Uniform Random Variate Generation",
-    §III.2, sequential search by bisection). Zero-probability tokens (top-k / top-p
-    filtered, −inf logits) are never drawn. It uses B random numbers where
-    `torch.multinomial` draws B·V exponentials (its CPU cost is ~10× this one's at V = 1,024).
+    The deterministic half of `inverse_cdf_sample` (see there): with `u ~ Uniform[0, 1)`
+    token v is returned with probability (c_v − c_{v-1}) / c_V = p_v / Σ p, to float64
+    rounding. Zero-probability tokens have empty intervals and are never returned.
 
     Args:
         probs: [B, V] non-negative weights (need not sum to 1), float32 or float64.
-        generator: the RNG (default: the global one of the device).
+        u: [B, 1] float64 in [0, 1).
 
     Returns:
         [B, 1] int64 token ids.
@@ -131,10 +117,61 @@ def inverse_cdf_sample(probs: torch.Tensor, generator: torch.Generator | None = 
     total = c[:, -1:].contiguous()  # [B, 1] (searchsorted wants contiguous values)
     if not bool(((total > 0) & torch.isfinite(total)).all()):
         raise RuntimeError("probability tensor contains either inf, nan or a row that sums to 0")
-    u = torch.rand(total.shape, dtype=torch.float64, device=c.device, generator=generator)
-    drawn = torch.searchsorted(c, u * total, right=True)  # [B, 1]
+    drawn = torch.searchsorted(c, u.to(c) * total, right=True)  # [B, 1]
     # u · total can round up to total itself; the last token of positive mass is then the draw.
     return torch.minimum(drawn, torch.searchsorted(c, total, right=False))
+
+
+def inverse_cdf_sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """One draw per row from the categorical distribution `probs`, by inverse-CDF sampling.
+
+    Row b's draw is `inverse_cdf(probs, u)[b]` with `u_b ~ Uniform[0, 1)` (53-bit float64, one
+    per row): the token v with `c_{v-1} ≤ u_b · c_V < c_v`, where `c` is the float64 running
+    sum of the row's probabilities, so P(v) = p_v / Σ p exactly, up to float64 rounding (2^-53
+    relative), and the draw is from `probs` as given (Devroye 1986, "Non-Uniform Random
+    Variate Generation", §III.2, sequential search by bisection). Zero-probability tokens
+    (top-k / top-p filtered, −inf logits) are never drawn. It uses B random numbers where
+    `torch.multinomial` draws B·V exponentials (its CPU cost is ~10× this one's at V = 1,024).
+
+    Args:
+        probs: [B, V] non-negative weights (need not sum to 1), float32 or float64.
+        generator: the RNG (default: the global one of the device).
+
+    Returns:
+        [B, 1] int64 token ids.
+
+    Raises:
+        RuntimeError: see `inverse_cdf`.
+    """
+    u = torch.rand((probs.shape[0], 1), dtype=torch.float64, device=probs.device, generator=generator)
+    return inverse_cdf(probs, u)
+
+
+class SeededSample(LogitsProcessor):
+    """Draws each row's next token from `softmax(scores)` with that row's own generator.
+
+    Row i's draw is `inverse_cdf_sample` of its probabilities with a `torch.Generator`
+    seeded by `seeds[i]` (one float64 uniform per row and step), so its t-th token depends
+    only on its seed and its own logits: not on which other rows share the batch, nor on
+    the global RNG. Exact to float64 rounding in the far tail too (a token of probability
+    e^-18 is drawn at its rate; float32 Gumbel noise, clamped below 1 − 2^-23, drew it at
+    0.3% of it). Filtered tokens (−inf) are never drawn. Returns scores that are 0 at the
+    drawn token and −inf elsewhere, so the argmax that greedy search takes is the draw.
+
+    Args:
+        seeds: one seed per row of the generation batch.
+        device: where the generators live (the scores' device).
+    """
+
+    def __init__(self, seeds: list[int], device: torch.device):
+        self.generators = [torch.Generator(device=device).manual_seed(int(s)) for s in seeds]
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        """Return the one-hot (0 / −inf) scores of one draw per row, [B, V] float32."""
+        probs = torch.softmax(scores.float(), dim=-1)
+        drawn = torch.cat([inverse_cdf_sample(probs[b : b + 1], g) for b, g in enumerate(self.generators)])
+        out = torch.full_like(probs, float("-inf"))
+        return out.scatter_(-1, drawn, 0.0)  # type: ignore[return-value]
 
 
 class MultinomialSample(LogitsProcessor):
@@ -224,9 +261,9 @@ class TransformersBackend:
 
     `model.generate` runs as greedy search (`do_sample=False`, one beam) under
     `neutral_generation`, with explicit neutral values for the processing fields, and the
-    sampling is textgym's processors: `TemperatureLogitsWarper` (when T ≠ 1), `TopKLogitsWarper`,
-    `TopPLogitsWarper` (when on), `SampledLogprobs`, then the draw (`MultinomialSample`
-    from the global RNG, or `SeededGumbelNoise` with per-row seeds). Greedy decoding runs
+    sampling is textgym's processors: `TemperatureLogitsWarper` (when T ≠ 1), `TruncationWarper`
+    (top-k, top-p, when on), `SampledLogprobs`, then the draw (`MultinomialSample`
+    from the global RNG, or `SeededSample` with per-row generators). Greedy decoding runs
     `SampledLogprobs` alone (T = 1). No per-step logits are kept beyond one step.
 
     Args:
@@ -275,7 +312,7 @@ class TransformersBackend:
             prompts: token ids of each prompt.
             params: sampling parameters.
             seeds: one seed per prompt: each response is then sampled from its own generator
-                (`SeededGumbelNoise`), independent of batching and of the global RNG. None
+                (`SeededSample`), independent of batching and of the global RNG. None
                 samples from the global torch RNG. Ignored when decoding greedily.
 
         Returns:
@@ -310,13 +347,11 @@ class TransformersBackend:
             # HF's warper order (temperature, top-k, top-p); the recorder sees what is drawn from.
             if params.temperature != 1.0:  # x / 1.0 is x exactly: no [B, V] pass per token at T = 1
                 processors.append(TemperatureLogitsWarper(params.temperature))
-            if params.top_k > 0:
-                processors.append(TopKLogitsWarper(params.top_k))
-            if params.top_p < 1:
-                processors.append(TopPLogitsWarper(params.top_p))
+            if params.top_k > 0 or params.top_p < 1:
+                processors.append(TruncationWarper(params.top_k, params.top_p))
         processors.append(recorder)
         if not greedy:
-            processors.append(MultinomialSample() if seeds is None else SeededGumbelNoise(seeds, device))
+            processors.append(MultinomialSample() if seeds is None else SeededSample(seeds, device))
         # Greedy search over textgym's processors. Every processing field is explicit and
         # neutral; those whose neutral value is None (min_p, bad_words_ids, suppress_tokens,
         # sequence_bias, forced_bos/eos_token_id, ...) stay None because the model's own config

@@ -182,7 +182,8 @@ class LoraSettings(_Strict):
     alpha: int = Field(32, gt=0)
     """Scale α (the update is multiplied by α / r)."""
     dropout: float = Field(0.0, ge=0.0, lt=1.0)
-    """Dropout on the adapter's input."""
+    """Dropout on the adapter's input (SFT only: the RL and preference trainers turn every dropout
+    off, `textgym.models.disable_dropout`, so that π and π_old are one function of the weights)."""
     target_modules: str | list[str] = "all-linear"
     """Module names (or suffixes) that get adapters; "all-linear" = every linear layer but the LM head."""
 

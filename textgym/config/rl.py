@@ -54,7 +54,9 @@ class RolloutEngineConfig(_Strict):
     `mismatch/*` metrics logged. null = on exactly when the engine is not the trainer (vLLM, or
     rollout `servers`) or the rollouts may be stale (`max_staleness > 0`).
     true on the transformers backend recomputes π_old too (one no-grad forward per step), for
-    when the KV-cached sampling and the padded training forward differ (bf16, FSDP)."""
+    when the KV-cached sampling and the padded training forward differ (bf16, FSDP). false
+    only drops the weighting: with vLLM, servers or `max_staleness > 0` the trainer still
+    recomputes π_old, so the PPO ratio is centred on the current (proximal) policy."""
     tis_cap: float = Field(2.0, gt=0.0)
     """C, the truncation of the importance weight."""
     off_policy_correction: Literal["tis", "decoupled"] = "tis"
@@ -213,7 +215,8 @@ class _PolicyGradientConfig(_Batching):
     kl_placement: Literal["loss", "reward"] = "loss"
     """Where β·KL goes: differentiated in the loss (GRPO) or subtracted from the reward (RLHF PPO,
     REINFORCE++, no gradient through it). Gold standard: k1 in the reward; k1 in the loss has zero
-    expected gradient; k3 in the reward is biased (docs/maths.md, "KL estimators and where they go")."""
+    expected gradient; k3 in the reward is biased and refused (docs/maths.md, "KL estimators and where
+    they go"). REINFORCE++ (`advantage_estimator: reinforce_pp`) needs it in the reward."""
     entropy_coef: float = Field(0.0, ge=0.0)
     """Entropy bonus: the loss gets −coef·H (token mean over policy tokens)."""
     entropy_every: int = Field(1, ge=0)
@@ -298,6 +301,18 @@ class _PolicyGradientConfig(_Batching):
         return self
 
     @model_validator(mode="after")
+    def _kl_estimator_in_reward(self) -> _PolicyGradientConfig:
+        # k3's score-function gradient is ∇KL(π‖π_ref) − ∇KL(π_ref‖π): biased, and reported to
+        # collapse training (docs/maths.md, "KL estimators and where they go").
+        if self.kl_coef > 0 and self.kl_placement == "reward" and self.kl_estimator == "k3":
+            raise ValueError(
+                "kl_estimator k3 with kl_placement reward: its gradient in the reward is biased "
+                "(∇KL(π‖π_ref) − ∇KL(π_ref‖π)) and collapses training; use kl_estimator k1 in the "
+                "reward, or kl_placement loss with k3 (docs/maths.md)"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _batch_sizes(self) -> _PolicyGradientConfig:
         total = self.prompts_per_step * self.group_size  # type: ignore[attr-defined]
         mb = self.minibatch_size or total
@@ -340,6 +355,15 @@ class GRPOConfig(_PolicyGradientConfig):
             raise ValueError(
                 "rollout.max_staleness > 0 with dynamic_sampling is not supported yet: the extra "
                 "rounds would be sampled by the trainer's current policy, out of the pipeline"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _reinforce_pp_kl_in_reward(self) -> GRPOConfig:
+        if self.advantage_estimator == "reinforce_pp" and self.kl_placement == "loss" and self.kl_coef > 0:
+            raise ValueError(
+                "advantage_estimator reinforce_pp folds the KL into the token rewards before its "
+                "returns (Hu 2025): put it in the reward (kl_placement: reward, kl_estimator: k1)"
             )
         return self
 

@@ -5,7 +5,7 @@ queue; a full queue is HTTP 503. The worker takes the oldest job, then every oth
 waiting (up to `max_batch` prompts), groups them by sampling distribution (temperature,
 top_p, top_k) and runs one `backend.generate` call per group, with the group's largest
 `max_tokens`; each response is then cut to its own request's budget. With per-row seeds
-(`SeededGumbelNoise` on the transformers backend, a per-request seed on vLLM) a response
+(`SeededSample` on the transformers backend, a per-request seed on vLLM) a response
 depends only on its seed and prompt, not on what shares its batch, so the cut is exact.
 Requests that arrive while a batch runs wait for the next one (batching by rounds, not
 token-level continuous batching; see docs/evaluation.md).
@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from textgym.agents.sampling import SamplingParams
+from textgym.agents.sampling import SamplingParams, truncate_logits
 
 
 @dataclass
@@ -92,8 +92,6 @@ def top_logprobs(
     Returns:
         [B][N_b][k] `(token id, logprob)`, most likely first.
     """
-    from transformers import TopKLogitsWarper, TopPLogitsWarper
-
     device = next(model.parameters()).device
     out: list[list[list[tuple[int, float]]]] = [[] for _ in prompts]
     rows = [b for b, r in enumerate(responses) if r]
@@ -112,10 +110,7 @@ def top_logprobs(
             logits = all_logits[i, len(p) - 1 : len(p) - 1 + len(r)].float()  # [N, V]
             if params.temperature > 0:
                 logits = logits / params.temperature
-                if params.top_k > 0:
-                    logits = TopKLogitsWarper(params.top_k)(None, logits)  # type: ignore[arg-type]
-                if params.top_p < 1:
-                    logits = TopPLogitsWarper(params.top_p)(None, logits)  # type: ignore[arg-type]
+                logits = truncate_logits(logits, params.top_k, params.top_p)
             values, idx = torch.log_softmax(logits, dim=-1).topk(min(k, logits.shape[-1]), dim=-1)
             pairs = zip(idx.cpu(), values.cpu(), strict=True)
             out[b] = [list(zip(t.tolist(), v.tolist(), strict=True)) for t, v in pairs]

@@ -27,6 +27,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 from transformers import PreTrainedModel
 
+from textgym.agents.sampling import truncation_mask
 from textgym.trainers.batch import RolloutBatch
 from textgym.trainers.losses import entropy_from_logits
 
@@ -58,12 +59,34 @@ def shared_prompt_rows(
     return first, inverse
 
 
+def truncated_logits(
+    logits: torch.Tensor, targets: torch.Tensor, top_k: int = 0, top_p: float = 1.0
+) -> torch.Tensor:
+    """`logits` [..., V] restricted to the tokens the sampler's top-k / top-p kept, and the target.
+
+    The rollout's log-probs are those of the truncated, renormalised distribution the token
+    was drawn from (`textgym.agents.sampling.truncation_mask`); the trainer's must be of the
+    same distribution, or the importance ratio at the first minibatch is Z_t (the mass the
+    cut kept) instead of 1. The mask is computed without gradient; the target token
+    (`targets` [...], int64) is always kept, so its log-prob stays finite when an update
+    has moved it out of the kept set (at the sampling weights it is inside by construction).
+    Returns `logits` itself when both cuts are off.
+    """
+    keep = truncation_mask(logits, top_k, top_p)
+    if keep is None:
+        return logits
+    keep.scatter_(-1, targets[..., None], True)
+    return logits.masked_fill(~keep, float("-inf"))
+
+
 def _head_chunk(
     head: Callable[[torch.Tensor], torch.Tensor],
     hidden: torch.Tensor,
     targets: torch.Tensor,
     temperature: float,
     entropy: str,
+    top_k: int = 0,
+    top_p: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-probs [n] and entropies [n] of one chunk of tokens.
 
@@ -72,13 +95,15 @@ def _head_chunk(
     logits = head(hidden).float()  # [n, V]
     if temperature != 1.0:
         logits = logits / temperature
-    lse = torch.logsumexp(logits, dim=-1)  # [n]
+    kept = truncated_logits(logits, targets, top_k, top_p)  # −inf where the sampler's cut dropped
+    lse = torch.logsumexp(kept, dim=-1)  # [n]
     logprobs = logits.gather(-1, targets[:, None])[:, 0] - lse
     if entropy == "none":
         return logprobs, torch.zeros_like(logprobs.detach())
-    # H = −Σ p log p = lse − Σ p·z with p = softmax(z): one [n, V] temporary besides the logits.
+    # H = −Σ p log p = lse − Σ p·z with p = softmax(z): one [n, V] temporary besides the logits
+    # (p is exactly 0 on dropped tokens, whose z stays finite here).
     with torch.set_grad_enabled(torch.is_grad_enabled() and entropy == "grad"):
-        ent = lse - (torch.softmax(logits, dim=-1) * logits).sum(-1)
+        ent = lse - (torch.softmax(kept, dim=-1) * logits).sum(-1)
     return logprobs, ent if entropy == "grad" else ent.detach()
 
 
@@ -91,12 +116,16 @@ def head_logprobs(
     entropy_grad: bool = False,
     chunk_elements: int = CHUNK_ELEMENTS,
     vocab_size: int | None = None,
+    top_k: int = 0,
+    top_p: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The log-softmax of head(h) / T at the targets, and optionally the entropy, chunked over tokens.
 
     The token log-probability is `z_y − logsumexp(z)` with `z = head(h) / T`, and the entropy
     `H = logsumexp(z) − Σ_v softmax(z)_v z_v` (= −Σ p log p), both in fp32 whatever the
-    head's dtype. Tokens are processed `max(1, chunk_elements // V)` at a time; with
+    head's dtype. With `top_k` / `top_p` on, both are of the truncated distribution the
+    sampler drew from (`truncated_logits`: the logsumexp and the sum run over the kept
+    tokens and the target). Tokens are processed `max(1, chunk_elements // V)` at a time; with
     gradients enabled and more than one chunk, each chunk is checkpointed so that only its
     input hidden states are kept for backward (one chunk's [n, V] logits are recomputed
     there). The values and gradients equal the unchunked computation's up to float
@@ -112,6 +141,8 @@ def head_logprobs(
             it is computed without gradient.
         chunk_elements: tokens × V per chunk (fp32 logits held at once).
         vocab_size: V (default: the head's `out_features` or its weight's rows).
+        top_k: the sampler's top-k (0: off).
+        top_p: the sampler's top-p (1: off).
 
     Returns:
         logprobs [N] float32 (with grad when `hidden` or the head has it), entropy [N] float32
@@ -131,9 +162,9 @@ def head_logprobs(
     for s in range(0, N, step):
         h, y = hidden[s : s + step], targets[s : s + step]
         if grad and chunked:
-            lp, ent = checkpoint(_head_chunk, head, h, y, T, mode, use_reentrant=False)
+            lp, ent = checkpoint(_head_chunk, head, h, y, T, mode, top_k, top_p, use_reentrant=False)
         else:
-            lp, ent = _head_chunk(head, h, y, T, mode)
+            lp, ent = _head_chunk(head, h, y, T, mode, top_k, top_p)
         lps.append(lp)
         ents.append(ent)
     if not lps:
@@ -187,8 +218,15 @@ def sequence_logprobs(
     split_prompt: bool = False,
     chunk_elements: int = CHUNK_ELEMENTS,
     packed: bool = False,
+    top_k: int = 0,
+    top_p: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probabilities of the response tokens of `batch` under `model`.
+
+    The distribution is the one the rollout sampled from: `softmax(logits / T)`, truncated
+    to the tokens top-k / top-p keep when they are on (`truncated_logits`; the recorded
+    sampling log-probs are of that truncated distribution, so the ratio π/π_old is 1 at the
+    sampling weights). Greedy (T = 0) is the full softmax at T = 1, as the samplers record.
 
     The decoder's hidden states at the L positions that predict the response columns are
     taken, and only the real (non-padding) ones go through the LM head, in chunks of
@@ -227,6 +265,8 @@ def sequence_logprobs(
         split_prompt: with `share_prompts`, always run prompt and response as two calls.
         chunk_elements: fp32 logits held at once by the chunked head (tokens × V).
         packed: run the rows as one padding-free packed sequence (see above).
+        top_k: the sampler's top-k (0: off).
+        top_p: the sampler's top-p (1: off).
 
     Returns:
         logprobs [B, L] float32 (0 where the batch has padding — mask it), entropy [B, L] or
@@ -234,12 +274,15 @@ def sequence_logprobs(
     """
     from textgym import distributed
 
+    if not temperature:  # greedy decoding records the untruncated softmax at T = 1
+        top_k, top_p = 0, 1.0
+    cut = (top_k, top_p)
     if packed:
-        return _packed_logprobs(model, batch, temperature, with_entropy, entropy_grad, chunk_elements)
+        return _packed_logprobs(model, batch, temperature, with_entropy, entropy_grad, chunk_elements, cut)
     if distributed.is_sharded(model) or not chunked_head_supported(model):
         with _autocast(model):
             return _full_logits_logprobs(
-                model, batch, temperature, with_entropy, share_prompts, entropy_grad, split_prompt
+                model, batch, temperature, with_entropy, share_prompts, entropy_grad, split_prompt, cut
             )
     P, L = batch.prompt_width, batch.loss_mask.shape[1]
     checkpointing = model.training and bool(getattr(model, "is_gradient_checkpointing", False))
@@ -284,6 +327,8 @@ def sequence_logprobs(
             entropy_grad=entropy_grad,
             chunk_elements=chunk_elements,
             vocab_size=int(model.config.vocab_size) if hasattr(model, "config") else None,
+            top_k=top_k,
+            top_p=top_p,
         )
     zeros = torch.zeros(real.shape, dtype=torch.float32, device=real.device)
     logprobs = zeros.masked_scatter(real, lp)
@@ -316,8 +361,9 @@ def _packed_logprobs(
     with_entropy: bool,
     entropy_grad: bool,
     chunk_elements: int,
+    cut: tuple[int, float] = (0, 1.0),
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """`sequence_logprobs` of `batch` packed into one row (`pack_rows`; see there)."""
+    """`sequence_logprobs` of `batch` packed into one row (`pack_rows`; see there); `cut` = (top_k, top_p)."""
     from textgym import distributed
 
     ids, positions, predict, real = pack_rows(batch)
@@ -333,6 +379,8 @@ def _packed_logprobs(
                 with_entropy,
                 entropy_grad,
                 chunk_elements=2**62,
+                top_k=cut[0],
+                top_p=cut[1],
             )
         else:
             hidden = model.get_decoder()(
@@ -347,6 +395,8 @@ def _packed_logprobs(
                 entropy_grad=entropy_grad,
                 chunk_elements=chunk_elements,
                 vocab_size=int(model.config.vocab_size),
+                top_k=cut[0],
+                top_p=cut[1],
             )
     zeros = torch.zeros(real.shape, dtype=torch.float32, device=real.device)
     return zeros.masked_scatter(real, lp), None if ent is None else zeros.masked_scatter(real, ent)
@@ -360,8 +410,12 @@ def _full_logits_logprobs(
     share_prompts: bool,
     entropy_grad: bool,
     split_prompt: bool,
+    cut: tuple[int, float] = (0, 1.0),
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """`sequence_logprobs` through the model's own forward: [B, L, V] logits (see there)."""
+    """`sequence_logprobs` through the model's own forward: [B, L, V] logits (see there).
+
+    `cut` is the sampler's (top_k, top_p).
+    """
     P, L = batch.prompt_width, batch.loss_mask.shape[1]
     checkpointing = model.training and bool(getattr(model, "is_gradient_checkpointing", False))
     shared = shared_prompt_rows(batch, split_prompt) if share_prompts and not checkpointing else None
@@ -397,6 +451,7 @@ def _full_logits_logprobs(
     if temperature and temperature != 1.0:
         logits = logits / temperature
     targets = batch.input_ids[:, P:]  # [B, L]
+    logits = truncated_logits(logits, targets, *cut)  # the sampler's top-k / top-p (targets kept)
     logprobs = logits.gather(-1, targets[..., None])[..., 0] - torch.logsumexp(logits, dim=-1)
     real = batch.attention_mask[:, P:].bool()
     logprobs = logprobs * real  # 0 on padding, as on the chunked path

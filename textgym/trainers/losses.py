@@ -254,13 +254,14 @@ def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
     """Entropy H = −Σ_v p_v log p_v of each categorical distribution.
 
     Args:
-        logits: [..., V] unnormalised log-probabilities.
+        logits: [..., V] unnormalised log-probabilities; −inf (a token top-k / top-p dropped)
+            counts as probability 0, with 0 · log 0 = 0.
 
     Returns:
         [...] entropies in nats.
     """
     logp = torch.log_softmax(logits.float(), dim=-1)
-    return -(logp.exp() * logp).sum(-1)
+    return -(logp.exp() * logp.clamp(min=torch.finfo(logp.dtype).min)).sum(-1)
 
 
 def sft_loss(

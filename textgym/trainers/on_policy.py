@@ -58,6 +58,7 @@ from textgym.agents.sampling import SamplingParams, derive_seed
 from textgym.agents.trajectory import Trajectory
 from textgym.config import GRPOConfig, ParallelConfig, PPOConfig
 from textgym.envs.registry import task_count
+from textgym.models import disable_dropout
 from textgym.trainers.async_rollouts import AsyncRollouts
 from textgym.trainers.batch import RolloutBatch, no_token_budget_under_torchrun
 from textgym.trainers.checkpoint import (
@@ -135,6 +136,9 @@ class OnPolicyTrainer(PolicyUpdate):
             from textgym.trainers.lora import apply_lora
 
             model = apply_lora(model, cfg.lora, seed=seed)
+        # π_old (eval mode) and π (train mode) are the same function of the weights only
+        # without dropout: off in the policy, hence in its reference copy (and PPO's critic).
+        disable_dropout(model)
         self.policy, self.tokenizer, self.stage_dir = model, tokenizer, Path(stage_dir)
         self.parallel = parallel or ParallelConfig()
         self.stage_dir.mkdir(parents=True, exist_ok=True)
@@ -344,9 +348,12 @@ class OnPolicyTrainer(PolicyUpdate):
         tokens = float(batch.loss_mask.sum())
         token_means = ("kl/rollout_k3", "kl/ref", "value/mean_rollout", "returns/mean")
         token_weights = {k: tokens for k in token_means}
-        # 4 π_old recomputed by the trainer when the sampler's log-probs differ (vLLM, TIS)
+        # 4 π_old recomputed by the trainer when the sampler's log-probs differ (vLLM, servers,
+        # TIS) or are of older weights (async, `max_staleness` > 0: the ratio is centred on the
+        # current policy, the proximal π_old, whether or not TIS weights the loss)
         self._is_weights = None
-        if self.engine is not None or self.remote is not None or cfg.rollout.use_tis:
+        recompute = self.engine is not None or self.remote is not None or cfg.rollout.max_staleness > 0
+        if recompute or cfg.rollout.use_tis:
             # The engine's log-probs are π_rollout; the ratio's denominator is the trainer's π_old.
             # With the transformers backend and `rollout.tis: true`, π_rollout is the KV-cached
             # decoding's and π_old the padded training forward's (they differ under bf16/FSDP).

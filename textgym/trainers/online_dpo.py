@@ -49,6 +49,7 @@ from textgym.agents.sampling import SamplingParams, derive_seed
 from textgym.agents.trajectory import Trajectory
 from textgym.config import ConfigError, OnlineDPOConfig, ParallelConfig
 from textgym.envs.registry import task_count
+from textgym.models import disable_dropout
 from textgym.trainers.batch import RolloutBatch, rank_micro_batches, token_budget_micro_batches
 from textgym.trainers.checkpoint import (
     latest_checkpoint,
@@ -140,6 +141,7 @@ class OnlineDPOTrainer:
             from textgym.trainers.lora import apply_lora
 
             model = apply_lora(model, cfg.lora, seed=seed)
+        disable_dropout(model)  # π and π_ref compared across passes: no dropout (`models.disable_dropout`)
         if self.parallel.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.tokenizer, self.pad_id = tokenizer, int(tokenizer.pad_token_id)  # type: ignore[arg-type]

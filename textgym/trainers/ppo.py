@@ -48,6 +48,7 @@ from transformers import AutoModelForTokenClassification, PreTrainedModel
 from textgym import distributed
 from textgym.agents.trajectory import Trajectory
 from textgym.config import PPOConfig
+from textgym.models import disable_dropout
 from textgym.trainers.advantages import (
     explained_variance,
     gae,
@@ -71,7 +72,8 @@ def build_critic(policy: PreTrainedModel, path: str | None = None) -> PreTrained
     """A value model: `AutoModelForTokenClassification` with one label (a scalar per token).
 
     The backbone is the policy's (copied from the model in memory) or loaded from `path`;
-    the head is zero-initialised, so every value starts at 0. Dropout is off.
+    the head is zero-initialised, so every value starts at 0. Dropout is off everywhere in it
+    (`textgym.models.disable_dropout`), whatever the backbone's config says.
 
     Args:
         policy: the policy; its config and backbone weights are used when `path` is None.
@@ -101,11 +103,26 @@ def build_critic(policy: PreTrainedModel, path: str | None = None) -> PreTrained
             )
         else:
             critic.base_model.load_state_dict(policy.base_model.state_dict())
+    disable_dropout(critic)  # values are a deterministic function of the weights
+    head = value_head(critic)
     with torch.no_grad():
-        critic.score.weight.zero_()
-        if critic.score.bias is not None:
-            critic.score.bias.zero_()
+        head.weight.zero_()
+        if head.bias is not None:
+            head.bias.zero_()
     return critic.float().to(device)
+
+
+def value_head(critic: PreTrainedModel) -> torch.nn.Linear:
+    """The critic's scalar head: the `score` (Llama, Qwen2, ...) or `classifier` (GPT-2, BERT-style) linear.
+
+    Raises:
+        RuntimeError: if the token-classification model has neither.
+    """
+    for name in ("score", "classifier"):
+        head = getattr(critic, name, None)
+        if isinstance(head, torch.nn.Linear):
+            return head
+    raise RuntimeError(f"{type(critic).__name__} has no `score` or `classifier` linear head for the values")
 
 
 def sequence_values(critic: PreTrainedModel, batch: RolloutBatch) -> torch.Tensor:
@@ -216,7 +233,9 @@ class PPOTrainer(OnPolicyTrainer):
         L = mask.shape[1]
         values = values_all[:, :L]
         n_cols = batch.attention_mask[:, batch.prompt_width :].sum(-1)  # [B] response columns used
-        truncated = torch.tensor([t.truncated for t in trajs], device=mask.device)
+        # Bootstrap only an episode cut short: one that terminated ends at 0 even when a time
+        # limit fired on its last step too (gymnasium's `TimeLimit` then sets both flags).
+        truncated = torch.tensor([t.truncated and not t.terminated for t in trajs], device=mask.device)
         final_value = values_all.gather(1, n_cols[:, None].clamp(max=L))[:, 0]
         bootstrap = torch.where(truncated, final_value, torch.zeros_like(final_value))
         adv, returns = gae(rewards, values, mask, gamma=cfg.gamma, lam=cfg.lam, bootstrap=bootstrap)

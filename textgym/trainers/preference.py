@@ -38,6 +38,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from textgym import distributed
 from textgym.agents.trajectory import Trajectory
 from textgym.config import ParallelConfig, PreferenceConfig
+from textgym.models import disable_dropout
 from textgym.trainers.batch import (
     RolloutBatch,
     no_token_budget_under_torchrun,
@@ -180,6 +181,9 @@ class PreferenceTrainer:
             # B = 0 at the start: the reference log-probs computed below are the base model's.
             model = apply_lora(model, cfg.lora, seed=seed)
             self.model = model
+        # The implicit reward compares π (train mode) with π_ref (the same start weights, no
+        # grad): without dropout they agree at step 0 (`models.disable_dropout`).
+        disable_dropout(model)
         if parallel.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.model = model = shard(model, parallel, self.device)  # precision, then FSDP2 under torchrun

@@ -220,26 +220,34 @@ class PolicyUpdate:
         logprobs, entropy = sequence_logprobs(
             self.policy,
             sub,
-            self.cfg.sampling.temperature,
             with_entropy=grad or log_entropy,
             entropy_grad=grad,
             split_prompt=distributed.is_sharded(self.policy),
-            packed=self.cfg.packing,
+            **self._sampled_distribution(),
         )
         if entropy is None:
             return logprobs, None, None
         return logprobs, entropy.detach(), entropy if grad else None
 
+    def _sampled_distribution(self) -> dict[str, Any]:
+        """`sequence_logprobs`' keywords for the distribution the rollouts sampled from.
+
+        Temperature, top-k and top-p of `cfg.sampling` (the policy π is the truncated,
+        renormalised distribution when the cuts are on), and the packing setting.
+        """
+        s = self.cfg.sampling
+        return {"temperature": s.temperature, "top_k": s.top_k, "top_p": s.top_p, "packed": self.cfg.packing}
+
     @torch.no_grad()
     def _trainer_logprobs(self, batch: RolloutBatch) -> torch.Tensor:
         """[B, L] log π_old of the batch's tokens under the current policy, in eval mode."""
-        policy, T, packed = self.policy, self.cfg.sampling.temperature, self.cfg.packing
+        policy, dist = self.policy, self._sampled_distribution()
         split = distributed.is_sharded(policy)  # every rank makes the same forward calls
         was_training = policy.training
         policy.eval()
         try:
             return self.per_micro_batch(
-                batch, lambda sub: sequence_logprobs(policy, sub, T, split_prompt=split, packed=packed)[0]
+                batch, lambda sub: sequence_logprobs(policy, sub, split_prompt=split, **dist)[0]
             )
         finally:
             policy.train(was_training)
@@ -250,19 +258,17 @@ class PolicyUpdate:
         if self.cfg.lora is not None and self.cfg.kl_coef > 0:
             from textgym.trainers.lora import reference_of
 
-            policy, T, packed = self.policy, self.cfg.sampling.temperature, self.cfg.packing
+            policy, dist = self.policy, self._sampled_distribution()
             was_training = policy.training
             policy.eval()
             try:
                 with reference_of(policy) as ref:
-                    return self.per_micro_batch(
-                        batch, lambda sub: sequence_logprobs(ref, sub, T, packed=packed)[0]
-                    )
+                    return self.per_micro_batch(batch, lambda sub: sequence_logprobs(ref, sub, **dist)[0])
             finally:
                 policy.train(was_training)
         if self.reference is None:
             return None
-        reference, T, packed = self.reference, self.cfg.sampling.temperature, self.cfg.packing
+        reference, dist = self.reference, self._sampled_distribution()
         split = distributed.is_sharded(reference)
         if self.cfg.reference_device is not None and not split:
             # Placed elsewhere (another GPU, or offloaded to CPU): the micro-batch goes there
@@ -270,10 +276,10 @@ class PolicyUpdate:
             where = torch.device(self.cfg.reference_device)
             return self.per_micro_batch(
                 batch,
-                lambda sub: sequence_logprobs(reference, sub.to(where), T, packed=packed)[0].to(self.device),
+                lambda sub: sequence_logprobs(reference, sub.to(where), **dist)[0].to(self.device),
             )
         return self.per_micro_batch(
-            batch, lambda sub: sequence_logprobs(reference, sub, T, split_prompt=split, packed=packed)[0]
+            batch, lambda sub: sequence_logprobs(reference, sub, split_prompt=split, **dist)[0]
         )
 
     @torch.no_grad()
