@@ -131,7 +131,7 @@ def test_dpo_with_lora_trains_adapters_against_the_base_models_log_probs(
     )
     model, tok = load_model(warm_model_dir)
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    lora = {"epochs": 10, "lora": {"r": 4, "alpha": 8}, "log_every": 1}
+    lora = {"epochs": 20, "lora": {"r": 4, "alpha": 8}, "log_every": 1, "optim": {"lr": 3e-3}}
     cfg = PreferenceConfig.model_validate({**base, **lora})
     trainer = PreferenceTrainer(cfg, model, tok, tmp_path / "lora", pairs, unpaired)
     assert is_lora(trainer.model)
@@ -140,13 +140,12 @@ def test_dpo_with_lora_trains_adapters_against_the_base_models_log_probs(
     for k in plain.reference:
         torch.testing.assert_close(trainer.reference[k], plain.reference[k], rtol=0, atol=1e-6)
     final = trainer.train()
-    rows = [json.loads(x) for x in (tmp_path / "lora" / "metrics.jsonl").read_text().splitlines()]
-    # The last epoch's steps, weighted by their pairs (its last batch holds the 19 pairs' last 3,
-    # too few to judge alone: 2 of 3 right under the portable kernels).
-    sizes = [min(16, pairs.num_rows - i) for i in range(0, pairs.num_rows, 16)]
-    last = rows[-len(sizes) :]
-    accuracy = sum(r["rewards/accuracy"] * n for r, n in zip(last, sizes, strict=True)) / sum(sizes)
-    assert all(r["rewards/margin"] > 0.1 for r in last) and accuracy >= 0.75, (last, sizes)
+    # Judged on the trained adapters over every pair at once (the logged per-batch accuracies of
+    # a 1e-2 run swing from batch to batch: 0.62 to 1.0 in its last epochs with AVX2 kernels).
+    trainer.model.eval()
+    with torch.no_grad():
+        _, stats = trainer._loss(list(range(trainer.n)))
+    assert stats["rewards/margin"] > 0.1 and stats["rewards/accuracy"] >= 0.75, stats
     for k, v in trainer.model.get_base_model().state_dict().items():
         if ".lora_" not in k:
             torch.testing.assert_close(v, before[k.replace(".base_layer.", ".")], rtol=0, atol=0, msg=k)
