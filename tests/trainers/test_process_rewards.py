@@ -248,7 +248,12 @@ def test_grpo_process_refuses_a_kl_in_the_reward():
     with pytest.raises(ConfigError, match="kl_placement: loss"):
         load_config(
             None,
-            ["grpo.advantage_estimator=grpo_process", "grpo.kl_placement=reward", "grpo.kl_coef=0.1"],
+            [
+                "grpo.advantage_estimator=grpo_process",
+                "grpo.kl_placement=reward",
+                "grpo.kl_coef=0.1",
+                "grpo.kl_estimator=k1",
+            ],  # k1: the one estimator the reward may hold (k3 is refused anyway)
             name="x",
             model={"init_preset": "tiny"},
             grpo={"env": {"id": "textgym/Arithmetic-v0"}},
