@@ -28,6 +28,7 @@ MODULES = (
     "textgym.envs.tool_use",
     "textgym.envs.web.envs",
     "textgym.envs.wordle",
+    "textgym.verifiers.answer_rule",
     "textgym.verifiers.base",
     "textgym.verifiers.code",
     "textgym.verifiers.format",

@@ -12,12 +12,13 @@ WORDS = ["apple", "river", "stone", "cloud", "piano", "tiger", "lemon", "chair"]
 
 
 class ReversedWord:
-    """Verifier: 1.0 when the reply's last word is the task's answer."""
+    """Verifier: 1.0 when the reply's last word is the task's answer and it offers no other."""
 
     def __call__(self, completion: str, task: Task) -> Score:
-        words = completion.split()
-        said = words[-1].strip(".").lower() if words else ""
-        return Score(reward=float(said == task.answer), details={"said": said})
+        words = completion.lower().replace(".", " ").split()
+        said = words[-1] if words else ""
+        hedged = "or" in words  # "either elppa or apple" offers two answers: not one
+        return Score(reward=float(said == task.answer and not hedged), details={"said": said})
 
 
 class ReverseEnv(SingleTurnEnv):
@@ -46,7 +47,7 @@ class GuessEnv(TextEnv):
 
     def respond(self, action: str) -> tuple[list[dict[str, str]], float, bool, dict[str, Any]]:
         assert self.task is not None
-        digits = "".join(c for c in action if c.isdigit())
+        digits = "".join(c for c in action if c in "0123456789")  # ASCII digits only
         if not digits:
             return [{"role": "user", "content": "Reply with a number."}], 0.0, False, {"reward/correct": 0.0}
         guess, target = int(digits), int(self.task.answer)

@@ -25,7 +25,7 @@ ENV_ID = "textgym/OpenEnv-v0"
 
 @pytest.fixture(scope="module")
 def wordle_url():
-    with serve_openenv("textgym/Wordle-v0") as server:
+    with serve_openenv("textgym/Wordle-v0", expose_oracle=True) as server:
         yield server.url
 
 
@@ -88,8 +88,8 @@ def test_a_dead_server_is_a_clear_error_naming_the_url():
         OpenEnvEnv(base_url="127.0.0.1:8000")
 
 
-def test_a_server_without_oracle_says_so():
-    with serve_openenv("textgym/Wordle-v0", expose_oracle=False) as server:
+def test_a_server_exposes_no_oracle_unless_asked():
+    with serve_openenv("textgym/Wordle-v0") as server:
         env = OpenEnvEnv(base_url=server.url)
         env.reset(options={"task_index": 0})
         with pytest.raises(NotImplementedError, match="no oracle"):
@@ -118,3 +118,10 @@ def test_the_cli_command_serves(monkeypatch):
         "env_id": "textgym/Wordle-v0", "env_kwargs": {"system_prompt": "Be brief."}, "host": "127.0.0.1",
         "port": 0, "expose_oracle": True, "waited": True,
     }  # fmt: skip
+    from typer.testing import CliRunner
+
+    from textgym.cli import app
+
+    result = CliRunner().invoke(app, ["env", "serve-openenv", "textgym/Wordle-v0", "--port", "0"])
+    assert result.exit_code == 0, result.output
+    assert served["expose_oracle"] is False  # the oracle is opt-in (`--oracle`)

@@ -68,18 +68,16 @@ def test_the_built_in_set_is_labelled_as_documented(items, tmp_path):
         load_items(tmp_path / "bad.jsonl")
 
 
-def test_math_verifier_audit_finds_the_hedge(items):
+def test_math_verifier_audit_accepts_no_wrong_answer(items):
     report = run_audit(items, verifier_scorer(ENV, KW))
-    # Hand count: the verifier scores the last \boxed{}, so "either 15 or 14" (the hedge) passes;
-    # with no marker math-verify reads the text itself, so the question echoed back ("Compute
-    # 8+6.", which it evaluates to 14) passes too: 4 of 20 wrong accepted. "The answer is 14." counts.
-    assert (report["false_positives"], report["negatives"]) == (4, 20)
-    assert report["false_positive_rate"] == pytest.approx(0.2, abs=1e-12)
+    # Before the answer rule (textgym.verifiers.answer_rule) the verifier accepted 4 of 20 wrong
+    # answers: "either 15 or 14" (the hedge, its last box right) and the question echoed back
+    # ("Compute 8+6.", which math-verify evaluates to 14). Now a hedge and an expression earn 0,
+    # and every correct kind ("The answer is 14." included) is still accepted.
+    assert (report["false_positives"], report["negatives"]) == (0, 20)
+    assert report["false_positive_rate"] == 0.0
     assert (report["false_negatives"], report["false_negative_rate"]) == (0, 0.0)
-    fooled = ("format_hedge", "format_echo")
-    assert kinds(report) == {k: 1.0 for k in (*CORRECT_KINDS, *fooled)} | {
-        k: 0.0 for k in WRONG_KINDS if k not in fooled
-    }
+    assert kinds(report) == {k: 1.0 for k in CORRECT_KINDS} | {k: 0.0 for k in WRONG_KINDS}
     assert report["verifier"] is None and report["position_bias"] is None
     hand = [AuditItem("Compute 8+6.", r"\boxed{14}", True, "a", "14", 0), AuditItem("q", "14", True, "b")]
     rows = run_audit(hand, verifier_scorer(ENV, KW))["rows"]
@@ -120,13 +118,14 @@ def test_judge_audit_from_the_command_line(items, judges, tmp_path):
     assert report["false_negative_rate"] == pytest.approx(1 / 3, abs=1e-12)
     assert kinds(report)["injection_score"] == kinds(report)["injection_delimiter"] == 0.0
     assert kinds(report)["gold_unboxed"] == 0.0 and kinds(report)["format_hedge"] == 1.0
-    # Against the math verifier: they differ on gold_unboxed and format_echo: 22 of 26 agree; κ by
-    # hand (p_o = 22/26, p_judge = 6/26, p_verifier = 10/26): (572 − 380) / (676 − 380) = 192/296.
+    # Against the math verifier (which accepts the 6 right and none of the 20 wrong): they differ on
+    # gold_unboxed and format_hedge, 2 items each: 22 of 26 agree; κ by hand (p_o = 22/26,
+    # p_judge = p_verifier = 6/26, p_e = (36 + 400)/676): (572 − 436) / (676 − 436) = 136/240.
     v = report["verifier"]
     assert v["agreement"] == pytest.approx(22 / 26, abs=1e-12) and v["kappa"] == pytest.approx(
-        192 / 296, abs=1e-12
+        136 / 240, abs=1e-12
     )
-    assert (v["false_positives"], v["false_negatives"]) == (4, 0)
+    assert (v["false_positives"], v["false_negatives"]) == (0, 0)
     # Pairwise, both orders: gold beats 9 wrong kinds every time and ties the hedge.
     pb = report["position_bias"]
     assert (pb["pairs"], pb["picked_a"], pb["picked_b"], pb["consistent_rate"]) == (20, 18, 18, 1.0)

@@ -1,4 +1,4 @@
-"""`textgym env new | check | show | serve-openenv`: write, check, inspect and serve an environment."""
+"""`textgym env new | check | hacks | show | serve-openenv`: write, check, probe, inspect, serve an env."""
 
 from __future__ import annotations
 
@@ -57,14 +57,15 @@ def env_check_cmd(
     sft: Annotated[
         bool, typer.Option("--sft", help="Fail when tasks have no gold solution (SFT needs them).")
     ] = False,
+    hacks: Annotated[bool, typer.Option(help="Run the reward-hack probes (`textgym env hacks`).")] = True,
 ) -> None:
-    """Check an env: gymnasium's checker, determinism, oracle and random bounds, bad actions, limits.
+    """Check an env: gymnasium's checker, determinism, oracle and random bounds, bad actions, limits, hacks.
 
     Prints one line per check (ok / fail / skip); exit code 0 when none failed, else 1.
     """
     from textgym.evaluation.envcheck import check_env
 
-    results = check_env(env_id, parse_kwargs(env_kwargs), n=n, sft=sft)
+    results = check_env(env_id, parse_kwargs(env_kwargs), n=n, sft=sft, hacks=hacks)
     colour = {"ok": "green", "fail": "red", "skip": "yellow"}
     for r in results:
         console.print(
@@ -75,6 +76,31 @@ def env_check_cmd(
     failed = [r.name for r in results if r.status == "fail"]
     if failed:
         typer.echo(f"{len(failed)} check(s) failed: {', '.join(failed)}", err=True)
+        raise typer.Exit(1)
+
+
+@env_app.command("hacks")
+def env_hacks_cmd(
+    env_id: EnvIdArg,
+    env_kwargs: EnvKwargs = None,
+    n: Annotated[int, typer.Option(min=1, help="Tasks each probe plays.")] = 5,
+) -> None:
+    """Play reward-hack probes (echo, hedges, expressions, format only, harness tampering, ...) on an env.
+
+    Prints each probe's mean return next to the random agent's; exit code 1 when a probe earns
+    more than random (by more than 0.2), a verifier that pays for what the task did not ask.
+    """
+    from textgym.evaluation.hack_probes import probe_env
+
+    try:
+        results = probe_env(env_id, parse_kwargs(env_kwargs), n=n)
+    except Exception as e:
+        fail(f"{env_id}: the probes could not play: {type(e).__name__}: {e}")
+    for r in results:
+        console.print(r.line(), highlight=False, soft_wrap=True)
+    paid = [r.name for r in results if not r.ok]
+    if paid:
+        typer.echo(f"{len(paid)} probe(s) paid more than a random agent: {', '.join(paid)}", err=True)
         raise typer.Exit(1)
 
 

@@ -166,6 +166,9 @@ def _print_suite(report: dict[str, Any], written: dict[str, Path]) -> None:
 
 def _result_table(res: Any, title: str) -> Table:
     """One row of an `EvalResult`: n, samples, accuracy, mean reward, pass@k, response tokens, tokens/s."""
+    hacks = res.hacks()
+    if hacks:  # shares of the rewarded episodes that hedge, restate the question, ... (answer_rule)
+        title += "\nrewarded episodes that " + ", ".join(f"{k[5:-5]}: {v:.2f}" for k, v in hacks.items())
     table = Table(title=title)
     pass_cols = [f"pass@{k}" for k in res.pass_at]
     accuracy = "accuracy" if res.accuracy_term == "correct" else f"accuracy ({res.accuracy_term})"

@@ -20,7 +20,8 @@ ExposeOracle = Annotated[
     bool,
     typer.Option(
         "--oracle/--no-oracle",
-        help="Put the env's oracle in the session state (OpenEnv-v0's oracle reads it; so can any client).",
+        help="Put the env's oracle in the session state (OpenEnv-v0's oracle reads it; so can any client, "
+        "the agent included: off unless asked).",
     ),
 ]
 
@@ -30,7 +31,7 @@ def serve_openenv_cmd(
     env_kwargs: EnvKwargs = None,
     host: Host = "127.0.0.1",
     port: Port = 8000,
-    expose_oracle: ExposeOracle = True,
+    expose_oracle: ExposeOracle = False,
 ) -> None:
     """Serve ENV_ID over OpenEnv's protocol until Ctrl-C; the env's kwargs come from --env-kwargs k=v.
 

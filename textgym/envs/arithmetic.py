@@ -369,7 +369,7 @@ class ArithmeticEnv(SingleTurnEnv):
         >>> env = gym.make("textgym/Arithmetic-v0", split="test", operators="+", digits=1)
         >>> obs, info = env.reset(options={"task_index": 0})
         >>> print(obs[0]["content"])
-        Compute 8+6. Put the final answer in \boxed{}.
+        Compute 8+6. Put the final answer, one number, in \boxed{}.
         >>> obs, reward, terminated, truncated, info = env.step(r"8 + 6 = \boxed{14}")
         >>> reward, terminated, info["reward/correct"], info["reward/format"]
         (1.0, True, 1.0, 1.0)
@@ -407,7 +407,7 @@ class ArithmeticEnv(SingleTurnEnv):
         n_terms: int = 2,
         n_test: int | None = None,
         generator_seed: int = 0,
-        instruction: str = "Put the final answer in \\boxed{}.",
+        instruction: str = "Put the final answer, one number, in \\boxed{}.",
         correct_weight: float = 1.0,
         format_weight: float = 0.0,
         digit_match_weight: float = 0.0,

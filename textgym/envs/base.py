@@ -17,7 +17,7 @@ from textgym.envs.spaces import ChatMessages, UnicodeText
 from textgym.types import Message, Task
 from textgym.verifiers.base import Rubric, RubricTerm
 from textgym.verifiers.format import FormatVerifier
-from textgym.verifiers.math import MathVerifier
+from textgym.verifiers.math import HedgeVerifier, MathVerifier
 
 DEFAULT_MAX_ACTION_CHARS = 100_000
 """Actions longer than this many characters are scored `invalid_action_reward` without verification."""
@@ -259,13 +259,19 @@ class SingleTurnEnv(TextEnv):
 
 
 def math_rubric(correct_weight: float = 1.0, format_weight: float = 0.0, timeout_s: float = 10.0) -> Rubric:
-    """Rubric of math envs: `correct` (math-verify equivalence) and `format` (answer marker present).
+    """Rubric of math envs: `correct`, `format` and `hedge`.
 
-    With the default `format_weight=0.0` the format term is a logged metric only.
+    `correct` is the answer rule then math-verify equivalence, `format` whether an answer
+    marker is present, and `hedge` whether the answer was refused for offering several
+    candidates.
+
+    With the default `format_weight=0.0` the format term is a logged metric only; `hedge` is
+    always logged only (weight 0).
     """
     return Rubric(
         [
             RubricTerm("correct", MathVerifier(timeout_s=timeout_s), correct_weight),
             RubricTerm("format", FormatVerifier(), format_weight),
+            RubricTerm("hedge", HedgeVerifier(), 0.0),
         ]
     )

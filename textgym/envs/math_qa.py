@@ -16,6 +16,10 @@ from textgym.envs.base import SingleTurnEnv, math_rubric
 from textgym.types import Task
 
 DEFAULT_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
+"""The usual math prompt (Qwen2.5-Math's); the envs add what the answer rule asks
+(`textgym.verifiers.answer_rule`): one answer, a number written as a number."""
+GSM8K_INSTRUCTION = DEFAULT_INSTRUCTION[:-1] + ", as one number."
+MATH500_INSTRUCTION = DEFAULT_INSTRUCTION[:-1] + ": one answer, simplified."
 _CALC_RE = re.compile(r"<<[^>]*>>")
 
 
@@ -107,7 +111,7 @@ class GSM8KEnv(SingleTurnEnv):
     def __init__(
         self,
         split: str = "test",
-        instruction: str = DEFAULT_INSTRUCTION,
+        instruction: str = GSM8K_INSTRUCTION,
         correct_weight: float = 1.0,
         format_weight: float = 0.0,
         **kwargs: Any,
@@ -153,7 +157,7 @@ class MATH500Env(SingleTurnEnv):
 
     def __init__(
         self,
-        instruction: str = DEFAULT_INSTRUCTION,
+        instruction: str = MATH500_INSTRUCTION,
         correct_weight: float = 1.0,
         format_weight: float = 0.0,
         **kwargs: Any,

@@ -138,7 +138,8 @@ def make_tasks(split: str) -> list[Task]:
 class __CLASS__(TextEnv):
     """Guess a hidden number with "higher"/"lower" hints; reward 1.0 (`reward/correct`) on the right guess.
 
-    A reply without a number costs a turn and is answered with what was wrong (never raised on).
+    A reply without exactly one number (none, or several: "either 3 or 4" is not a guess) costs
+    a turn and is answered with what was wrong (never raised on).
 
     Args:
         split: "train" (24 targets) or "test" (8 targets: the multiples of 4).
@@ -153,13 +154,13 @@ class __CLASS__(TextEnv):
         return [{"role": "user", "content": f"{task.prompt} Reply with one number."}]
 
     def respond(self, action: str) -> tuple[list[Message], float, bool, dict[str, Any]]:
-        """Compare the reply's last number with the target: solved, or a hint."""
+        """Compare the reply's one number with the target: solved, or a hint."""
         assert self.task is not None
-        numbers = re.findall(r"-?\\d+", action)
-        if not numbers:
+        numbers = set(re.findall(r"-?[0-9]+", action))  # ASCII digits; one guess per reply
+        if len(numbers) != 1:
             ask = [{"role": "user", "content": "Reply with one number."}]
             return ask, 0.0, False, {"reward/correct": 0.0}
-        guess, target = int(numbers[-1]), int(self.task.answer)
+        guess, target = int(numbers.pop()), int(self.task.answer)
         if guess == target:
             return [], 1.0, True, {"reward/correct": 1.0}
         hint = "higher" if guess < target else "lower"

@@ -142,7 +142,7 @@ class ToolUseWrapper(gym.Wrapper[list[Message], str, list[Message], str]):
 
 TOOLMATH_INSTRUCTION = (
     "You can use the calculator and python tools. When you know the answer, reply without a "
-    "tool call and put the final answer within \\boxed{}."
+    "tool call and put the final answer, one number, within \\boxed{}."
 )
 
 

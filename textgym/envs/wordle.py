@@ -51,6 +51,7 @@ woman women world worry worse worst worth would wound write wrong wrote yield yo
 WORDS: tuple[str, ...] = tuple(_WORD_LIST.split())
 MAX_GUESSES = 6
 _GUESS_RE = re.compile(r"\\boxed\{\s*([A-Za-z]{5})\s*\}|<guess>\s*([A-Za-z]{5})\s*</guess>")
+_ANY_GUESS_RE = re.compile(r"\\boxed\{([^{}]*)\}|<guess>(.*?)</guess>", re.DOTALL)
 INSTRUCTION = (
     "Let's play Wordle. Guess the hidden five-letter English word in at most 6 tries. After each "
     "guess I mark every letter: G = right letter, right place; Y = in the word, elsewhere; "
@@ -87,14 +88,20 @@ def score_guess(guess: str, target: str) -> str:
 def parse_guess(action: str) -> str | None:
     r"""The guess in a reply: its last `\boxed{xxxxx}` or `<guess>xxxxx</guess>`, else the reply itself.
 
-    Returns None unless the result is five letters.
+    Returns None unless the result is five letters, and when the reply offers more than one
+    distinct guess (`\boxed{crane} or \boxed{about}`: one guess per turn).
 
     Examples:
         >>> parse_guess(r"My guess is \boxed{Crane}.")
         'crane'
         >>> parse_guess("crane!"), parse_guess("I think it is crane") is None
         ('crane', True)
+        >>> parse_guess(r"\boxed{crane} or \boxed{about}") is None
+        True
     """
+    offered = {g.strip().lower() for pair in _ANY_GUESS_RE.findall(action) for g in pair if g}
+    if len(offered) > 1:
+        return None
     found = _GUESS_RE.findall(action)
     if found:
         a, b = found[-1]

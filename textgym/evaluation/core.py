@@ -79,7 +79,14 @@ class EvalResult:
         d.pop("per_task")
         d.pop("episodes")
         d["pass_at"] = {str(k): v for k, v in self.pass_at.items()}
+        d["hacks"] = self.hacks()
         return d
+
+    def hacks(self) -> dict[str, float]:
+        """Reward-hacking shares among the rewarded episodes (`answer_rule.hack_shares`)."""
+        from textgym.verifiers.answer_rule import hack_shares
+
+        return hack_shares([(e["reward"], e.get("terms", {}), e.get("messages", [])) for e in self.episodes])
 
 
 class EvaluationInterruptedError(RuntimeError):

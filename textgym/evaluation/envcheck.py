@@ -13,6 +13,7 @@ The checks, in order (`check_env`):
 | `episode end` | episodes end within the declared limit (`max_episode_steps`, else 64 turns) |
 | `accuracy` | the accuracy term (`accuracy_term`, default `correct`) is reported as `reward/<term>` |
 | `solutions` | tasks carry a gold `solution` (an `sft:` stage needs them; fails only with `sft=True`) |
+| `hacks` | no reward-hack probe earns more than the random agent (`textgym.evaluation.hack_probes`) |
 | `timing` | always passes: seconds per `reset` and per `step` |
 
 `preflight_episode` is the cheap part that `textgym train` runs for every stage's env before
@@ -80,15 +81,22 @@ def turn_limit(env: Any) -> int | None:
 
 
 def check_env(
-    env_id: str, env_kwargs: dict[str, Any] | None = None, *, n: int = 5, sft: bool = False
+    env_id: str,
+    env_kwargs: dict[str, Any] | None = None,
+    *,
+    n: int = 5,
+    sft: bool = False,
+    hacks: bool = True,
 ) -> list[CheckResult]:
     """Run every check on `env_id` (see the module docstring); stop after a failing `make`.
 
     Args:
         env_id: any id `textgym.envs.make` takes.
         env_kwargs: constructor kwargs.
-        n: tasks played by the oracle and the random agent (the first `n`, or fewer if the env has fewer).
+        n: tasks played by the oracle, the random agent and each hack probe (the first `n`, or
+            fewer if the env has fewer).
         sft: whether missing `solution`s fail (an SFT stage needs them) or are only reported.
+        hacks: whether to run the reward-hack probes (`hack_probes.probe_env`).
 
     Returns:
         One `CheckResult` per check, in table order.
@@ -282,6 +290,11 @@ def check_env(
             )
         )
 
+    if hacks:
+        results.append(_hack_check(env_id, kwargs, n))
+    else:
+        results.append(CheckResult("hacks", "skip", "not asked for"))
+
     results.append(
         CheckResult(
             "timing",
@@ -292,6 +305,27 @@ def check_env(
     )
     env.close()
     return results
+
+
+def _hack_check(env_id: str, kwargs: dict[str, Any], n: int) -> CheckResult:
+    """The `hacks` check: every reward-hack probe earns no more than the random agent."""
+    from textgym.evaluation.hack_probes import probe_env
+
+    try:
+        probes = probe_env(env_id, kwargs, n=n)
+    except Exception as e:
+        return CheckResult("hacks", "fail", f"the probes could not play: {type(e).__name__}: {e}")
+    paid = [p for p in probes if not p.ok]
+    if paid:
+        names = ", ".join(f"{p.name} ({p.mean_return:.2f} vs random {p.baseline:.2f})" for p in paid)
+        return CheckResult("hacks", "fail", f"reward hacks paid: {names}; `textgym env hacks` shows them")
+    slowest = max(probes, key=lambda p: p.seconds)
+    return CheckResult(
+        "hacks",
+        "ok",
+        f"{len(probes)} probes earn no more than random ({probes[0].baseline:.3f}); "
+        f"slowest {slowest.name} {slowest.seconds:.1f}s",
+    )
 
 
 def preflight_episode(env: Any, env_id: str, *, needs_solutions: bool = False) -> str:

@@ -80,6 +80,7 @@ from textgym.trainers.precision import compute_autocast
 from textgym.trainers.remote_rollouts import build_remote
 from textgym.trainers.rollouts import (
     apply_overlong_penalty,
+    hack_warning,
     log_trajectories,
     prune_trajectories,
     rollout_metrics,
@@ -423,7 +424,7 @@ class OnPolicyTrainer(PolicyUpdate):
         return (
             f"reward {m['rollout/reward_mean']:.3f}  len {m['rollout/response_length_mean']:.1f}"
             f"  clip {m.get('clip/frac', 0.0):.3f}{entropy}"
-            f"  {m['time/step_s']:.2f}s/step"
+            f"  {m['time/step_s']:.2f}s/step{hack_warning(m)}"
         )
 
     def train(self, echo: Callable[[str], None] | None = None) -> Path:

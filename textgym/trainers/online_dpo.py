@@ -67,7 +67,7 @@ from textgym.trainers.online_dpo_pairs import best_vs_worst, pair_losses
 from textgym.trainers.optim import build_optimizer
 from textgym.trainers.placement import shard
 from textgym.trainers.precision import compute_autocast
-from textgym.trainers.rollouts import log_trajectories, prune_trajectories, rollout_metrics
+from textgym.trainers.rollouts import hack_warning, log_trajectories, prune_trajectories, rollout_metrics
 from textgym.trainers.sampler import TaskSampler
 
 EvalFn = Callable[[PreTrainedModel, PreTrainedTokenizerBase], dict[str, float]]
@@ -346,7 +346,7 @@ class OnlineDPOTrainer:
         pref = f"  pref-acc {m['rewards/accuracy']:.2f}" if "rewards/accuracy" in m else ""
         return (
             f"reward {m['rollout/reward_mean']:.3f}{acc}  pairs {m['pairs/count']:.0f}{loss}{pref}"
-            f"  {m['time/step_s']:.2f}s/step"
+            f"  {m['time/step_s']:.2f}s/step{hack_warning(m)}"
         )
 
     def train(self, echo: Callable[[str], None] | None = None) -> Path:

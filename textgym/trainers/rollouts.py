@@ -16,6 +16,7 @@ import torch
 from textgym import distributed
 from textgym.agents.trajectory import Trajectory
 from textgym.trainers.advantages import overlong_penalty
+from textgym.verifiers.answer_rule import hack_shares
 
 
 def chunks(idx: torch.Tensor, size: int) -> list[torch.Tensor]:
@@ -23,11 +24,24 @@ def chunks(idx: torch.Tensor, size: int) -> list[torch.Tensor]:
     return [idx[i : i + size] for i in range(0, len(idx), size)]
 
 
+HACK_WARN_FRAC = 0.25
+"""A step whose rewarded responses show a hack sign (`hack/*_frac`) at least this often says so."""
+
+
+def hack_warning(metrics: dict[str, float], threshold: float = HACK_WARN_FRAC) -> str:
+    """A note naming each `hack/*_frac` at or above `threshold` (for the progress line), or ""."""
+    high = {k: v for k, v in metrics.items() if k.startswith("hack/") and v >= threshold}
+    if not high:
+        return ""
+    return "  reward hacking? " + ", ".join(f"{k[5:-5]} {v:.2f}" for k, v in sorted(high.items()))
+
+
 def rollout_metrics(trajs: list[Trajectory], gather: bool = True) -> dict[str, float]:
-    """Reward, accuracy, reward terms and length statistics of a rollout batch.
+    """Reward, accuracy, reward terms, length and reward-hacking statistics of a rollout batch.
 
     With `gather` (and several ranks), over every rank's trajectories: their rewards, lengths
-    and terms are gathered first, so the statistics are those of the global batch.
+    and terms are gathered first, so the statistics are those of the global batch. The hack
+    shares are `answer_rule.hack_shares` (over this rank's trajectories, averaged over ranks).
     """
     rows = [(t.reward, t.response_length, t.finish_reason, t.reward_terms, t.truncated) for t in trajs]
     if gather:
@@ -52,6 +66,7 @@ def rollout_metrics(trajs: list[Trajectory], gather: bool = True) -> dict[str, f
         m[f"rollout/{k.split('/', 1)[1]}_mean"] = sum(vs) / len(vs)
     if "reward/correct" in terms:
         m["rollout/accuracy"] = sum(v >= 1.0 for v in terms["reward/correct"]) / len(terms["reward/correct"])
+    m.update(hack_shares([(t.reward, t.reward_terms, t.messages) for t in trajs]))
     return m
 
 

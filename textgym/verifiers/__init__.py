@@ -6,10 +6,11 @@ is imported on first use, so `import textgym` does not load its HTTP client.
 
 from typing import Any
 
+from textgym.verifiers.answer_rule import AnswerCheck, check_answer
 from textgym.verifiers.base import Rubric, RubricTerm, Score, Verifier
 from textgym.verifiers.code import CodeVerifier, extract_code
 from textgym.verifiers.format import FormatVerifier
-from textgym.verifiers.math import DigitMatchVerifier, MathVerifier, extract_answer, math_equal
+from textgym.verifiers.math import DigitMatchVerifier, HedgeVerifier, MathVerifier, extract_answer, math_equal
 
 _LAZY = {"JudgeItem", "JudgeVerifier"}
 
@@ -24,9 +25,11 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "AnswerCheck",
     "CodeVerifier",
     "DigitMatchVerifier",
     "FormatVerifier",
+    "HedgeVerifier",
     "JudgeItem",
     "JudgeVerifier",
     "MathVerifier",
@@ -34,6 +37,7 @@ __all__ = [
     "RubricTerm",
     "Score",
     "Verifier",
+    "check_answer",
     "extract_answer",
     "extract_code",
     "math_equal",

@@ -12,9 +12,13 @@ Reward: 1.0 when the program loads and every counted unit passes, else 0.0
 (`mode="binary"`, default); or the fraction of counted units that pass (`mode="fraction"`).
 Details carry the first failing unit's source, its error, and the tail of stderr.
 
-Scope: the sandbox isolates the host from the code; the harness shares the program's
-process, so code written to inspect the harness's frames could forge a report. That is
-reward hacking, not an escape; the verifier is not adversarially robust against it.
+The tests cannot be rebound by the solution and a returned object cannot fake a result:
+the harness restores every module the program patched (builtins included), runs the tests
+in their own namespace with the builtins as they were before the program, and turns each
+return value of the solution's functions into plain data of exact built-in types, so an
+object whose `__eq__` always returns True fails its test (`_code_harness`). Scope: the
+sandbox isolates the host from the code; the harness shares the program's process, so code
+written to inspect the harness's frames could still forge a report.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import json
 import re
 import secrets
 import textwrap
+import warnings
 from importlib import resources
 from typing import Any
 
@@ -97,13 +102,15 @@ def _has_assert(source: str) -> bool:
         return True
 
 
-def build_program(completion: str, task: Task) -> tuple[str, list[str]]:
-    """Assemble `(program, test_units)` for a code task from its metadata and the completion.
+def build_program(completion: str, task: Task) -> tuple[str, str, list[str]]:
+    """Assemble `(program, setup, test_units)` for a code task from its metadata and the completion.
 
     `task.metadata` keys: `prefix` (code before the solution, e.g. imports), `prompt_code`
     and `entry_point` (HumanEval: the prompt the body continues; a completion that defines
     `entry_point` itself replaces the prompt's function instead), `tests` (list of test
-    units), `setup` (code after the solution, before the tests: e.g. `def check`).
+    units), `setup` (trusted test code run after the solution, before the tests, in the
+    tests' own namespace: e.g. `def check`). The program is the untrusted part: the
+    harness runs the setup and the tests apart from it (`_code_harness`).
 
     Raises:
         KeyError: when the task lacks `tests` (it is not a code task).
@@ -122,10 +129,24 @@ def build_program(completion: str, task: Task) -> tuple[str, list[str]]:
     prefix = meta.get("prefix", "")
     if prefix:
         program = prefix.rstrip("\n") + "\n" + program
-    setup = meta.get("setup", "")
-    if setup:
-        program = program.rstrip("\n") + "\n\n" + setup
-    return program + "\n", list(meta["tests"])
+    return program + "\n", meta.get("setup", ""), list(meta["tests"])
+
+
+def entry_points(task: Task) -> list[str]:
+    """The names a code task's tests call in the solution.
+
+    Its `entry_point`, and the top-level functions of its reference solution
+    (`metadata["reference_code"]`, MBPP).
+    """
+    names = [task.metadata["entry_point"]] if task.metadata.get("entry_point") else []
+    reference = task.metadata.get("reference_code") or ""
+    try:
+        with warnings.catch_warnings():  # MBPP's references hold regexes in plain strings ("\\d")
+            warnings.simplefilter("ignore")
+            tree = ast.parse(reference)
+    except SyntaxError:
+        return names
+    return names + [n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
 
 
 class CodeVerifier:
@@ -170,9 +191,15 @@ class CodeVerifier:
 
     def request(self, completion: str, task: Task) -> tuple[ExecRequest, str, list[str]]:
         """The sandbox request for one completion, its nonce and its test units."""
-        program, tests = build_program(completion, task)
+        program, setup, tests = build_program(completion, task)
         nonce = secrets.token_hex(16)
-        spec = {"program": program, "tests": tests, "stop_at_first_failure": self.mode == "binary"}
+        spec = {
+            "program": program,
+            "setup": setup,
+            "tests": tests,
+            "entry_points": entry_points(task),
+            "stop_at_first_failure": self.mode == "binary",
+        }
         req = ExecRequest(
             files={"harness.py": HARNESS_SOURCE, "spec.json": json.dumps(spec)},
             cmd=("python3", "-I", "harness.py"),

@@ -7,6 +7,10 @@ Extraction (`extract_answer`) looks for an explicit final-answer marker, in this
 3. `#### N` (GSM8K style) — the last one, to the end of its line;
 4. "the (final) answer is ..." — the last one, to the end of its sentence.
 
+Before any equivalence check, `MathVerifier` applies the final-answer rule of
+`textgym.verifiers.answer_rule`: one answer (without a marker, the last line's), no hedging,
+a number written as a number when the gold is one, and not the question restated.
+
 Equivalence is decided by Hugging Face's `math-verify` (`parse` + `verify`, backed by
 sympy), never by string matching. It runs in a child process (see `_math_worker`) that
 the caller kills and restarts when one comparison overruns `timeout_s`, so input such
@@ -35,8 +39,6 @@ from textgym.verifiers.base import Score
 
 MAX_SCAN_CHARS = 200_000
 """Completions longer than this (characters) are cut to their last MAX_SCAN_CHARS before extraction."""
-FALLBACK_CHARS = 2_000
-"""Without a marker, the completion's last FALLBACK_CHARS characters go to math-verify's extraction."""
 MAX_ANSWER_CHARS = 1_000
 """Extracted answers longer than this are not compared (no real final answer is that long)."""
 
@@ -54,6 +56,23 @@ class Extracted:
     kind: str
 
 
+def _balanced_from(text: str, start: int) -> int | None:
+    """The index of the `}` closing the brace opened just before `start`, or None.
+
+    At most `4 * MAX_ANSWER_CHARS` characters are scanned; None when it is not closed within them.
+    """
+    depth = 1
+    for j in range(start, min(len(text), start + 4 * MAX_ANSWER_CHARS)):
+        c = text[j]
+        if c == "{":
+            depth += 1
+        elif c == "}":
+            depth -= 1
+            if depth == 0:
+                return j
+    return None
+
+
 def _last_boxed(text: str) -> str | None:
     """Return the content of the last balanced `\\boxed{...}`, or None.
 
@@ -62,16 +81,28 @@ def _last_boxed(text: str) -> str | None:
     """
     starts = [m.end() for m in _BOX_RE.finditer(text)][-_MAX_BOX_STARTS:]
     for start in reversed(starts):
-        depth = 1
-        for j in range(start, min(len(text), start + 4 * MAX_ANSWER_CHARS)):
-            c = text[j]
-            if c == "{":
-                depth += 1
-            elif c == "}":
-                depth -= 1
-                if depth == 0:
-                    return text[start:j]
+        end = _balanced_from(text, start)
+        if end is not None:
+            return text[start:end]
     return None
+
+
+def all_boxed(text: str) -> list[tuple[str, int]]:
+    """Every balanced `\\boxed{...}` of `text` (of its last `_MAX_BOX_STARTS` openings), in order.
+
+    Returns `(content, end)` pairs, `end` being the offset just past the closing brace. A box
+    nested in another is listed too. Bounded like `_last_boxed`.
+
+    Examples:
+        >>> [c for c, _ in all_boxed(r"\\boxed{147} or \\boxed{148}")]
+        ['147', '148']
+    """
+    out = []
+    for m in list(_BOX_RE.finditer(text))[-_MAX_BOX_STARTS:]:
+        end = _balanced_from(text, m.end())
+        if end is not None:
+            out.append((text[m.end() : end], end + 1))
+    return out
 
 
 def _last_tagged(text: str, lower: str) -> str | None:
@@ -318,13 +349,16 @@ def answer_candidates(answer: str) -> list[str]:
 
 
 class MathVerifier:
-    r"""Reward 1.0 when the completion's final answer is equivalent to the task's gold answer, else 0.0.
+    r"""Reward 1.0 when the completion's one final answer is equivalent to the task's gold answer, else 0.0.
 
-    The answer is extracted by `extract_answer`; with no marker, math-verify's own
-    extraction reads the completion's last `FALLBACK_CHARS` characters (set
-    `require_marker=True` to score those 0.0 instead). Details: `extracted` (the
-    answer text), `marker`, `parsed` (math-verify's reading), `error` (the reason a
-    score is 0 when it is not simply a wrong answer).
+    The final answer is read by the answer rule (`textgym.verifiers.answer_rule.check_answer`):
+    the last `\boxed{}` (or another marker of `extract_answer`), else the last line; a
+    response that hedges (several candidates), restates the question, or gives an expression
+    where the gold is a number earns 0 with the reason in `details["error"]` and the rule's
+    verdict in `details["refused"]`. The answer left is compared with the gold by
+    math-verify (in a killable worker: `math_equal`). Set `require_marker=True` to score an
+    answer without a marker 0.0. Details: `extracted` (the answer text), `marker`,
+    `candidates` (distinct final answers offered), `parsed` (math-verify's reading), `error`.
 
     No completion raises: a malformed or unparsable answer scores 0.0 with `error` set.
 
@@ -339,6 +373,8 @@ class MathVerifier:
         (1.0, '\\frac{1}{2}', 'boxed')
         >>> MathVerifier()(r"\boxed{0.25}", task).reward
         0.0
+        >>> MathVerifier()(r"\boxed{0.5} or \boxed{0.25}", task).details["error"]
+        '2 different boxed answers'
         >>> MathVerifier(require_marker=True)("It is 0.5", task).details["error"]
         'no final answer found'
     """
@@ -349,33 +385,38 @@ class MathVerifier:
         self.float_rounding = float_rounding
 
     def __call__(self, completion: str, task: Task) -> Score:
-        """Score `completion` against `task.answer`."""
+        """Score `completion` against `task.answer` (the answer rule first, then math-verify)."""
+        from textgym.verifiers.answer_rule import check_answer
+
         if not task.answer:
             raise ValueError(f"task {task.task_id} has no gold answer to verify against")
         if not isinstance(completion, str):
             return Score(0.0, {"error": f"completion is {type(completion).__name__}, not str"})
-        ext = extract_answer(completion)
-        if ext is None:
-            if self.require_marker or not completion.strip():
-                return Score(0.0, {"extracted": None, "marker": None, "error": "no final answer found"})
-            pred: list[str] = [completion[-FALLBACK_CHARS:]]
-            details: dict[str, Any] = {"extracted": None, "marker": "math_verify"}
+        check = check_answer(completion, task.prompt, task.answer)
+        details: dict[str, Any] = {
+            "extracted": check.answer,
+            "marker": check.kind,
+            "candidates": check.candidates,
+        }
+        if check.answer is not None and not check.answer.strip():
+            return Score(0.0, details | {"refused": "no_answer", "error": "empty final answer"})
+        if self.require_marker and check.kind in (None, "last_line"):
+            return Score(0.0, details | {"extracted": None, "marker": None, "error": "no final answer found"})
+        if check.refused is not None or check.compare is None:
+            return Score(0.0, details | {"refused": check.refused, "error": check.reason})
+        if check.answer is None:  # no marker, symbolic gold: math-verify reads the completion's tail
+            pred, details["marker"] = [check.compare], "math_verify"
+        elif len(check.compare) > MAX_ANSWER_CHARS:
+            details["extracted"] = check.compare[:80] + "…"
+            details["error"] = f"final answer too long ({len(check.compare)} chars > {MAX_ANSWER_CHARS})"
+            return Score(0.0, details)
         else:
-            if not ext.text:
-                return Score(0.0, {"extracted": "", "marker": ext.kind, "error": "empty final answer"})
-            if len(ext.text) > MAX_ANSWER_CHARS:
-                return Score(
-                    0.0,
-                    {
-                        "extracted": ext.text[:80] + "…",
-                        "marker": ext.kind,
-                        "error": f"final answer too long ({len(ext.text)} chars > {MAX_ANSWER_CHARS})",
-                    },
-                )
-            pred = answer_candidates(ext.text)
-            details = {"extracted": ext.text, "marker": ext.kind}
+            pred = answer_candidates(check.compare)
         res = math_equal(
-            answer_candidates(task.answer), pred, float_rounding=self.float_rounding, timeout_s=self.timeout_s
+            answer_candidates(task.answer),
+            pred,
+            float_rounding=self.float_rounding,
+            timeout_s=self.timeout_s,
         )
         details["parsed"] = res["pred_parsed"]
         if "error" in res:
@@ -383,6 +424,31 @@ class MathVerifier:
         elif res["pred_parsed"] is None:
             details["error"] = "final answer could not be parsed"
         return Score(1.0 if res["equal"] else 0.0, details)
+
+
+class HedgeVerifier:
+    r"""1.0 when a response hedges its final answer (the answer rule's `refused` is "hedge"), else 0.0.
+
+    A logged term (weight 0 in `math_rubric`): `reward/hedge` says why a math answer earned 0
+    when it offered several candidates (`textgym.verifiers.answer_rule`, rule 2), and its
+    share over a batch is a reward-hacking signal.
+
+    Examples:
+        >>> from textgym.types import Task
+        >>> task = Task(task_id="t", prompt="Compute 85+63.", answer="148")
+        >>> HedgeVerifier()("either 147 or 148", task).reward, HedgeVerifier()(r"\boxed{148}", task).reward
+        (1.0, 0.0)
+    """
+
+    def __call__(self, completion: str, task: Task) -> Score:
+        """Score whether `completion` hedges against `task.answer`."""
+        from textgym.verifiers.answer_rule import check_answer
+
+        if not isinstance(completion, str) or not task.answer:
+            return Score(0.0, {})
+        check = check_answer(completion, task.prompt, task.answer)
+        hedged = check.refused in ("hedge", "several_numbers")
+        return Score(1.0 if hedged else 0.0, {"reason": check.reason} if hedged else {})
 
 
 _INTEGER_RE = re.compile(r"^[+-]?\d+$")

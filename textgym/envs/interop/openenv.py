@@ -124,7 +124,7 @@ class OpenEnvEnv(TextEnv):
         >>> import gymnasium as gym
         >>> import textgym
         >>> from textgym.envs.interop.openenv import serve_openenv
-        >>> server = serve_openenv("textgym/Wordle-v0")
+        >>> server = serve_openenv("textgym/Wordle-v0", expose_oracle=True)   # the oracle on request
         >>> env = gym.make("textgym/OpenEnv-v0", base_url=server.url)
         >>> wordle = gym.make("textgym/Wordle-v0")
         >>> env.unwrapped.remote_env_id, len(env.unwrapped.tasks) == len(wordle.unwrapped.tasks)

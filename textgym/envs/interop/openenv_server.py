@@ -135,7 +135,7 @@ def build_openenv_app(
     env_id: str,
     env_kwargs: dict[str, Any] | None = None,
     *,
-    expose_oracle: bool = True,
+    expose_oracle: bool = False,
     max_concurrent_envs: int = 16,
 ) -> Any:
     """OpenEnv's FastAPI app (`create_app`) serving `env_id`: one env per WebSocket session.
@@ -224,7 +224,7 @@ def serve_openenv(
     host: str = "127.0.0.1",
     port: int = 0,
     *,
-    expose_oracle: bool = True,
+    expose_oracle: bool = False,
     max_concurrent_envs: int = 16,
     start_timeout_s: float = 30.0,
 ) -> OpenEnvServer:

@@ -161,6 +161,9 @@ class TextArenaEnv(TextEnv):
     for the player from `env.close()`: 1 for a win, else the game's completion fraction (0..1),
     or -1 in games that penalise invalid moves (Bandit, Secretary); a game that returns a
     non-number (a TextArena bug in Countdown, Cryptarithm and Slitherlink invalid moves) scores 0.
+    A game that ends on invalid moves scores at most 0: TextArena would pay it the completion
+    fraction, so one guess and two junk replies outscored playing on (a reward hack the
+    probes of `textgym env hacks` found: 0.81 against the random agent's 0.12).
     `correct` (accuracy): 1.0 for a win (`score >= 1`).
 
     ## Episode End
@@ -318,6 +321,10 @@ class TextArenaEnv(TextEnv):
         except (TypeError, ValueError):
             score = 0.0
         info = game_info.get(0, {}) if isinstance(game_info, dict) else {}
+        if info.get("invalid_move") and score < 1.0:
+            # a game forfeited by invalid moves earns no completion credit: otherwise two junk
+            # replies after one guess end GuessTheNumber with more than playing it out does
+            score = min(score, 0.0)
         return (
             [],
             score,

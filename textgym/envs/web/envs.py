@@ -197,8 +197,13 @@ def normalize_answer(text: str) -> str:
 
 
 def extract_final_answer(reply: str) -> str:
-    """The answer in a reply: the last `\\boxed{...}`, else the text after "answer:", else the whole reply."""
+    """The answer in a reply: the last `\\boxed{...}`, else the text after "answer:", else the whole reply.
+
+    A reply that boxes more than one distinct answer has none (""): one final answer per reply.
+    """
     boxed = re.findall(r"\\boxed\{([^{}]*)\}", reply)
+    if len({normalize_answer(b) for b in boxed}) > 1:
+        return ""
     if boxed:
         return boxed[-1]
     m = re.search(r"answer\s*(?:is|:)\s*(.+)", reply, re.IGNORECASE)
