@@ -34,6 +34,7 @@ import re
 import sys
 import traceback
 import types
+from typing import Any
 
 _EXACT = (
     int, float, complex, str, bytes, bool, type(None), type(Ellipsis), range, slice,
@@ -41,8 +42,10 @@ _EXACT = (
     datetime.date, datetime.datetime, datetime.time, datetime.timedelta,
 )  # fmt: skip
 """Built-in values, and C types whose behaviour a program cannot patch, passed through as they are."""
-_SEQUENCES = {list: list, tuple: tuple, set: set, frozenset: frozenset, collections.deque: collections.deque}
-_MAPPINGS = {dict: dict, collections.OrderedDict: collections.OrderedDict, collections.Counter: dict}
+_SEQUENCES: dict[type, Any] = {
+    list: list, tuple: tuple, set: set, frozenset: frozenset, collections.deque: collections.deque,
+}  # fmt: skip
+_MAPPINGS: dict[type, Any] = {dict: dict, collections.OrderedDict: collections.OrderedDict, collections.Counter: dict}
 _PRELOAD = (
     "math", "cmath", "re", "string", "collections", "itertools", "functools", "heapq", "bisect",
     "operator", "random", "fractions", "decimal", "statistics", "copy", "typing", "json", "hashlib",
@@ -64,7 +67,7 @@ def _plain(value, depth=0):
     if _isinstance(value, types.GeneratorType) or (hasattr(t, "__next__") and hasattr(t, "__iter__")):
         return _plain_items(value)  # an iterator: its items are checked as they are drawn
     if t is collections.defaultdict:
-        out = collections.defaultdict(value.default_factory)
+        out: Any = collections.defaultdict(value.default_factory)
         for k, v in value.items():
             out[_plain(k, depth + 1)] = _plain(v, depth + 1)
         return out
@@ -85,22 +88,21 @@ def _guard(fn):
 
     guarded.__name__ = getattr(fn, "__name__", "guarded")
     guarded.__doc__ = getattr(fn, "__doc__", None)
-    guarded.__wrapped__ = fn
     return guarded
 
 
 def _test_imports(sources):
     """Top-level module names the trusted test code imports."""
-    names = set()
+    names: set[str] = set()
     for src in sources:
         try:
             tree = ast.parse(src)
         except SyntaxError:
             continue
         for node in ast.walk(tree):
-            if _isinstance(node, ast.Import):
+            if isinstance(node, ast.Import):  # before the program runs: the real isinstance
                 names.update(a.name.split(".")[0] for a in node.names)
-            elif _isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
                 names.add(node.module.split(".")[0])
     return names
 

@@ -1,0 +1,232 @@
+"""The learning figures, regenerated: the quickstart across init seeds, CPU kernels and threads.
+
+Each cell of the matrix is one run of the README's main job,
+`textgym train configs/quickstart.yaml model.init_seed=S threads=T` with
+`ATEN_CPU_CAPABILITY=K` set before Python starts (K = "own": unset, the CPU's best kernels).
+Each run is its own process, one after another. The figures (held-out greedy accuracy before
+and after GRPO, the gain, SFT steps to the probe target, wall time) are written to
+`bench/results/learning.json` together with the commit, the date and the machine (CPU model
+and the `lscpu` flags that pick kernels), and the docs render their tables from that file
+(`tools/mkdocs_hooks.py`), so every figure names the commit and machine it came from.
+
+    python bench/learning.py run [--seeds 0 1 2 3 4] [--kernels own avx2 default] [--threads 1 2]
+        [--diagonal] [--out runs/bench_learning] [--results bench/results/learning.json]
+    python bench/learning.py check [--tolerance 10] [--kernel own] [--threads 2]
+    python bench/learning.py table          # print the recorded table as markdown
+
+`run --diagonal` runs every seed with the machine's own kernels and 2 threads, and seed 0
+under each other kernel and thread count (the docs' table); without it, the full product.
+`check` (`make learning-check`) runs a fresh seed-0 quickstart and fails when its gain is more
+than `tolerance` points below the recorded seed-0 gain for the same kernels and threads (or
+below the smallest recorded gain, when this machine's setting was not recorded).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results" / "learning.json"
+KERNEL_FLAGS = ("avx2", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16", "amx_tile")
+"""The `lscpu` flags that decide which kernels PyTorch's CPU backend picks."""
+
+
+def machine() -> dict[str, Any]:
+    """The CPU model, core count and kernel-relevant `lscpu` flags of this machine."""
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        out = ""
+    model = re.search(r"Model name:\s*(.+)", out)
+    flags_line = re.search(r"Flags:\s*(.+)", out)
+    flags = set(flags_line.group(1).split()) if flags_line else set()
+    return {
+        "cpu": model.group(1).strip() if model else platform.processor(),
+        "cores": os.cpu_count(),
+        "flags": [f for f in KERNEL_FLAGS if f in flags],
+    }
+
+
+def commit() -> str:
+    """The checked-out commit (short hash, "+dirty" when the tree has changes)."""
+    sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                           text=True, cwd=ROOT).stdout.strip()  # fmt: skip
+    return sha.stdout.strip() + ("+dirty" if dirty else "")
+
+
+def run_quickstart(seed: int, kernel: str, threads: int, out: Path, overrides: list[str]) -> dict[str, Any]:
+    """One quickstart run in its own process; returns its row of figures.
+
+    Raises:
+        RuntimeError: when the run fails (its output's tail in the message).
+    """
+    name = f"qs_s{seed}_{kernel}_t{threads}"
+    env = dict(os.environ)
+    env.pop("ATEN_CPU_CAPABILITY", None)
+    if kernel != "own":
+        env["ATEN_CPU_CAPABILITY"] = kernel
+    cmd = [sys.executable, "-m", "textgym", "train", str(ROOT / "configs" / "quickstart.yaml"),
+           f"name={name}", f"out_dir={out}", f"model.init_seed={seed}", f"threads={threads}", *overrides,
+           "--overwrite"]  # fmt: skip
+    print("$", ("" if kernel == "own" else f"ATEN_CPU_CAPABILITY={kernel} ") + " ".join(cmd[2:]), flush=True)
+    t0 = time.perf_counter()
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if r.returncode != 0:
+        raise RuntimeError(f"{name} failed:\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}")
+    s = json.loads((out / name / "summary.json").read_text())
+    row = {
+        "seed": seed,
+        "kernel": kernel,
+        "threads": threads,
+        "sft_steps": s.get("sft_target", {}).get("steps"),
+        "before": s["accuracy_before"],
+        "after": s["accuracy_after"],
+        "gain": round(100 * (s["accuracy_after"] - s["accuracy_before"]), 1),
+        "wall_s": round(time.perf_counter() - t0),
+    }
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def cells(
+    seeds: list[int], kernels: list[str], threads: list[int], diagonal: bool
+) -> list[tuple[int, str, int]]:
+    """The (seed, kernel, threads) runs of the matrix (see the module docstring for `diagonal`)."""
+    if not diagonal:
+        return [(s, k, t) for s in seeds for k in kernels for t in threads]
+    own = [(s, kernels[0], threads[-1]) for s in seeds]
+    return own + [(seeds[0], k, t) for k in kernels for t in threads if (k, t) != (kernels[0], threads[-1])]
+
+
+def provenance(record: dict[str, Any]) -> str:
+    """One sentence naming the date, commit, machine and command of a recorded run."""
+    m = record["machine"]
+    own = "AVX-512" if "avx512f" in m["flags"] else "AVX2" if "avx2" in m["flags"] else "default"
+    return (
+        f"Measured {record['date']} at commit `{record['commit']}` on {m['cpu']} ({m['cores']} cores; "
+        f"kernel flags: {', '.join(m['flags']) or 'none'}; own kernels = {own}), by `{record['command']}`."
+    )
+
+
+def render(record: dict[str, Any]) -> str:
+    """The quickstart table of a recorded run (markdown), with the commit, date and machine under it."""
+    lines = [
+        "| init seed | kernels | threads | SFT steps to target | after SFT (GRPO start) | after GRPO "
+        "| gain | wall time |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in record["rows"]:
+        kernel = "own" if r["kernel"] == "own" else f"`ATEN_CPU_CAPABILITY={r['kernel']}`"
+        lines.append(
+            f"| {r['seed']} | {kernel} | {r['threads']} | {r['sft_steps']} | {r['before']:.3f} | "
+            f"{r['after']:.3f} | {r['gain']:+.1f} points | {r['wall_s']} s |"
+        )
+    gains = [r["gain"] for r in record["rows"]]
+    lines += [
+        "",
+        provenance(record) + f" Gains {min(gains):+.1f} to {max(gains):+.1f} points over {len(gains)} runs.",
+    ]
+    return "\n".join(lines)
+
+
+def render_algorithms(record: dict[str, Any]) -> str:
+    """The algorithm table of a recorded `bench/algorithms.py` run (markdown), with its provenance."""
+    lines = [
+        "| algorithm | accuracy before | after | gain (points) | RL time (s) | peak RSS (MB) | models "
+        "| best EV |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in record["rows"]:
+        ev = r.get("best_explained_variance")
+        ev_text = "" if ev is None or ev != ev else f"{ev:.2f}"
+        accuracy = f"{r['accuracy_before']:.3f} | {r['accuracy_after']:.3f} | {r['gain_points']:+.1f}"
+        memory = f"{r['rl_time_s']:.0f} | {r['peak_rss_mb']:.0f} | {', '.join(r['models_in_memory'])}"
+        lines.append(f"| {r['algo']} | {accuracy} | {memory} | {ev_text} |")
+    return "\n".join([*lines, "", provenance(record)])
+
+
+RENDERERS = {"quickstart": render, "algorithms": render_algorithms}
+"""The tables the docs render from `bench/results/learning.json` (`tools/mkdocs_hooks.py`)."""
+
+
+def load(path: Path = RESULTS) -> dict[str, Any]:
+    """The recorded results (an empty dict when there are none)."""
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def save(path: Path, name: str, record: dict[str, Any]) -> None:
+    """Record `record` as results `name` in `path` (other results kept)."""
+    results = load(path)
+    results[name] = record
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(results, indent=1) + "\n")
+
+
+def main() -> None:
+    """Run the matrix, check against the record, or print the recorded table."""
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run")
+    r.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
+    r.add_argument("--kernels", nargs="+", default=["own", "avx2", "default"])
+    r.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    r.add_argument("--diagonal", action="store_true")
+    r.add_argument("--out", type=Path, default=ROOT / "runs" / "bench_learning")
+    r.add_argument("--results", type=Path, default=RESULTS)
+    r.add_argument("overrides", nargs="*", help="config overrides for every run (key=value)")
+    c = sub.add_parser("check")
+    c.add_argument("--tolerance", type=float, default=10.0, help="points the gain may drop")
+    c.add_argument("--kernel", default="own")
+    c.add_argument("--threads", type=int, default=2)
+    c.add_argument("--out", type=Path, default=ROOT / "runs" / "learning_check")
+    a = sub.add_parser("algorithms", help="run bench/algorithms.py and record its table")
+    a.add_argument("--out", type=Path, default=ROOT / "runs" / "bench_algorithms")
+    a.add_argument("--results", type=Path, default=RESULTS)
+    a.add_argument("rest", nargs="*", help="arguments for bench/algorithms.py (e.g. --algos grpo ppo)")
+    t = sub.add_parser("table")
+    t.add_argument("name", nargs="?", default="quickstart", choices=sorted(RENDERERS))
+    args = ap.parse_args()
+    if args.cmd == "table":
+        print(RENDERERS[args.name](load()[args.name]))
+        return
+    if args.cmd == "algorithms":
+        cmd = [sys.executable, str(ROOT / "bench" / "algorithms.py"), "--out", str(args.out), *args.rest]
+        subprocess.run(cmd, check=True, cwd=ROOT)
+        record = {"commit": commit(), "date": dt.date.today().isoformat(), "machine": machine(),
+                  "command": "python bench/learning.py " + " ".join(sys.argv[1:]),
+                  "rows": json.loads((args.out / "results.json").read_text())}  # fmt: skip
+        save(args.results, "algorithms", record)
+        print(render_algorithms(record))
+        return
+    if args.cmd == "check":
+        recorded = load()["quickstart"]["rows"]
+        row = run_quickstart(0, args.kernel, args.threads, args.out, [])
+        same = [
+            x for x in recorded if (x["seed"], x["kernel"], x["threads"]) == (0, args.kernel, args.threads)
+        ]
+        bar = (same[0]["gain"] if same else min(x["gain"] for x in recorded)) - args.tolerance
+        print(f"gain {row['gain']:+.1f} points; recorded bar {bar:+.1f} (record minus {args.tolerance:g})")
+        if row["gain"] < bar:
+            raise SystemExit(f"learning check failed: gain {row['gain']:+.1f} < {bar:+.1f}")
+        return
+    rows = [run_quickstart(s, k, t, args.out, args.overrides) for s, k, t in
+            cells(args.seeds, args.kernels, args.threads, args.diagonal)]  # fmt: skip
+    record = {"commit": commit(), "date": dt.date.today().isoformat(), "machine": machine(),
+              "command": "python bench/learning.py " + " ".join(sys.argv[1:]), "rows": rows}  # fmt: skip
+    save(args.results, "quickstart", record)
+    print(render(record))
+
+
+if __name__ == "__main__":
+    main()
