@@ -45,7 +45,9 @@ _EXACT = (
 _SEQUENCES: dict[type, Any] = {
     list: list, tuple: tuple, set: set, frozenset: frozenset, collections.deque: collections.deque,
 }  # fmt: skip
-_MAPPINGS: dict[type, Any] = {dict: dict, collections.OrderedDict: collections.OrderedDict, collections.Counter: dict}
+_MAPPINGS: dict[type, Any] = {
+    dict: dict, collections.OrderedDict: collections.OrderedDict, collections.Counter: dict,
+}  # fmt: skip
 _PRELOAD = (
     "math", "cmath", "re", "string", "collections", "itertools", "functools", "heapq", "bisect",
     "operator", "random", "fractions", "decimal", "statistics", "copy", "typing", "json", "hashlib",
