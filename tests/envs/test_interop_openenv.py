@@ -66,6 +66,11 @@ def test_gymnasium_checker_determinism_and_junk(wordle_url):
     a.close(), b.close()
 
 
+def test_no_base_url_is_a_clear_error_naming_it():
+    with pytest.raises(ValueError, match="needs base_url"):
+        gym.make(ENV_ID)
+
+
 def test_a_dead_server_is_a_clear_error_naming_the_url():
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))

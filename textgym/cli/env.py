@@ -61,12 +61,12 @@ def env_check_cmd(
 ) -> None:
     """Check an env: gymnasium's checker, determinism, oracle and random bounds, bad actions, limits, hacks.
 
-    Prints one line per check (ok / fail / skip); exit code 0 when none failed, else 1.
+    Prints one line per check (ok / fail / warn / skip); exit code 0 when none failed, else 1.
     """
     from textgym.evaluation.envcheck import check_env
 
     results = check_env(env_id, parse_kwargs(env_kwargs), n=n, sft=sft, hacks=hacks)
-    colour = {"ok": "green", "fail": "red", "skip": "yellow"}
+    colour = {"ok": "green", "fail": "red", "warn": "yellow", "skip": "yellow"}
     for r in results:
         console.print(
             f"[{colour[r.status]}]{r.status:<5}[/] [bold]{r.name}[/]: {r.detail}",

@@ -1,4 +1,4 @@
-"""`textgym env check`: is an environment ready to train on? One line per check, exit 0 or 1.
+"""`textgym env check`: is an environment ready to train on? One line per check, exit 0 or 1 (a `warn` does not fail).
 
 The checks, in order (`check_env`):
 
@@ -11,7 +11,7 @@ The checks, in order (`check_env`):
 | `random` | a random agent does not solve every task (a verifier that accepts anything fails) |
 | `bad actions` | empty, blank, over-long and junk actions are scored (a finite reward), never raised on |
 | `episode end` | episodes end within the declared limit (`max_episode_steps`, else 64 turns) |
-| `accuracy` | the accuracy term (`accuracy_term`, default `correct`) is reported as `reward/<term>` |
+| `accuracy` | the accuracy term (`accuracy_term`, default `correct`) or `info["is_success"]` is reported; without either it warns (a plain Gymnasium env is valid: a return >= 1 counts as solved) |
 | `solutions` | tasks carry a gold `solution` (an `sft:` stage needs them; fails only with `sft=True`) |
 | `hacks` | no reward-hack probe earns more than the random agent (`textgym.evaluation.hack_probes`) |
 | `timing` | always passes: seconds per `reset` and per `step` |
@@ -48,7 +48,7 @@ class CheckResult:
 
     Attributes:
         name: the check (see the module table).
-        status: "ok", "fail" or "skip".
+        status: "ok", "fail", "warn" (reported, does not fail the check) or "skip".
         detail: what was measured, or why it failed.
     """
 
@@ -265,10 +265,11 @@ def check_env(
         results.append(
             CheckResult(
                 "accuracy",
-                "fail",
-                f"no `{key}` in info (terms seen: {sorted(seen_terms) or 'none'}); accuracy would fall back "
-                "to return >= 1: report a `correct` term, set the env's `accuracy_term`, or "
-                "Gymnasium's info['is_success']",
+                "warn",
+                f"no `{key}` in info (terms seen: {sorted(seen_terms) or 'none'}); valid Gymnasium, and "
+                "accuracy falls back to an episode return >= 1 counting as solved (partial credit never "
+                "does); report a `correct` term, set the env's `accuracy_term`, or put "
+                "info['is_success'] in the last step's info to make it exact",
             )
         )
 

@@ -110,7 +110,7 @@ class OpenEnvEnv(TextEnv):
 
     Raises:
         ImportError: without the `openenv-core` package.
-        ValueError: on a `base_url` that is not http(s):// or ws(s)://, or an action field that
+        ValueError: without a `base_url` (the message names it), on one that is not http(s):// or ws(s)://, or an action field that
             cannot be found.
         ConnectionError: when no OpenEnv server answers at `base_url` within `timeout_s` (the
             message names the URL); also from `reset`/`step` when the connection is lost.
@@ -146,7 +146,7 @@ class OpenEnvEnv(TextEnv):
     def __init__(
         self,
         *,
-        base_url: str,
+        base_url: str | None = None,
         num_tasks: int | None = None,
         action_field: str | None = None,
         success_reward: float = 1.0,
@@ -154,6 +154,12 @@ class OpenEnvEnv(TextEnv):
         timeout_s: float = DEFAULT_TIMEOUT_S,
         **kwargs: Any,
     ):
+        if base_url is None:
+            raise ValueError(
+                "textgym/OpenEnv-v0 needs base_url, the OpenEnv server to play (e.g. "
+                "gym.make('textgym/OpenEnv-v0', base_url='http://127.0.0.1:8000'), or "
+                "--env-kwargs base_url=... on the CLI); `textgym env serve-openenv ID` serves one"
+            )
         require("openenv-core", "openenv")
         if not isinstance(base_url, str) or not base_url.startswith(
             ("http://", "https://", "ws://", "wss://")
