@@ -1,4 +1,4 @@
-"""`textgym env check`: is an environment ready to train on? One line per check, exit 0 or 1 (a `warn` does not fail).
+"""`textgym env check`: is an environment ready to train on? One line per check, exit 0 or 1.
 
 The checks, in order (`check_env`):
 
@@ -11,10 +11,13 @@ The checks, in order (`check_env`):
 | `random` | a random agent does not solve every task (a verifier that accepts anything fails) |
 | `bad actions` | empty, blank, over-long and junk actions are scored (a finite reward), never raised on |
 | `episode end` | episodes end within the declared limit (`max_episode_steps`, else 64 turns) |
-| `accuracy` | the accuracy term (`accuracy_term`, default `correct`) or `info["is_success"]` is reported; without either it warns (a plain Gymnasium env is valid: a return >= 1 counts as solved) |
+| `accuracy` | `reward/<accuracy_term>` (default `correct`) or `is_success` is reported; else a warn |
 | `solutions` | tasks carry a gold `solution` (an `sft:` stage needs them; fails only with `sft=True`) |
 | `hacks` | no reward-hack probe earns more than the random agent (`textgym.evaluation.hack_probes`) |
 | `timing` | always passes: seconds per `reset` and per `step` |
+
+A `warn` does not fail the check: a plain Gymnasium env without a `correct` term or
+`info["is_success"]` is valid, and its accuracy falls back to a return >= 1 counting as solved.
 
 `preflight_episode` is the cheap part that `textgym train` runs for every stage's env before
 any model is built.

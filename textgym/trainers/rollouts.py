@@ -16,7 +16,7 @@ import torch
 from textgym import distributed
 from textgym.agents.trajectory import Trajectory
 from textgym.trainers.advantages import overlong_penalty
-from textgym.verifiers.answer_rule import hack_shares
+from textgym.verifiers.answer_rule import hack_signs, shares_of
 
 
 def chunks(idx: torch.Tensor, size: int) -> list[torch.Tensor]:
@@ -40,10 +40,14 @@ def rollout_metrics(trajs: list[Trajectory], gather: bool = True) -> dict[str, f
     """Reward, accuracy, reward terms, length and reward-hacking statistics of a rollout batch.
 
     With `gather` (and several ranks), over every rank's trajectories: their rewards, lengths
-    and terms are gathered first, so the statistics are those of the global batch. The hack
-    shares are `answer_rule.hack_shares` (over this rank's trajectories, averaged over ranks).
+    and terms are gathered first, so the statistics are those of the global batch, the hack
+    shares (`answer_rule.hack_shares`) included: each rank's episodes' signs are gathered.
     """
-    rows = [(t.reward, t.response_length, t.finish_reason, t.reward_terms, t.truncated) for t in trajs]
+    rows = [
+        (t.reward, t.response_length, t.finish_reason, t.reward_terms, t.truncated,
+         hack_signs(t.reward, t.reward_terms, t.messages))
+        for t in trajs
+    ]  # fmt: skip
     if gather:
         rows = distributed.all_gather_list(rows)
     rewards = torch.tensor([r[0] for r in rows])
@@ -66,7 +70,7 @@ def rollout_metrics(trajs: list[Trajectory], gather: bool = True) -> dict[str, f
         m[f"rollout/{k.split('/', 1)[1]}_mean"] = sum(vs) / len(vs)
     if "reward/correct" in terms:
         m["rollout/accuracy"] = sum(v >= 1.0 for v in terms["reward/correct"]) / len(terms["reward/correct"])
-    m.update(hack_shares([(t.reward, t.reward_terms, t.messages) for t in trajs]))
+    m.update(shares_of([r[5] for r in rows]))
     return m
 
 

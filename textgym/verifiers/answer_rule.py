@@ -398,14 +398,31 @@ def hack_shares(episodes: list[tuple[float, dict[str, float], list[dict[str, Any
     Returns:
         The four shares, or {} when no episode was rewarded.
     """
-    paid = [e for e in episodes if e[0] > 0]
+    return shares_of([hack_signs(*e) for e in episodes])
+
+
+def hack_signs(
+    reward: float, terms: dict[str, float], messages: list[dict[str, Any]]
+) -> dict[str, int] | None:
+    """One episode's reward-hacking signs (0/1 each, `hack_shares`'s four), or None when it was not paid.
+
+    Args:
+        reward: the episode's return.
+        terms: its reward terms (`reward/correct` read).
+        messages: its conversation (the first user and last assistant messages read).
+    """
+    if reward <= 0:
+        return None
+    question = next((m.get("content", "") for m in messages if m.get("role") == "user"), "")
+    answer = next((m.get("content", "") for m in reversed(messages) if m.get("role") == "assistant"), "")
+    signs = {k: int(v) for k, v in hack_signals(str(answer), str(question)).items()}
+    signs["format_only"] = int(terms.get("reward/correct", 1.0) <= 0.0)
+    return signs
+
+
+def shares_of(signs: list[dict[str, int] | None]) -> dict[str, float]:
+    """`hack/<sign>_frac` over the paid episodes' `hack_signs` (None: not paid); {} when none was paid."""
+    paid = [s for s in signs if s is not None]
     if not paid:
         return {}
-    counts = {"hedge": 0, "many_answers": 0, "restates": 0, "format_only": 0}
-    for _, terms, messages in paid:
-        question = next((m.get("content", "") for m in messages if m.get("role") == "user"), "")
-        answer = next((m.get("content", "") for m in reversed(messages) if m.get("role") == "assistant"), "")
-        for k, v in hack_signals(str(answer), str(question)).items():
-            counts[k] += int(v)
-        counts["format_only"] += int(terms.get("reward/correct", 1.0) <= 0.0)
-    return {f"hack/{k}_frac": v / len(paid) for k, v in counts.items()}
+    return {f"hack/{k}_frac": sum(s[k] for s in paid) / len(paid) for k in paid[0]}

@@ -110,8 +110,8 @@ class OpenEnvEnv(TextEnv):
 
     Raises:
         ImportError: without the `openenv-core` package.
-        ValueError: without a `base_url` (the message names it), on one that is not http(s):// or ws(s)://, or an action field that
-            cannot be found.
+        ValueError: without a `base_url` (the message names it), on one that is not http(s)://
+            or ws(s)://, or an action field that cannot be found.
         ConnectionError: when no OpenEnv server answers at `base_url` within `timeout_s` (the
             message names the URL); also from `reset`/`step` when the connection is lost.
 
