@@ -31,6 +31,7 @@ MODULES = (
     "textgym.verifiers.answer_rule",
     "textgym.verifiers.base",
     "textgym.verifiers.code",
+    "textgym.verifiers.extraction",
     "textgym.verifiers.format",
     "textgym.verifiers.judge",
     "textgym.verifiers.judge_prompts",

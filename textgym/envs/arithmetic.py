@@ -14,7 +14,8 @@ import numpy as np
 from textgym.envs.base import SingleTurnEnv, math_rubric
 from textgym.types import Message, Task
 from textgym.verifiers.base import RubricTerm, Score
-from textgym.verifiers.math import DigitMatchVerifier, extract_answer
+from textgym.verifiers.extraction import extract_answer
+from textgym.verifiers.math import DigitMatchVerifier
 from textgym.verifiers.steps import split_steps
 
 _PRECEDENCE = {"+": 1, "-": 1, "*": 2, "/": 2}

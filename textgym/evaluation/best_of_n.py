@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from textgym.evaluation.core import EvalResult, pass_at_k
-from textgym.verifiers.math import extract_answer
+from textgym.verifiers.extraction import extract_answer
 
 
 def sample_counts(samples: int) -> list[int]:

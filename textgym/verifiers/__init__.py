@@ -9,8 +9,9 @@ from typing import Any
 from textgym.verifiers.answer_rule import AnswerCheck, check_answer
 from textgym.verifiers.base import Rubric, RubricTerm, Score, Verifier
 from textgym.verifiers.code import CodeVerifier, extract_code
+from textgym.verifiers.extraction import extract_answer
 from textgym.verifiers.format import FormatVerifier
-from textgym.verifiers.math import DigitMatchVerifier, HedgeVerifier, MathVerifier, extract_answer, math_equal
+from textgym.verifiers.math import DigitMatchVerifier, HedgeVerifier, MathVerifier, math_equal
 
 _LAZY = {"JudgeItem", "JudgeVerifier"}
 

@@ -42,7 +42,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from textgym.verifiers.math import MAX_SCAN_CHARS, Extracted, all_boxed, extract_answer
+from textgym.verifiers.extraction import MAX_SCAN_CHARS, Extracted, all_boxed, extract_answer
 
 _SPACES = re.compile(r"\\[!,;: ]|\\(?:left|right|displaystyle)\b|~|\s+")
 _DOLLARS = re.compile(r"(?<!\\)\$")

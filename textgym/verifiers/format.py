@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from textgym.types import Task
 from textgym.verifiers.base import Score
-from textgym.verifiers.math import extract_answer
+from textgym.verifiers.extraction import extract_answer
 
 DEFAULT_MARKERS = ("boxed", "answer_tag")
 
@@ -12,7 +12,7 @@ DEFAULT_MARKERS = ("boxed", "answer_tag")
 class FormatVerifier:
     r"""Reward 1.0 when the completion carries a final-answer marker of an accepted kind, else 0.0.
 
-    Marker kinds are those of `textgym.verifiers.math.extract_answer`: "boxed"
+    Marker kinds are those of `textgym.verifiers.extraction.extract_answer`: "boxed"
     (`\boxed{...}`), "answer_tag" (`<answer>...</answer>`), "hashes" (`#### N`),
     "answer_is" ("the answer is ..."). The marker must hold a non-empty answer.
 
