@@ -184,7 +184,8 @@ def render_algorithms(record: dict[str, Any]) -> str:
         accuracy = f"{r['accuracy_before']:.3f} | {r['accuracy_after']:.3f} | {r['gain_points']:+.1f}"
         memory = f"{r['rl_time_s']:.0f} | {r['peak_rss_mb']:.0f} | {', '.join(r['models_in_memory'])}"
         lines.append(f"| {r['algo']} | {accuracy} | {memory} | {ev_text} |")
-    return "\n".join([*lines, "", provenance(record)])
+    note = f" {record['note']}" if record.get("note") else ""
+    return "\n".join([*lines, "", provenance(record) + note])
 
 
 RENDERERS = {"quickstart": render, "algorithms": render_algorithms}
