@@ -138,12 +138,13 @@ def cells(
 
 
 def provenance(record: dict[str, Any]) -> str:
-    """One sentence naming the date, commit, machine and command of a recorded run."""
+    """One sentence naming the date, commit, machine and command of a recorded run, then its note."""
     m = record["machine"]
     own = "AVX-512" if "avx512f" in m["flags"] else "AVX2" if "avx2" in m["flags"] else "default"
     return (
         f"Measured {record['date']} at commit `{record['commit']}` on {m['cpu']} ({m['cores']} cores; "
         f"kernel flags: {', '.join(m['flags']) or 'none'}; own kernels = {own}), by `{record['command']}`."
+        + (f" {record['note']}" if record.get("note") else "")
     )
 
 
@@ -164,9 +165,7 @@ def render(record: dict[str, Any]) -> str:
     gains = [r["gain"] for r in record["rows"]]
     lines += [
         "",
-        provenance(record)
-        + f" Gains {min(gains):+.1f} to {max(gains):+.1f} points over {len(gains)} runs."
-        + (f" {record['note']}" if record.get("note") else ""),
+        f"Gains {min(gains):+.1f} to {max(gains):+.1f} points over {len(gains)} runs. " + provenance(record),
     ]
     return "\n".join(lines)
 
@@ -184,12 +183,18 @@ def render_algorithms(record: dict[str, Any]) -> str:
         accuracy = f"{r['accuracy_before']:.3f} | {r['accuracy_after']:.3f} | {r['gain_points']:+.1f}"
         memory = f"{r['rl_time_s']:.0f} | {r['peak_rss_mb']:.0f} | {', '.join(r['models_in_memory'])}"
         lines.append(f"| {r['algo']} | {accuracy} | {memory} | {ev_text} |")
-    note = f" {record['note']}" if record.get("note") else ""
-    return "\n".join([*lines, "", provenance(record) + note])
+    return "\n".join([*lines, "", provenance(record)])
 
 
 RENDERERS = {"quickstart": render, "algorithms": render_algorithms}
 """The tables the docs render from `bench/results/learning.json` (`tools/mkdocs_hooks.py`)."""
+
+
+def new_record(rows: list[dict[str, Any]], note: str = "") -> dict[str, Any]:
+    """A record of `rows` with this commit, today's date, this machine and the command line."""
+    command = "python bench/learning.py " + " ".join(sys.argv[1:])
+    return {"commit": commit(), "date": dt.date.today().isoformat(), "machine": machine(),
+            "command": command, "rows": rows, "note": note}  # fmt: skip
 
 
 def load(path: Path = RESULTS) -> dict[str, Any]:
@@ -236,9 +241,7 @@ def main() -> None:
     if args.cmd == "algorithms":
         cmd = [sys.executable, str(ROOT / "bench" / "algorithms.py"), "--out", str(args.out), *args.rest]
         subprocess.run(cmd, check=True, cwd=ROOT)
-        record = {"commit": commit(), "date": dt.date.today().isoformat(), "machine": machine(),
-                  "command": "python bench/learning.py " + " ".join(sys.argv[1:]),
-                  "rows": json.loads((args.out / "results.json").read_text())}  # fmt: skip
+        record = new_record(json.loads((args.out / "results.json").read_text()))
         save(args.results, "algorithms", record)
         print(render_algorithms(record))
         return
@@ -255,9 +258,7 @@ def main() -> None:
         return
     rows = [run_quickstart(s, k, t, args.out, args.overrides) for s, k, t in
             cells(args.seeds, args.kernels, args.threads, args.diagonal)]  # fmt: skip
-    record = {"commit": commit(), "date": dt.date.today().isoformat(), "machine": machine(),
-              "command": "python bench/learning.py " + " ".join(sys.argv[1:]), "rows": rows,
-              "note": args.note}  # fmt: skip
+    record = new_record(rows, args.note)
     save(args.results, "quickstart", record)
     print(render(record))
 
