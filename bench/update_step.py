@@ -74,7 +74,11 @@ actually computed in, so a setting that has no effect on one CPU process shows.
 
     python bench/update_step.py [--preset small-v152k] [--steps 2] [--threads 2]
                                 [--precision fp32|bf16] [--gradient-checkpointing on|off]
-                                [--with-0.5b] [--quick] [--only grpo,sft,dpo]
+                                [--with-0.5b] [--quick] [--only grpo,sft,dpo] [--device cpu|cuda]
+
+`--device cuda` trains both sides on the GPU (TRL: `use_cpu=False`); "peak MB" is then
+`torch.cuda.max_memory_allocated` during the update (reset before it; nothing else is on the
+GPU before the models), the update's time is taken between `torch.cuda.synchronize()` calls.
 
 `--with-0.5b` adds a second table for `0.5b-v152k` (Qwen2.5-0.5B's shape; 1 step per row).
 `--quick` is the development size (the `tiny` preset, 8 × (16 + 48) tokens; under 2 minutes).
@@ -154,22 +158,37 @@ class _DtypeProbe:
 
 
 class _Meter:
-    """Per-step timing and peak RSS (VmHWM reset before each timed update)."""
+    """Per-step timing and peak memory: RSS on CPU (VmHWM reset before each timed update), the CUDA
+    allocator's peak on a GPU (`torch.cuda.max_memory_allocated`, reset before each update)."""
 
-    def __init__(self, base_mb: float) -> None:
+    def __init__(self, base_mb: float, device: str = "cpu") -> None:
         self.base_mb = base_mb
+        self.cuda = device.startswith("cuda")
         self.times: list[float] = []
         self.peaks: list[float] = []
         self.losses: list[float] = []
         self._t0 = 0.0
 
     def start(self) -> None:
-        _reset_peak()
+        if self.cuda:
+            import torch
+
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        else:
+            _reset_peak()
         self._t0 = time.perf_counter()
 
     def stop(self, loss: float) -> None:
-        self.times.append(time.perf_counter() - self._t0)
-        self.peaks.append(_status_mb("VmHWM") - self.base_mb)
+        if self.cuda:
+            import torch
+
+            torch.cuda.synchronize()
+            self.times.append(time.perf_counter() - self._t0)
+            self.peaks.append(torch.cuda.max_memory_allocated() / 2**20 - self.base_mb)
+        else:
+            self.times.append(time.perf_counter() - self._t0)
+            self.peaks.append(_status_mb("VmHWM") - self.base_mb)
         self.losses.append(loss)
 
     def result(self, **extra: Any) -> dict[str, Any]:
@@ -200,10 +219,10 @@ def _textgym_child(args: argparse.Namespace, data: dict[str, Any], base_mb: floa
     optim = {"lr": LR, "max_grad_norm": 1.0}
     work = Path(args.work) / f"textgym-{args.row}"
     torch.manual_seed(0)
-    policy, tok = load_model(args.model)
+    policy, tok = load_model(args.model, device=args.device)
     _to_anonymous(policy)
     probe = _DtypeProbe(policy)
-    meter = _Meter(base_mb)
+    meter = _Meter(base_mb, args.device)
     extra: dict[str, Any] = {}
     if args.row == "grpo":
         from textgym.trainers.grpo import GRPOTrainer
@@ -333,7 +352,7 @@ def _trl_child(args: argparse.Namespace, data: dict[str, Any], base_mb: float) -
         "logging_steps": 1000,
         "save_strategy": "no",
         "report_to": "none",
-        "use_cpu": True,
+        "use_cpu": not args.device.startswith("cuda"),
         "bf16": bf16,
         "gradient_checkpointing": gc,
         "seed": 0,
@@ -342,7 +361,7 @@ def _trl_child(args: argparse.Namespace, data: dict[str, Any], base_mb: float) -
     }
     tok = AutoTokenizer.from_pretrained(args.model)
     torch.manual_seed(0)
-    meter = _Meter(base_mb)
+    meter = _Meter(base_mb, args.device)
     extra: dict[str, Any] = {}
     if args.row == "grpo":
         from trl import GRPOConfig, GRPOTrainer
@@ -435,6 +454,7 @@ def _trl_child(args: argparse.Namespace, data: dict[str, Any], base_mb: float) -
 
     if args.row == "grpo":
         trainer._prepare_inputs = lambda inputs: inputs  # type: ignore[method-assign]  # no generation
+        ids, advantages = ids.to(model.device), data["advantages"].to(model.device)
         prompt_ids, completion_ids = ids[:, :P], ids[:, P:]
         prompt_mask, completion_mask = torch.ones_like(prompt_ids), torch.ones_like(completion_ids)
         num_items = completion_mask.sum()
@@ -458,7 +478,7 @@ def _trl_child(args: argparse.Namespace, data: dict[str, Any], base_mb: float) -
                     "prompt_mask": prompt_mask[s : s + mb],
                     "completion_ids": completion_ids[s : s + mb],
                     "completion_mask": completion_mask[s : s + mb],
-                    "advantages": data["advantages"][s : s + mb],
+                    "advantages": advantages[s : s + mb],
                     "num_items_in_batch": num_items,
                     "ref_per_token_logps": ref_logps[s : s + mb],
                 }
@@ -500,7 +520,8 @@ def child(args: argparse.Namespace) -> None:
         import textgym.trainers.preference
         import textgym.trainers.sft  # noqa: F401
     torch.set_num_threads(args.threads)
-    base_mb = _status_mb("VmRSS")
+    # On a GPU nothing is allocated yet: the peak counts weights, gradients, AdamW and activations.
+    base_mb = 0.0 if args.device.startswith("cuda") else _status_mb("VmRSS")
     data = torch.load(args.data)
     run = _trl_child if args.side == "trl" else _textgym_child
     out = run(args, data, base_mb)
@@ -550,7 +571,7 @@ def run_table(args: argparse.Namespace, preset: str, steps: int, work: Path) -> 
         f"\n{preset} ({vocab:,}-id vocabulary): {args.rows} sequences x ({args.prompt_len} + "
         f"{args.response_len}) tokens, {args.micro_batch} rows per forward, {steps} step(s) per row, "
         f"{args.precision}, gradient checkpointing {args.gradient_checkpointing} (both sides), "
-        f"threads {args.threads} (models built in {time.perf_counter() - t0:.0f} s)",
+        f"threads {args.threads}, {args.device} (models built in {time.perf_counter() - t0:.0f} s)",
         flush=True,
     )
     env = dict(os.environ)
@@ -562,7 +583,7 @@ def run_table(args: argparse.Namespace, preset: str, steps: int, work: Path) -> 
             cmd = [sys.executable, __file__, "--side", side, "--row", row, "--model", str(model)]
             cmd += ["--reference", str(reference), "--data", str(data), "--work", str(work)]
             cmd += ["--steps", str(steps), "--threads", str(args.threads), "--precision", args.precision]
-            cmd += ["--gradient-checkpointing", args.gradient_checkpointing]
+            cmd += ["--gradient-checkpointing", args.gradient_checkpointing, "--device", args.device]
             for k in ("prompt_len", "response_len", "micro_batch"):
                 cmd += [f"--{k.replace('_', '-')}", str(getattr(args, k))]
             t = time.perf_counter()
@@ -623,6 +644,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="tiny preset, 8 x (16 + 48) tokens")
     ap.add_argument("--only", dest="rows_to_run", default="grpo,sft,dpo")
     ap.add_argument("--malloc", choices=["mmap", "default"], default="mmap")
+    ap.add_argument("--device", default="cpu", help="cpu, or cuda: both sides train on the GPU")
     ap.add_argument("--side", choices=["textgym", "trl"], help=argparse.SUPPRESS)
     ap.add_argument("--row", choices=["grpo", "sft", "dpo"], help=argparse.SUPPRESS)
     ap.add_argument("--model", help=argparse.SUPPRESS)

@@ -34,6 +34,16 @@ if os.environ.get("ATEN_CPU_CAPABILITY") and "TORCHINDUCTOR_CACHE_DIR" not in os
 THREADS = int(os.environ.get("TEXTGYM_TEST_THREADS", "2"))
 """torch's intra-op threads in the tests (`make test` also runs the learning tests with 1)."""
 torch.set_num_threads(THREADS)
+DEVICE = os.environ.get("TEXTGYM_TEST_DEVICE", "cpu")
+"""Where `textgym.models.load_model` puts a model by default in the tests: `TEXTGYM_TEST_DEVICE=cuda`
+runs the trainers' tests on a GPU (each trainer works on its policy's device). Tests that build
+their own tensors on the CPU and compare them with a trainer's keep their CPU figures; a
+reference computed on the CPU and a bf16-autocast GPU update differ beyond fp32 tolerances, so
+this switch is for checking the CUDA paths run, not for the suite's CPU tolerances."""
+if DEVICE != "cpu":
+    import textgym.models
+
+    textgym.models.load_model.__defaults__ = (torch.float32, DEVICE)
 
 
 class EchoTurnsEnv(TextEnv):
