@@ -261,8 +261,8 @@ def _textgym_child(args: argparse.Namespace, data: dict[str, Any], base_mb: floa
             token_rewards=torch.zeros(B, L),
             rewards=torch.zeros(B),
             groups=torch.arange(B) // GROUP,
-        )
-        adv = data["advantages"]
+        ).to(policy.device)
+        adv = data["advantages"].to(policy.device)
         old_s, kls = [], []
         for _ in range(args.steps):
             t = time.perf_counter()

@@ -48,13 +48,13 @@ def grpo_cfg(**over):
 
 
 class DtypeProbe:
-    """Records (output dtype, CPU autocast on?) of every forward of one Linear layer."""
+    """Records (output dtype, autocast on for its device?) of every forward of one Linear layer."""
 
     def __init__(self, model: torch.nn.Module):
         self.seen: set[tuple[torch.dtype, bool]] = set()
         layer = model.model.layers[0].mlp.down_proj
         self.handle = layer.register_forward_hook(
-            lambda mod, inp, out: self.seen.add((out.dtype, torch.is_autocast_enabled("cpu")))
+            lambda mod, inp, out: self.seen.add((out.dtype, torch.is_autocast_enabled(out.device.type)))
         )
 
 
