@@ -185,3 +185,22 @@ def test_eval_cli_with_scripted_agents():
     assert json.loads(r.output)["accuracy"] == 1.0
     r = CliRunner().invoke(app, ["eval", "--env", "textgym/Wordle-v0"], catch_exceptions=False)
     assert r.exit_code == 2 and "--agent model needs --model" in r.output
+
+
+def test_toolmath_offers_the_named_tools_with_or_without_schemas_in_the_prompt():
+    env = gym.make("textgym/ToolMath-v0", tools="calculator", operators="*", digits=3)
+    obs, info = env.reset(options={"task_index": 0})
+    assert [t["function"]["name"] for t in info["tools"]] == ["calculator"]
+    bare = gym.make(
+        "textgym/ToolMath-v0", tools=["calculator"], schemas_in_prompt=False, operators="*", digits=3
+    )
+    obs2, info2 = bare.reset(options={"task_index": 0})
+    assert "tools" not in info2 and obs2 == obs  # same question, no schemas for the chat template
+    expr = obs[0]["content"].split()[1].rstrip(".")
+    reply, reward, terminated, _, _ = bare.step(format_tool_call("calculator", {"expression": expr}))
+    assert (reward, terminated) == (0.0, False) and reply[0]["content"] == str(eval(expr))
+    assert bare.step("\\boxed{" + reply[0]["content"] + "}")[1:3] == (1.0, True)
+    with pytest.raises(ValueError, match="non-empty subset of"):
+        gym.make("textgym/ToolMath-v0", tools="calculator,abacus")
+    with pytest.raises(ValueError, match="non-empty subset of"):
+        gym.make("textgym/ToolMath-v0", tools="")

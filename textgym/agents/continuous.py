@@ -128,7 +128,8 @@ def rollout_continuous(
 
     Raises:
         ValueError: if there are fewer envs than episodes, `seeds` is not one per episode, or
-            `max_batch` / `step_threads` is below 1.
+            `max_batch` / `step_threads` is below 1, or the agent is an `OracleDemonstrator`
+            (demonstrations run through `rollout`).
         Exception: the first exception an env step raised, unchanged in type (an `EnvError`
             for envs built by `textgym.envs.make`), with a note naming the episode, task and
             turn; the steps still running are waited for first, so no env is stepped after
@@ -138,6 +139,8 @@ def rollout_continuous(
         raise ValueError(f"max_batch and step_threads must be >= 1, got {max_batch} and {step_threads}")
     if not batch_window_s >= 0:
         raise ValueError(f"batch_window_s must be >= 0, got {batch_window_s}")
+    if hasattr(agent, "demonstrate"):
+        raise ValueError("an OracleDemonstrator plays in lockstep: use textgym.agents.rollout.rollout")
     start = time.perf_counter()
     episodes = _start_episodes(agent, envs, task_indices, group_size, seeds)
     own_seeds = seeds if seeds is not None else torch.randint(0, 2**62, (len(episodes),)).tolist()

@@ -170,7 +170,8 @@ def rollout(
     """Run `group_size` episodes of each task in `task_indices` in lockstep; return their trajectories.
 
     Args:
-        agent: the policy.
+        agent: the policy; an `OracleDemonstrator` plays each env's `oracle_action` instead of
+            sampling (demonstrations, recorded in the same layout).
         envs: at least `len(task_indices) * group_size` environment instances (reused; reset here).
         task_indices: tasks to pose, via `reset(options={"task_index": i})`.
         params: sampling parameters for every turn.
@@ -198,7 +199,10 @@ def rollout(
     while active:
         prompts = [ep.token_ids for ep in active]
         t0 = time.perf_counter()
-        if seeds is None:
+        demonstrate = getattr(agent, "demonstrate", None)  # `OracleDemonstrator`: the env's expert
+        if demonstrate is not None:
+            gens = demonstrate([ep.env for ep in active], [ep.messages for ep in active])
+        elif seeds is None:
             gens = agent.generate(prompts, params)
         else:
             turn_seeds = [derive_seed(ep.seed or 0, ep.turns) for ep in active]

@@ -42,29 +42,51 @@ def rollouts_collect_cmd(
     backend: Backend = "transformers",
     batch_size: BatchSize = 256,
     seed: Annotated[int, typer.Option(help="Torch seed of the sampling.")] = 0,
+    agent: Annotated[
+        str,
+        typer.Option(
+            help="policy: the model samples; oracle: the env's oracle_action plays every turn, "
+            "written in the model's tokens (demonstrations for SFT; the model's weights are not loaded)."
+        ),
+    ] = "policy",
 ) -> None:
-    """Roll out a model on an env and append the episodes to a trajectory store.
+    """Roll out a model (or, with `--agent oracle`, the env's expert) and append the episodes to a store.
 
     Tasks already in the store for this env, kwargs and model are skipped, so a killed run
-    resumes by running the same command; shards appear only once complete.
+    resumes by running the same command; shards appear only once complete. Oracle episodes are
+    recorded as `policy` "oracle:<model folder>" (their tokens are that tokenizer's).
     """
     from textgym.agents import SamplingParams
     from textgym.offline import collect_rollouts
     from textgym.offline.store import TrajectoryStoreError
     from textgym.trainers.seeding import seed_everything
 
+    if agent not in ("policy", "oracle"):
+        fail(f"--agent must be 'policy' or 'oracle', got {agent!r}")
     kwargs = parse_kwargs(env_kwargs)
     make_env(env, kwargs).close()
-    agent = load_agent(model, None, None, backend)
+    if agent == "oracle":
+        from textgym.agents.demonstrator import OracleDemonstrator
+        from textgym.models import load_tokenizer
+
+        try:
+            actor = OracleDemonstrator(load_tokenizer(model))
+        except (FileNotFoundError, ValueError) as e:
+            fail(str(e))
+        policy = f"oracle:{model.resolve()}"
+    else:
+        actor = load_agent(model, None, None, backend)
+        policy = str(model.resolve())
     seed_everything(seed)
     try:
         res = collect_rollouts(
-            agent, env, out, env_kwargs=kwargs, n=n, samples=samples, start=start,
+            actor, env, out, env_kwargs=kwargs, n=n, samples=samples, start=start,
             params=SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens),
-            batch_size=batch_size, policy=str(model.resolve()), seed=seed,
+            batch_size=batch_size, policy=policy, seed=seed,
+            source="demonstration" if agent == "oracle" else "collect",
             progress=lambda done, total: console.print(f"collected {done}/{total} tasks"),
         )  # fmt: skip
-    except (TrajectoryStoreError, ValueError) as e:
+    except (TrajectoryStoreError, ValueError, AttributeError) as e:
         fail(str(e))
     console.print(
         f"{res.new_tasks} tasks rolled out ({res.rows_written} episodes, {res.shards_written} shards), "

@@ -33,7 +33,7 @@ from textgym.config.rft import RationalizeConfig, RFTCollectConfig, RFTConfig, R
 from textgym.config.rl import GRPOConfig, OverlongPenaltyConfig, RolloutEngineConfig, VLLMEngineConfig
 from textgym.config.run import RunConfig, apply_overrides, format_validation_error, load_config
 from textgym.config.runtime import validate_runtime
-from textgym.config.sft import SFTConfig, SFTTargetConfig
+from textgym.config.sft import DemonstrationsConfig, SFTConfig, SFTTargetConfig
 
 __all__ = [
     "DPO_BETA",
@@ -42,6 +42,7 @@ __all__ = [
     "CollectConfig",
     "ConfigError",
     "CriticConfig",
+    "DemonstrationsConfig",
     "EnvConfig",
     "EvalConfig",
     "EvalJobConfig",

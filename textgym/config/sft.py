@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from typing import Literal
+
+from pydantic import Field, model_validator
 
 from textgym.config.base import EnvConfig, LoraSettings, OptimConfig, _Batching, _Strict
 
@@ -30,11 +32,37 @@ class SFTTargetConfig(_Strict):
     target; otherwise the run goes on and `target_reached: false` is recorded."""
 
 
+class DemonstrationsConfig(_Strict):
+    """Demonstrations collected in-line before SFT: the env's expert played in the model's tokens.
+
+    `n` episodes of `sft.env` (tasks `start` … `start`+n−1) are played by
+    `textgym.agents.demonstrator.OracleDemonstrator` and written to the stage's
+    `demonstrations/` trajectory store (kept; a resumed run reuses them), then trained on as
+    `sft.trajectories` would be.
+    """
+
+    agent: Literal["oracle"] = "oracle"
+    """Who demonstrates: the env's `oracle_action` (the only kind so far)."""
+    n: int = Field(..., ge=1)
+    """Episodes to collect (one per task)."""
+    start: int = Field(0, ge=0)
+    """First task index."""
+
+
 class SFTConfig(_Batching):
-    """Supervised warm start on an environment's gold solutions."""
+    """Supervised warm start: on an environment's gold solutions, a trajectory store, or demonstrations."""
 
     env: EnvConfig
-    """Environment whose tasks' `solution` fields are the targets."""
+    """Environment whose tasks' `solution` fields are the targets (single-turn), and whose tasks
+    the `target` probe and the `demonstrations` play (multi-turn too)."""
+    trajectories: str | None = None
+    """Train on the episodes of this trajectory store instead of gold solutions: every policy
+    token (loss mask 1: the assistant turns) of each episode, the prompt and the environment's
+    turns as context only (e.g. from `textgym rollouts collect --agent oracle`)."""
+    min_reward: float | None = None
+    """With `trajectories` or `demonstrations`: keep only episodes whose return is at least this."""
+    demonstrations: DemonstrationsConfig | None = None
+    """Collect demonstrations in-line and train on them (see `DemonstrationsConfig`)."""
     steps: int = Field(100, ge=1)
     """Optimizer steps (the budget when `target` is set)."""
     target: SFTTargetConfig | None = None
@@ -56,3 +84,11 @@ class SFTConfig(_Batching):
     """Save a checkpoint every this many steps (0 = only at the end)."""
     keep_checkpoints: int = Field(2, ge=1)
     """How many of the latest checkpoints to keep."""
+
+    @model_validator(mode="after")
+    def _one_source(self) -> SFTConfig:
+        if self.trajectories is not None and self.demonstrations is not None:
+            raise ValueError("sft: give either `trajectories` (a store) or `demonstrations`, not both")
+        if self.min_reward is not None and self.trajectories is None and self.demonstrations is None:
+            raise ValueError("sft.min_reward filters `trajectories` or `demonstrations`; neither is set")
+        return self

@@ -35,6 +35,11 @@ class ToolUseWrapper(gym.Wrapper[list[Message], str, list[Message], str]):
         tools: the tools offered; names must be unique.
         error_penalty: reward (≤ 0 usually) of a turn whose calls include an error.
         max_calls_per_turn: calls beyond this many in one reply are refused with an error message.
+        schemas_in_prompt: put the tools' schemas in `info["tools"]` at reset, which the rollout
+            passes to the chat template (the usual way). False leaves them out: the prompt is
+            then only the env's own (its instruction names the tools), e.g. for a small model
+            whose tokenizer spends hundreds of tokens on a JSON schema, taught the call format by
+            demonstrations.
 
     `info` after a tool turn: `tool_calls` (count), `tool_errors` (count), `reward/tool_error`
     (the penalty paid, so a rubric-style term is logged), and the wrapped env's base info.
@@ -63,6 +68,7 @@ class ToolUseWrapper(gym.Wrapper[list[Message], str, list[Message], str]):
         tools: list[Tool],
         error_penalty: float = 0.0,
         max_calls_per_turn: int = MAX_CALLS_PER_TURN,
+        schemas_in_prompt: bool = True,
     ):
         super().__init__(env)
         names = [t.name for t in tools]
@@ -71,6 +77,7 @@ class ToolUseWrapper(gym.Wrapper[list[Message], str, list[Message], str]):
         self.tools = {t.name: t for t in tools}
         self.error_penalty = float(error_penalty)
         self.max_calls_per_turn = int(max_calls_per_turn)
+        self.schemas_in_prompt = bool(schemas_in_prompt)
         self._base_info: dict[str, Any] = {}
 
     def tool_schemas(self) -> list[dict[str, Any]]:
@@ -80,11 +87,12 @@ class ToolUseWrapper(gym.Wrapper[list[Message], str, list[Message], str]):
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[list[Message], dict[str, Any]]:
-        """Reset the wrapped env; `info["tools"]` carries the tool schemas."""
+        """Reset the wrapped env; `info["tools"]` carries the schemas (unless `schemas_in_prompt` is off)."""
         obs, info = self.env.reset(seed=seed, options=options)
         self._base_info = {k: info[k] for k in ("task_id", "task_index", "answer") if k in info}
         info = dict(info)
-        info["tools"] = self.tool_schemas()
+        if self.schemas_in_prompt:
+            info["tools"] = self.tool_schemas()
         return obs, info
 
     def step(self, action: str) -> tuple[list[Message], SupportsFloat, bool, bool, dict[str, Any]]:
@@ -150,15 +158,21 @@ def make_tool_math(
     source: str = "arithmetic",
     sandbox: str | SandboxBackend = "process",
     error_penalty: float = 0.0,
+    tools: str | list[str] = "calculator,python",
+    schemas_in_prompt: bool = True,
     **kwargs: Any,
 ) -> ToolUseWrapper:
     r"""`textgym/ToolMath-v0`: Arithmetic (`source="arithmetic"`, default) or GSM8K (`"gsm8k"`) with tools.
 
-    The tools are `calculator` and `python` (run in `sandbox`). Other kwargs go to the math
-    env (e.g. `split`, `digits`, `n_terms`). The answer turn is scored by the math rubric.
+    The tools are `calculator` and `python` (run in `sandbox`), or those named in `tools` (a
+    comma-separated string or a list: `tools="calculator"` offers the calculator alone, whose
+    schema is a third of the two's in the prompt). Other kwargs go to the math env (e.g.
+    `split`, `digits`, `n_terms`, `instruction`). The answer turn is scored by the math rubric.
+    `schemas_in_prompt=False` keeps the tools' JSON schemas out of the prompt (see
+    `ToolUseWrapper`); the instruction should then name the tools.
 
     Raises:
-        ValueError: on an unknown source.
+        ValueError: on an unknown source or tool name, or no tool.
 
     Examples:
         >>> import gymnasium as gym
@@ -183,4 +197,10 @@ def make_tool_math(
         env = GSM8KEnv(**kwargs)
     else:
         raise ValueError(f"ToolMath source must be 'arithmetic' or 'gsm8k', got {source!r}")
-    return ToolUseWrapper(env, [calculator_tool(), python_tool(sandbox)], error_penalty=error_penalty)
+    names = [t.strip() for t in (tools.split(",") if isinstance(tools, str) else tools) if t.strip()]
+    known = {"calculator": calculator_tool, "python": lambda: python_tool(sandbox)}
+    if not names or set(names) - set(known):
+        raise ValueError(f"ToolMath tools must be a non-empty subset of {sorted(known)}, got {tools!r}")
+    return ToolUseWrapper(
+        env, [known[n]() for n in names], error_penalty=error_penalty, schemas_in_prompt=schemas_in_prompt
+    )

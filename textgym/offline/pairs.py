@@ -45,16 +45,18 @@ def rollout_rows(
     samples: int,
     env_id: str,
     env_kwargs: dict[str, Any],
+    *,
+    source: str = "collect",
     **meta: Any,
 ) -> list[dict[str, Any]]:
     """Roll out `samples` episodes of each of `tasks` on `envs`; their trajectory-store rows.
 
     `meta` (seed, policy, policy_version, run) goes into every row (`trajectory_row`), with
-    `source="collect"` and `sample` = the episode's index within its task's group.
+    `source` and `sample` = the episode's index within its task's group.
     """
     trajs = rollout(agent, envs, tasks, params, group_size=samples, env_id=env_id)
     return [
-        trajectory_row(t, env_kwargs=env_kwargs, sample=j % samples, source="collect", **meta)
+        trajectory_row(t, env_kwargs=env_kwargs, sample=j % samples, source=source, **meta)
         for j, t in enumerate(trajs)
     ]
 
@@ -74,13 +76,16 @@ def collect_rollouts(
     policy_version: int = 0,
     seed: int | None = None,
     run: str = "",
+    source: str = "collect",
     progress: Callable[[int, int], None] | None = None,
 ) -> CollectResult:
     """Roll out `samples` episodes of tasks `start..start+n−1` and append them to the store `out`.
 
-    Tasks whose `samples` episodes with the same env, kwargs and policy are already in the
-    store are skipped. Each chunk of `batch_size // samples` tasks becomes one shard, written
-    only after the chunk finishes.
+    `agent` may be an `OracleDemonstrator` (the env's expert in a model's tokens; record it
+    with `source="demonstration"` and a `policy` naming the tokenizer). Tasks whose `samples`
+    episodes with the same env, kwargs and policy are already in the store are skipped. Each
+    chunk of `batch_size // samples` tasks becomes one shard, written only after the chunk
+    finishes.
 
     Raises:
         ValueError: if the env has fewer than `start + n` tasks.
@@ -109,7 +114,9 @@ def collect_rollouts(
             for c in range(0, len(todo), per_chunk):
                 idx = todo[c : c + per_chunk]
                 meta = {"seed": seed, "policy": policy, "policy_version": policy_version, "run": run}
-                chunk_rows = rollout_rows(agent, envs, idx, params, samples, env_id, env_kwargs, **meta)
+                chunk_rows = rollout_rows(
+                    agent, envs, idx, params, samples, env_id, env_kwargs, source=source, **meta
+                )
                 writer.append(chunk_rows)
                 writer.flush()
                 rows += len(chunk_rows)

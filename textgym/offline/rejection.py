@@ -223,7 +223,12 @@ def collect_hinted(
     try:
         with TrajectoryWriter(out, shard_rows=10**9) as writer:
             for c in range(0, len(tasks), per_chunk):
-                meta = {"seed": seed, "policy": policy, "policy_version": policy_version, "run": run}
+                meta: dict[str, Any] = {
+                    "seed": seed,
+                    "policy": policy,
+                    "policy_version": policy_version,
+                    "run": run,
+                }
                 chunk = tasks[c : c + per_chunk]
                 writer.append(rollout_rows(agent, envs, chunk, params, samples, env_id, env_kwargs, **meta))
     finally:

@@ -21,7 +21,7 @@ A store is a folder of `shard-*.parquet` files with one schema (`SCHEMA`, versio
 | reward_terms | string | JSON of the summed reward terms (`reward/correct`, ...) |
 | finish_reason, terminated, truncated | string, bool, bool | how the last response and the episode ended |
 | policy, policy_version | string, int64 | what generated it (model folder / run) and its step |
-| source, run | string, string | "collect", "eval" or "train"; a free-form run name |
+| source, run | string, string | "collect", "demonstration", "eval" or "train"; a free-form run name |
 | created_at | timestamp[us, UTC] | when the row was written |
 
 Each shard is complete on disk before it is visible: it is written under a hidden temporary

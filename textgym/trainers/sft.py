@@ -1,5 +1,10 @@
 """Supervised fine-tuning on an environment's gold solutions (the warm start before RL), or on given examples.
 
+Multi-turn: `sft.trajectories` (a trajectory store, e.g. `textgym rollouts collect --agent
+oracle`) or `sft.demonstrations` (the env's expert played in-line, `collect_demonstrations`)
+become examples whose completion spans the whole episode after the first prompt, trained on
+the assistant turns only (`store_examples`).
+
 Each example is the env's first observation rendered by the chat template (exactly the
 prompt the policy sees in rollouts) followed by the task's `solution` and the
 end-of-turn token; the loss is the token-mean NLL of the solution tokens only. Given an
@@ -175,6 +180,12 @@ class SFTTrainer:
         self.model = model = shard(model, parallel, self.device)  # precision, then FSDP2 under torchrun
         self.env = make_text_env(cfg.env.id, **cfg.env.kwargs)
         tasks = self.env.tasks
+        if examples is None and cfg.demonstrations is not None:
+            store = self.stage_dir / "demonstrations"
+            distributed.on_main(lambda: collect_demonstrations(cfg, tokenizer, store))
+            examples = store_examples(store, cfg.min_reward)
+        elif examples is None and cfg.trajectories is not None:
+            examples = store_examples(cfg.trajectories, cfg.min_reward)
         self.examples = None if examples is None else list(examples)
         if self.examples is not None:
             if not self.examples:
@@ -353,6 +364,60 @@ class SFTTrainer:
         if cfg.lora is not None:
             return save_lora_final(self.stage_dir, self.model, self.tokenizer)
         return save_final(self.stage_dir, self.model, self.tokenizer)
+
+
+def store_examples(store: str | Path, min_reward: float | None = None) -> list[SFTExample]:
+    """The episodes of a trajectory store as SFT examples (multi-turn ones included).
+
+    Each episode's first prompt (`prompt_length` tokens) is the example's prompt; everything
+    after it is the completion, trained on where the store's `loss_mask` is 1 (the policy's
+    tokens: every assistant turn) and context only where it is 0 (tool and environment turns).
+    Episodes below `min_reward`, and episodes with no policy token, are left out.
+
+    Raises:
+        FileNotFoundError: if `store` holds no trajectory shard.
+        ValueError: if no episode is left to train on.
+    """
+    from textgym.offline.store import read_trajectories, shard_paths
+
+    if not shard_paths(store):
+        raise FileNotFoundError(f"sft.trajectories: no trajectory shard (shard-*.parquet) in {str(store)!r}")
+    t = read_trajectories(store, ["token_ids", "loss_mask", "prompt_length", "reward"])
+    out = []
+    cols = (t.column(c).to_pylist() for c in ("token_ids", "loss_mask", "prompt_length", "reward"))
+    for ids, mask, p, reward in zip(*cols, strict=True):
+        if (min_reward is not None and reward < min_reward) or not any(mask[p:]):
+            continue
+        out.append(SFTExample(tuple(ids[:p]), tuple(ids[p:]), tuple(int(m) for m in mask[p:])))
+    if not out:
+        kept = "" if min_reward is None else f" with reward >= {min_reward}"
+        raise ValueError(
+            f"{str(store)!r}: no episode{kept} has a policy token to train on ({t.num_rows} episodes)"
+        )
+    return out
+
+
+def collect_demonstrations(cfg: SFTConfig, tokenizer: PreTrainedTokenizerBase, store: Path) -> Path:
+    """Play `cfg.demonstrations.n` episodes of `cfg.env` with its oracle into the store `store`.
+
+    The episodes are `OracleDemonstrator` rollouts (the env's `oracle_action` in `tokenizer`'s
+    tokens; `source` "demonstration", `policy` "oracle"). Tasks already in `store` are not
+    played again, so a resumed stage reuses what it collected.
+
+    Raises:
+        ValueError: if the env has fewer tasks than `start + n`, or cannot be written in
+            `tokenizer`'s tokens; AttributeError: if it has no `oracle_action`.
+    """
+    from textgym.agents.demonstrator import OracleDemonstrator
+    from textgym.offline.pairs import collect_rollouts
+
+    demos = cfg.demonstrations
+    assert demos is not None
+    collect_rollouts(
+        OracleDemonstrator(tokenizer), cfg.env.id, store, env_kwargs=cfg.env.kwargs, n=demos.n,
+        start=demos.start, params=SamplingParams(temperature=0.0), policy="oracle", source="demonstration",
+    )  # fmt: skip
+    return store
 
 
 class SFTTargetNotReachedError(RuntimeError):

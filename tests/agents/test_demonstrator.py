@@ -1,0 +1,168 @@
+"""Demonstrations: the env's oracle played as a policy, token-faithful, into the store and into SFT."""
+
+from __future__ import annotations
+
+import json
+
+import gymnasium as gym
+import pytest
+import torch
+from typer.testing import CliRunner
+
+import textgym  # noqa: F401  (registers the envs)
+from textgym.agents.continuous import rollout_continuous
+from textgym.agents.demonstrator import OracleDemonstrator
+from textgym.agents.rollout import rollout
+from textgym.agents.sampling import SamplingParams
+from textgym.models import load_model, load_tokenizer
+
+TOOLMATH = {"tools": "calculator", "operators": "*", "digits": 3, "instruction": "Use the calculator."}
+
+
+def _toolmath(**kw):
+    return gym.make("textgym/ToolMath-v0", **{**TOOLMATH, **kw})
+
+
+def test_oracle_episodes_are_token_faithful_multi_turn_trajectories(tiny_model_dir):
+    tok = load_tokenizer(tiny_model_dir)
+    envs = [_toolmath() for _ in range(3)]
+    trajs = rollout(OracleDemonstrator(tok), envs, [0, 1, 2], SamplingParams())
+    for t, env in zip(trajs, envs, strict=True):
+        roles = [m["role"] for m in t.messages]
+        assert roles == ["user", "assistant", "tool", "assistant"]
+        assert t.reward == 1.0 and t.reward_terms["reward/correct"] == 1.0 and t.terminated
+        # the calculator was called with the question's expression, its result was boxed
+        expr = t.messages[0]["content"].split()[1].rstrip(".")
+        assert json.loads(t.messages[1]["content"].split("<tool_call>")[1].split("</tool_call>")[0]) == {
+            "name": "calculator",
+            "arguments": {"expression": expr},
+        }
+        assert t.messages[3]["content"] == "\\boxed{" + str(eval(expr)) + "}"
+        # the token sequence is the chat template's rendering of the conversation (its closing
+        # newline after the last end-of-turn aside) ...
+        tools = env.reset(options={"task_index": 0})[1]["tools"]
+        full = tok.apply_chat_template(t.messages, tools=tools, tokenize=True, return_dict=False)
+        ids = t.token_ids.tolist()
+        assert full[: len(ids)] == ids and len(full) - len(ids) <= 1
+        # ... and the loss mask is 1 on exactly the two assistant turns (each ending with EOS)
+        mask = t.loss_mask.bool()
+        spans, cur = [], []
+        for i, m in enumerate(mask.tolist()):
+            if m:
+                cur.append(ids[i])
+            elif cur:
+                spans.append(cur)
+                cur = []
+        spans.append(cur)
+        assert [tok.decode(s) for s in spans] == [m["content"] + tok.eos_token for m in t.messages[1::2]]
+        assert torch.all(t.logprobs == 0)
+
+
+class _NoOracleEnv(gym.Env):
+    """A plain Gymnasium text env with no scripted expert."""
+
+    def reset(self, *, seed=None, options=None):
+        return [{"role": "user", "content": "Say hi."}], {}
+
+    def step(self, action):
+        return [], 0.0, True, False, {}
+
+
+def test_a_demonstrator_needs_an_oracle_and_lockstep_rollouts(tiny_model_dir):
+    demo = OracleDemonstrator(load_tokenizer(tiny_model_dir))
+    with pytest.raises(AttributeError, match="has no oracle_action"):
+        rollout(demo, [_NoOracleEnv()], [0], SamplingParams())
+    with pytest.raises(ValueError, match="plays in lockstep"):
+        rollout_continuous(demo, [_toolmath()], [0], SamplingParams())
+    with pytest.raises(TypeError, match="does not sample"):
+        demo.generate([[1, 2]], SamplingParams())
+
+
+def test_rollouts_collect_agent_oracle_fills_the_store_and_resumes(tiny_model_dir, tmp_path):
+    from textgym.cli import app
+    from textgym.offline.store import read_trajectories
+
+    out = tmp_path / "demos"
+    args = ["rollouts", "collect", "--agent", "oracle", "--model", str(tiny_model_dir)]
+    args += ["--env", "textgym/ToolMath-v0", "--out", str(out), "--n", "6", "--batch-size", "4"]
+    for k, v in TOOLMATH.items():  # values as JSON, which YAML reads back ("*" alone is a YAML alias)
+        args += ["--env-kwargs", f"{k}={json.dumps(v)}"]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    assert "6 tasks rolled out (6 episodes, 2 shards)" in res.output
+    t = read_trajectories(out)
+    assert t.column("source").to_pylist() == ["demonstration"] * 6
+    assert set(t.column("policy").to_pylist()) == {f"oracle:{tiny_model_dir.resolve()}"}
+    assert t.column("reward").to_pylist() == [1.0] * 6
+    again = CliRunner().invoke(app, args)
+    assert again.exit_code == 0 and "0 tasks rolled out" in again.output and "6 already in" in again.output
+    bad = CliRunner().invoke(app, [*args[:3], "teacher", *args[4:]])
+    assert bad.exit_code != 0 and "--agent must be 'policy' or 'oracle'" in bad.output
+
+
+def test_store_examples_train_the_assistant_turns_and_filter_by_reward(tiny_model_dir, tmp_path):
+    from textgym.config import SFTConfig
+    from textgym.offline.pairs import collect_rollouts
+    from textgym.offline.store import read_trajectories
+    from textgym.trainers.sft import SFTTrainer, store_examples
+
+    tok = load_tokenizer(tiny_model_dir)
+    store = tmp_path / "store"
+    collect_rollouts(OracleDemonstrator(tok), "textgym/ToolMath-v0", store, env_kwargs=TOOLMATH, n=4)
+    rows = read_trajectories(store)
+    examples = store_examples(store, min_reward=1.0)
+    assert len(examples) == 4
+    for ex, ids, mask, p in zip(
+        examples,
+        rows.column("token_ids").to_pylist(),
+        rows.column("loss_mask").to_pylist(),
+        rows.column("prompt_length").to_pylist(),
+        strict=True,
+    ):
+        assert list(ex.prompt_ids) + list(ex.completion_ids) == ids
+        assert ex.completion_mask is not None and list(ex.completion_mask) == mask[p:]
+        assert 0 in ex.completion_mask  # the tool turn is context, not trained on
+    with pytest.raises(ValueError, match=r"no episode with reward >= 1.5 has a policy token"):
+        store_examples(store, min_reward=1.5)
+    with pytest.raises(FileNotFoundError, match="no trajectory shard"):
+        store_examples(tmp_path / "missing")
+    # the trainer reads the store through its config, and its loss covers only policy tokens
+    cfg = SFTConfig.model_validate(
+        {"env": {"id": "textgym/ToolMath-v0", "kwargs": TOOLMATH}, "steps": 1, "batch_size": 4,
+         "trajectories": str(store), "min_reward": 1.0}
+    )  # fmt: skip
+    model, _ = load_model(tiny_model_dir)
+    trainer = SFTTrainer(cfg, model, tok, tmp_path / "sft")
+    batch_mask = sum(float(trainer.example(i).loss_mask.sum()) for i in range(4))
+    assert batch_mask == sum(sum(m) for m in rows.column("loss_mask").to_pylist())
+    with pytest.raises(ValueError, match="either `trajectories`"):
+        SFTConfig.model_validate({**cfg.model_dump(), "demonstrations": {"n": 2}})
+    with pytest.raises(ValueError, match="min_reward filters"):
+        SFTConfig.model_validate({"env": {"id": "textgym/ToolMath-v0"}, "min_reward": 1.0})
+
+
+@pytest.mark.learning
+def test_sft_on_inline_demonstrations_learns_the_tool_turns(tiny_model_dir, tmp_path):
+    """`sft.demonstrations` collects the oracle's episodes into the stage folder (reused on
+    resume) and SFT on them lowers the loss of the assistant turns."""
+    from textgym.config import SFTConfig
+    from textgym.trainers.seeding import seed_everything
+    from textgym.trainers.sft import SFTTrainer
+
+    cfg = SFTConfig.model_validate(
+        {"env": {"id": "textgym/ToolMath-v0", "kwargs": TOOLMATH}, "steps": 30, "batch_size": 16,
+         "demonstrations": {"n": 64}, "optim": {"lr": 3e-3}, "log_every": 1}
+    )  # fmt: skip
+    seed_everything(0)
+    model, tok = load_model(tiny_model_dir)
+    trainer = SFTTrainer(cfg, model, tok, tmp_path / "sft")
+    assert len(trainer.examples or []) == 64
+    shards = sorted((tmp_path / "sft" / "demonstrations").glob("shard-*.parquet"))
+    assert shards
+    trainer.train()
+    rows = [json.loads(x) for x in (tmp_path / "sft" / "metrics.jsonl").read_text().splitlines()]
+    assert rows[-1]["loss/sft"] < 0.5 * rows[0]["loss/sft"]
+    # a second trainer on the same stage folder collects nothing new
+    model2, _ = load_model(tiny_model_dir)
+    SFTTrainer(cfg, model2, tok, tmp_path / "sft", resume=True)
+    assert sorted((tmp_path / "sft" / "demonstrations").glob("shard-*.parquet")) == shards

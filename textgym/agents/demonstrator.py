@@ -1,0 +1,104 @@
+"""Demonstrations: an environment's scripted expert played as a policy, recorded token for token.
+
+`OracleDemonstrator` stands where an `LLMAgent` stands in `rollout`: each turn, instead of
+sampling, it asks every episode's environment for its `oracle_action(messages)` (the outermost
+wrapper that defines one, as `textgym eval --agent oracle` does) and writes that text as the
+policy's response in a model's tokenizer: the text's token ids without special tokens, then the
+end-of-turn id. Everything else is the rollout's own bookkeeping, so a demonstration is a
+`Trajectory` of the same layout as a sampled episode: the first prompt and every environment or
+tool turn are rendered by the chat template (loss mask 0), the assistant turns are the
+demonstrator's tokens (loss mask 1), and SFT on it trains exactly the tokens a policy would have
+to sample to act like the expert, turn after turn (`textgym rollouts collect --agent oracle`,
+`sft.trajectories`, `sft.demonstrations`).
+
+Log-probs are 0 (nothing was sampled), so demonstrations are data for supervised learning, not
+for an importance ratio.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import gymnasium as gym
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from textgym.agents.llm_agent import LLMAgent
+from textgym.agents.sampling import Generation, SamplingParams
+from textgym.types import Message
+
+
+class _NoSampling:
+    """The demonstrator's backend: end-of-turn ids only; it never samples."""
+
+    def __init__(self, eos_ids: list[int]):
+        self.eos_ids = eos_ids
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams, **_: Any) -> list[Generation]:
+        raise TypeError("OracleDemonstrator does not sample; `rollout` asks it to demonstrate()")
+
+
+class OracleDemonstrator(LLMAgent):
+    """Plays each environment's `oracle_action` as the policy's turns, in `tokenizer`'s tokens.
+
+    Args:
+        tokenizer: the tokenizer (with chat template) of the model the demonstrations are for.
+
+    Raises:
+        ValueError: if the tokenizer has no chat template or no EOS token.
+
+    Examples:
+        >>> import gymnasium as gym, textgym
+        >>> from textgym.agents.rollout import rollout
+        >>> from textgym.models import load_tokenizer
+        >>> from textgym.model_init import init_model
+        >>> import tempfile
+        >>> tok = load_tokenizer(init_model("tiny", tempfile.mkdtemp()))
+        >>> env = gym.make("textgym/ToolMath-v0")
+        >>> (traj,) = rollout(OracleDemonstrator(tok), [env], [0], SamplingParams())
+        >>> [m["role"] for m in traj.messages], traj.reward
+        (['user', 'assistant', 'tool', 'assistant'], 1.0)
+    """
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase):
+        if tokenizer.eos_token_id is None:
+            raise ValueError("the tokenizer has no EOS token to end a demonstrated turn with")
+        super().__init__(None, tokenizer, backend=_NoSampling([int(tokenizer.eos_token_id)]))
+
+    def demonstrate(
+        self, envs: Sequence[gym.Env], conversations: Sequence[list[Message]]
+    ) -> list[Generation]:
+        """One demonstrated turn per episode: the env's oracle reply as token ids + end-of-turn.
+
+        Args:
+            envs: each episode's environment (its `oracle_action` is read through wrappers).
+            conversations: each episode's messages so far (what the oracle reads).
+
+        Returns:
+            One `Generation` per episode: [N] ids (the reply's tokens, then EOS), [N] zero
+            log-probs, finish reason "stop".
+
+        Raises:
+            AttributeError: if an environment has no `oracle_action`.
+            ValueError: if a reply's tokens do not decode back to the reply (the tokenizer
+                cannot write it: the environment would receive other text than the oracle's).
+        """
+        out = []
+        for env, messages in zip(envs, conversations, strict=True):
+            try:
+                oracle = env.get_wrapper_attr("oracle_action")
+            except AttributeError:
+                name = env.spec.id if env.spec else repr(env)
+                raise AttributeError(f"{name} has no oracle_action to demonstrate") from None
+            text = str(oracle(list(messages)))
+            ids = [int(t) for t in self.tokenizer(text, add_special_tokens=False)["input_ids"]]
+            back = self.tokenizer.decode(ids, skip_special_tokens=False)
+            if back != text:
+                raise ValueError(
+                    f"the tokenizer cannot write the oracle's reply: {text[:80]!r} "
+                    f"decodes back as {back[:80]!r}"
+                )
+            ids.append(self.backend.eos_ids[0])
+            out.append(Generation(token_ids=ids, logprobs=torch.zeros(len(ids)), finish_reason="stop"))
+        return out
