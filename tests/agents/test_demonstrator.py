@@ -56,6 +56,10 @@ def test_oracle_episodes_are_token_faithful_multi_turn_trajectories(tiny_model_d
         spans.append(cur)
         assert [tok.decode(s) for s in spans] == [m["content"] + tok.eos_token for m in t.messages[1::2]]
         assert torch.all(t.logprobs == 0)
+    from textgym.trainers.rollouts import rollout_metrics
+
+    m = rollout_metrics(trajs)
+    assert (m["rollout/turns_mean"], m["rollout/tool_results_mean"], m["rollout/accuracy"]) == (2.0, 1.0, 1.0)
 
 
 class _NoOracleEnv(gym.Env):

@@ -124,7 +124,10 @@ def eval_cmd(
 
 
 def print_episodes(episodes: list[dict[str, Any]], max_chars: int = 2000) -> None:
-    """Print each episode's conversation (messages cut at `max_chars` characters), reward and terms."""
+    """Print each episode: its conversation, tool turns included, its agent turns, reward and terms.
+
+    Messages longer than `max_chars` characters are cut.
+    """
     from rich.markup import escape
     from rich.panel import Panel
 
@@ -136,7 +139,9 @@ def print_episodes(episodes: list[dict[str, Any]], max_chars: int = 2000) -> Non
             lines.append(f"[bold]{escape(str(m.get('role')))}[/bold]: {escape(text)}")
         terms = " ".join(f"{k.split('/', 1)[-1]}={v:.3g}" for k, v in sorted(e.get("terms", {}).items()))
         title = f"task {e.get('task_index')} · sample {e.get('sample', 0)}"
-        subtitle = f"reward {float(e['reward']):.3f} · correct {e['correct']} · {terms}"
+        roles = [m.get("role") for m in e.get("messages", [])]
+        turns = f"{roles.count('assistant')} turns, {roles.count('tool')} tool results"
+        subtitle = f"reward {float(e['reward']):.3f} · correct {e['correct']} · {turns} · {terms}"
         console.print(Panel("\n".join(lines), title=title, subtitle=subtitle, title_align="left"))
 
 

@@ -37,7 +37,11 @@ def hack_warning(metrics: dict[str, float], threshold: float = HACK_WARN_FRAC) -
 
 
 def rollout_metrics(trajs: list[Trajectory], gather: bool = True) -> dict[str, float]:
-    """Reward, accuracy, reward terms, length and reward-hacking statistics of a rollout batch.
+    """Reward, accuracy, reward terms, length, turn and reward-hacking statistics of a rollout batch.
+
+    Multi-turn: `rollout/turns_mean` is the agent's turns per episode (its assistant messages,
+    tool-calling turns included) and `rollout/tool_results_mean` the tool messages it got back
+    per episode (one per call answered, errors included); both are 1 and 0 for single-turn envs.
 
     With `gather` (and several ranks), over every rank's trajectories: their rewards, lengths
     and terms are gathered first, so the statistics are those of the global batch, the hack
@@ -45,7 +49,9 @@ def rollout_metrics(trajs: list[Trajectory], gather: bool = True) -> dict[str, f
     """
     rows = [
         (t.reward, t.response_length, t.finish_reason, t.reward_terms, t.truncated,
-         hack_signs(t.reward, t.reward_terms, t.messages))
+         hack_signs(t.reward, t.reward_terms, t.messages),
+         sum(m.get("role") == "assistant" for m in t.messages),
+         sum(m.get("role") == "tool" for m in t.messages))
         for t in trajs
     ]  # fmt: skip
     if gather:
@@ -61,6 +67,8 @@ def rollout_metrics(trajs: list[Trajectory], gather: bool = True) -> dict[str, f
         # episodes cut by the env's time limit or by the rollout's `max_turns` cap (default 16):
         # a multi-turn env that never ends shows here as 1.0
         "rollout/truncated_frac": sum(bool(r[4]) for r in rows) / len(rows),
+        "rollout/turns_mean": sum(r[6] for r in rows) / len(rows),
+        "rollout/tool_results_mean": sum(r[7] for r in rows) / len(rows),
     }
     terms: dict[str, list[float]] = defaultdict(list)
     for r in rows:
