@@ -148,7 +148,7 @@ class ToolUseWrapper(gym.Wrapper[list[Message], str, list[Message], str]):
         return inner.oracle_action(messages)  # type: ignore[attr-defined]
 
 
-TOOLMATH_INSTRUCTION = (
+TOOLMATH_INSTRUCTION = (  # the tools' names are those offered (`make_tool_math(tools=...)`)
     "You can use the calculator and python tools. When you know the answer, reply without a "
     "tool call and put the final answer, one number, within \\boxed{}."
 )
@@ -190,17 +190,18 @@ def make_tool_math(
         >>> env.step(r"\boxed{-36}")[1:3]
         (1.0, True)
     """
-    kwargs.setdefault("instruction", TOOLMATH_INSTRUCTION)
+    names = [t.strip() for t in (tools.split(",") if isinstance(tools, str) else tools) if t.strip()]
+    known = {"calculator": calculator_tool, "python": lambda: python_tool(sandbox)}
+    if not names or set(names) - set(known):
+        raise ValueError(f"ToolMath tools must be a non-empty subset of {sorted(known)}, got {tools!r}")
+    offered = f"{names[0]} tool" if len(names) == 1 else " and ".join(names) + " tools"
+    kwargs.setdefault("instruction", TOOLMATH_INSTRUCTION.replace("calculator and python tools", offered))
     if source == "arithmetic":
         env: gym.Env[list[Message], str] = ArithmeticEnv(**kwargs)
     elif source == "gsm8k":
         env = GSM8KEnv(**kwargs)
     else:
         raise ValueError(f"ToolMath source must be 'arithmetic' or 'gsm8k', got {source!r}")
-    names = [t.strip() for t in (tools.split(",") if isinstance(tools, str) else tools) if t.strip()]
-    known = {"calculator": calculator_tool, "python": lambda: python_tool(sandbox)}
-    if not names or set(names) - set(known):
-        raise ValueError(f"ToolMath tools must be a non-empty subset of {sorted(known)}, got {tools!r}")
     return ToolUseWrapper(
         env, [known[n]() for n in names], error_penalty=error_penalty, schemas_in_prompt=schemas_in_prompt
     )
