@@ -1,7 +1,7 @@
 """MkDocs hook: the learning figures in the docs are rendered from `bench/results/learning.json`.
 
-A page that holds `<!-- learning:quickstart -->` or `<!-- learning:algorithms -->` gets, in
-its place, the table `bench/learning.py` renders from the recorded results, with the commit,
+A page that holds `<!-- learning:quickstart -->` (or `quickstart_<machine>`) or
+`<!-- learning:algorithms -->` gets, in its place, the table `bench/learning.py` renders from the recorded results, with the commit,
 date, machine and command that produced them. A figure in those tables cannot drift from the
 run it came from: rerunning `python bench/learning.py run ...` rewrites the JSON, and the next
 `mkdocs build` shows it. A marker whose results are missing fails the build.
@@ -42,6 +42,6 @@ def on_page_markdown(markdown: str, **kwargs: Any) -> str:
         name = m.group(1)
         if name not in results:
             raise KeyError(f"{m.group(0)}: bench/results/learning.json has no {name!r} results")
-        return learning.RENDERERS[name](results[name])
+        return learning.renderer(name)(results[name])
 
     return MARKER.sub(table, markdown)
