@@ -1,10 +1,11 @@
 """MkDocs hook: the learning figures in the docs are rendered from `bench/results/learning.json`.
 
 A page that holds `<!-- learning:quickstart -->` (or `quickstart_<machine>`) or
-`<!-- learning:algorithms -->` gets, in its place, the table `bench/learning.py` renders from the recorded results, with the commit,
-date, machine and command that produced them. A figure in those tables cannot drift from the
-run it came from: rerunning `python bench/learning.py run ...` rewrites the JSON, and the next
-`mkdocs build` shows it. A marker whose results are missing fails the build.
+`<!-- learning:algorithms -->` gets, in its place, the table `bench/learning.py` renders from
+the recorded results, with the commit, date, machine and command that produced them. A figure
+in those tables cannot drift from the run it came from: rerunning `python bench/learning.py
+run ...` rewrites the JSON, and the next `mkdocs build` shows it. A marker whose results are
+missing fails the build.
 """
 
 from __future__ import annotations
