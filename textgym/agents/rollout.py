@@ -196,10 +196,10 @@ def rollout(
     episodes = _start_episodes(agent, envs, task_indices, group_size, seeds)
     eos_ids = list(agent.backend.eos_ids)
     active = episodes
+    demonstrate = getattr(agent, "demonstrate", None)  # `OracleDemonstrator`: the env's expert
     while active:
         prompts = [ep.token_ids for ep in active]
         t0 = time.perf_counter()
-        demonstrate = getattr(agent, "demonstrate", None)  # `OracleDemonstrator`: the env's expert
         if demonstrate is not None:
             gens = demonstrate([ep.env for ep in active], [ep.messages for ep in active])
         elif seeds is None:

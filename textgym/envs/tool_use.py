@@ -148,10 +148,12 @@ class ToolUseWrapper(gym.Wrapper[list[Message], str, list[Message], str]):
         return inner.oracle_action(messages)  # type: ignore[attr-defined]
 
 
-TOOLMATH_INSTRUCTION = (  # the tools' names are those offered (`make_tool_math(tools=...)`)
-    "You can use the calculator and python tools. When you know the answer, reply without a "
-    "tool call and put the final answer, one number, within \\boxed{}."
+_TOOLMATH_TEMPLATE = (
+    "You can use the {tools}. When you know the answer, reply without a "
+    "tool call and put the final answer, one number, within \\boxed{{}}."
 )
+TOOLMATH_INSTRUCTION = _TOOLMATH_TEMPLATE.format(tools="calculator and python tools")
+"""ToolMath's default instruction (both tools offered; `make_tool_math(tools=...)` names its own)."""
 
 
 def make_tool_math(
@@ -195,7 +197,7 @@ def make_tool_math(
     if not names or set(names) - set(known):
         raise ValueError(f"ToolMath tools must be a non-empty subset of {sorted(known)}, got {tools!r}")
     offered = f"{names[0]} tool" if len(names) == 1 else " and ".join(names) + " tools"
-    kwargs.setdefault("instruction", TOOLMATH_INSTRUCTION.replace("calculator and python tools", offered))
+    kwargs.setdefault("instruction", _TOOLMATH_TEMPLATE.format(tools=offered))
     if source == "arithmetic":
         env: gym.Env[list[Message], str] = ArithmeticEnv(**kwargs)
     elif source == "gsm8k":
