@@ -144,9 +144,12 @@ def provenance(record: dict[str, Any]) -> str:
     """One sentence naming the date, commit, machine and command of a recorded run, then its note."""
     m = record["machine"]
     own = "AVX-512" if "avx512f" in m["flags"] else "AVX2" if "avx2" in m["flags"] else "default"
+    kernel = record.get("kernel", "own")
     return (
         f"Measured {record['date']} at commit `{record['commit']}` on {m['cpu']} ({m['cores']} cores; "
-        f"kernel flags: {', '.join(m['flags']) or 'none'}; own kernels = {own}), by `{record['command']}`."
+        f"kernel flags: {', '.join(m['flags']) or 'none'}; own kernels = {own}"
+        + (f"; run with `ATEN_CPU_CAPABILITY={kernel}`" if kernel != "own" else "")
+        + f"), by `{record['command']}`."
         + (f" {record['note']}" if record.get("note") else "")
     )
 
@@ -261,6 +264,8 @@ def main() -> None:
     a = sub.add_parser("algorithms", help="run bench/algorithms.py and record its table")
     a.add_argument("--out", type=Path, default=ROOT / "runs" / "bench_algorithms")
     a.add_argument("--results", type=Path, default=RESULTS)
+    a.add_argument("--kernel", default="own", help="ATEN_CPU_CAPABILITY for the runs (own: unset)")
+    a.add_argument("--note", default="", help="a sentence printed under the table")
     a.add_argument("rest", nargs="*", help="arguments for bench/algorithms.py (e.g. --algos grpo ppo)")
     t = sub.add_parser("table")
     t.add_argument("name", nargs="?", default="quickstart", help="algorithms, quickstart or quickstart_*")
@@ -270,8 +275,13 @@ def main() -> None:
         return
     if args.cmd == "algorithms":
         cmd = [sys.executable, str(ROOT / "bench" / "algorithms.py"), "--out", str(args.out), *args.rest]
-        subprocess.run(cmd, check=True, cwd=ROOT)
-        record = new_record(json.loads((args.out / "results.json").read_text()))
+        env = dict(os.environ)
+        env.pop("ATEN_CPU_CAPABILITY", None)
+        if args.kernel != "own":
+            env["ATEN_CPU_CAPABILITY"] = args.kernel
+        subprocess.run(cmd, check=True, cwd=ROOT, env=env)
+        record = new_record(json.loads((args.out / "results.json").read_text()), args.note)
+        record["kernel"] = args.kernel
         save(args.results, "algorithms", record)
         print(render_algorithms(record))
         return
