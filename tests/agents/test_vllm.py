@@ -140,6 +140,8 @@ def test_grpo_with_vllm_rollouts_pushes_weights_and_logs_the_mismatch(warm_model
         # float32 engine vs float32 trainer: the mismatch is rounding noise.
         assert m["mismatch/k3"] < 1e-6 and abs(m["mismatch/ratio_max"] - 1.0) < 1e-3
         assert m["mismatch/tis_clip_frac"] == 0.0
+        # π_old is the truncated distribution vLLM sampled from: the ratio starts at 1 (issue 38)
+        assert m["ratio/mean"] == pytest.approx(1.0, abs=1e-5) and m["kl/old_approx"] < 1e-6
         # Greedy generations of the engine after the step agree with the updated policy.
         agent = LLMAgent(model, tok)
         prompts = [agent.encode_prompt([{"role": "user", "content": f"{a}+{a + 1}="}]) for a in range(8)]
