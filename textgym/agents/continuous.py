@@ -53,6 +53,8 @@ from textgym.agents.rollout import (
     _record_turn,
     _start_episodes,
     _to_trajectory,
+    check_first_prompts,
+    context_limit,
     rollout,
 )
 from textgym.agents.sampling import Generation, SamplingParams, derive_seed
@@ -100,6 +102,7 @@ def rollout_continuous(
     max_batch: int | None = None,
     step_threads: int | None = None,
     batch_window_s: float = 0.0,
+    max_context_tokens: int | None = None,
 ) -> list[Trajectory]:
     """Run `group_size` episodes of each task, each advancing on its own; return their trajectories.
 
@@ -122,6 +125,7 @@ def rollout_continuous(
             turn is ready, for env steps still running to return their turns too (fewer,
             fuller calls; 0: generate whatever is ready at once). The wait ends early when
             every episode not yet finished is ready, or `max_batch` turns are.
+        max_context_tokens: the context window episodes stay within (see `rollout`).
 
     Returns:
         `len(task_indices) * group_size` trajectories in `rollout`'s order (row g*G + j: sample j of task g).
@@ -142,7 +146,10 @@ def rollout_continuous(
     if hasattr(agent, "demonstrate"):
         raise ValueError("an OracleDemonstrator plays in lockstep: use textgym.agents.rollout.rollout")
     start = time.perf_counter()
+    limit = context_limit(agent, max_context_tokens)
     episodes = _start_episodes(agent, envs, task_indices, group_size, seeds)
+    check_first_prompts(episodes, limit, params.max_new_tokens, env_id)
+    room = None if limit is None else limit - params.max_new_tokens
     own_seeds = seeds if seeds is not None else torch.randint(0, 2**62, (len(episodes),)).tolist()
     for ep, s in zip(episodes, own_seeds, strict=True):
         ep.seed = int(s)
@@ -191,10 +198,12 @@ def rollout_continuous(
                             f"{position[id(ep)]} (task_index={ep.task_index}), turn {ep.turns}"
                         )
                         raise error
-                    step = future.result()
+                    step, seconds = future.result()
+                    stats.env_s += seconds
                     _record_turn(
-                        ep, agent, gen, text, step, env_id=env_id, max_turns=max_turns, eos_ids=eos_ids
-                    )
+                        ep, agent, gen, text, step, env_id=env_id, max_turns=max_turns, eos_ids=eos_ids,
+                        room=room,
+                    )  # fmt: skip
                     if ep.done:
                         remaining -= 1
                     else:
@@ -211,8 +220,17 @@ def rollout_continuous(
 def _step_later(
     pool: ThreadPoolExecutor, events: queue.Queue[_Event], ep: _Episode, gen: Generation, text: str
 ) -> None:
-    """Step `ep`'s env with `text` in `pool`; its future is posted as a "step" event once done."""
-    future = pool.submit(ep.env.step, text)
+    """Step `ep`'s env with `text` in `pool`; its future is posted as a "step" event once done.
+
+    The future's result is the step's result and its duration in seconds.
+    """
+
+    def timed_step() -> tuple[Any, float]:
+        t0 = time.perf_counter()
+        out = ep.env.step(text)
+        return out, time.perf_counter() - t0
+
+    future = pool.submit(timed_step)
 
     def done(f: Future[Any]) -> None:
         events.put(("step", ep, (gen, text, f)))

@@ -83,6 +83,16 @@ class LLMAgent:
         else:
             self.backend = backend
 
+    @property
+    def context_length(self) -> int | None:
+        """The backend's context window in tokens, or None when it reports none (an endpoint).
+
+        An episode's prompt, every turn and the next response must fit it: `rollout` truncates
+        an episode before it outgrows it.
+        """
+        n = getattr(self.backend, "context_length", None)
+        return int(n) if n else None
+
     @classmethod
     def from_pretrained(
         cls,

@@ -96,6 +96,9 @@ class RolloutStats:
         wall_s: the rollout's wall-clock time, seconds (envs' resets included).
         generate_s: seconds during which generation ran: at least one `generate` call (or, for an
             endpoint, one request) in flight.
+        env_s: seconds spent stepping environments (verifiers, tools, sandboxes): in lockstep,
+            the wall time of each turn's concurrent env steps; in a continuous rollout, the sum
+            of the env steps' own times (they overlap generation there).
         generate_calls: `generate` calls made (for an endpoint: requests sent).
         generated_rows: prompts generated in all (one per episode turn).
         episodes: episodes rolled out.
@@ -103,6 +106,7 @@ class RolloutStats:
 
     wall_s: float = 0.0
     generate_s: float = 0.0
+    env_s: float = 0.0
     generate_calls: int = 0
     generated_rows: int = 0
     episodes: int = 0
@@ -153,6 +157,8 @@ class _Episode:
     finish_reason: str = "stop"
     seed: int | None = None
     token_versions: list[int] = field(default_factory=list)  # per token: its turn's server version, else -1
+    truncation: str = ""  # why a truncated episode was cut (`Trajectory.truncation`)
+    counts: dict[str, int] = field(default_factory=lambda: defaultdict(int))
 
 
 def rollout(
@@ -166,6 +172,7 @@ def rollout(
     env_id: str = "",
     seeds: list[int] | None = None,
     stats: RolloutStats | None = None,
+    max_context_tokens: int | None = None,
 ) -> list[Trajectory]:
     """Run `group_size` episodes of each task in `task_indices` in lockstep; return their trajectories.
 
@@ -183,17 +190,26 @@ def rollout(
             episode e is sampled with `derive_seed(seeds[e], k)` (see `LLMAgent.generate`), so an
             episode's tokens depend only on its seed and the policy. None: the global RNG.
         stats: filled in with the rollout's timing (`RolloutStats`), or None.
+        max_context_tokens: the context window an episode must stay within, in tokens: an
+            episode whose next observation plus a full response (`params.max_new_tokens`) would
+            outgrow it ends there, truncated (`Trajectory.truncation == "context"`), scored with
+            the rewards of the turns it played, and the observation is not appended. None: the
+            agent's `context_length` (the model's `max_position_embeddings`, vLLM's
+            `max_model_len`; no limit when it reports none).
 
     Returns:
         `len(task_indices) * group_size` trajectories, grouped: rows g*G .. g*G+G-1 share task g.
 
     Raises:
-        ValueError: if there are fewer envs than episodes, or `seeds` is not one per episode.
+        ValueError: if there are fewer envs than episodes, `seeds` is not one per episode, or a
+            first prompt leaves no room for a response of `params.max_new_tokens` in the context.
         Exception: whatever an env's step raised (`textgym.envs.EnvError` for envs built by
             `textgym.envs.make`), unchanged.
     """
     start = time.perf_counter()
+    limit = context_limit(agent, max_context_tokens)
     episodes = _start_episodes(agent, envs, task_indices, group_size, seeds)
+    check_first_prompts(episodes, limit, params.max_new_tokens, env_id)
     eos_ids = list(agent.backend.eos_ids)
     active = episodes
     demonstrate = getattr(agent, "demonstrate", None)  # `OracleDemonstrator`: the env's expert
@@ -212,13 +228,55 @@ def rollout(
         texts = [agent.decode(gen.token_ids) for gen in gens]
         # Environments are independent objects: step them concurrently, so verifiers that wait on
         # worker processes (math-verify, later the sandbox) score in parallel.
+        t1 = time.perf_counter()
         steps = list(_STEP_POOL.map(lambda pair: pair[0].env.step(pair[1]), zip(active, texts, strict=True)))
+        if stats is not None:
+            stats.env_s += time.perf_counter() - t1
+        room = None if limit is None else limit - params.max_new_tokens
         for ep, gen, text, step in zip(active, gens, texts, steps, strict=True):
-            _record_turn(ep, agent, gen, text, step, env_id=env_id, max_turns=max_turns, eos_ids=eos_ids)
+            _record_turn(
+                ep, agent, gen, text, step, env_id=env_id, max_turns=max_turns, eos_ids=eos_ids, room=room
+            )
         active = [ep for ep in active if not ep.done]
     if stats is not None:
         stats.finish(len(episodes), time.perf_counter() - start)
     return [_to_trajectory(ep, env_id) for ep in episodes]
+
+
+def context_limit(agent: LLMAgent, max_context_tokens: int | None) -> int | None:
+    """The context window episodes must fit, in tokens.
+
+    `max_context_tokens` when given, else the agent's `context_length` (None: no limit).
+
+    Raises:
+        ValueError: if `max_context_tokens` is not positive.
+    """
+    if max_context_tokens is not None:
+        if max_context_tokens <= 0:
+            raise ValueError(f"max_context_tokens must be positive, got {max_context_tokens}")
+        return int(max_context_tokens)
+    n = getattr(agent, "context_length", None)
+    return int(n) if n else None
+
+
+def check_first_prompts(
+    episodes: Sequence[_Episode], limit: int | None, max_new_tokens: int, env_id: str
+) -> None:
+    """Refuse to start episodes whose first prompt leaves no room for a whole response.
+
+    Raises:
+        ValueError: naming the task, the prompt's length, `max_new_tokens` and the limit.
+    """
+    if limit is None:
+        return
+    for ep in episodes:
+        if ep.prompt_length + max_new_tokens > limit:
+            raise ValueError(
+                f"{env_id or 'the env'} task {ep.task_index}: the first prompt has "
+                f"{ep.prompt_length} tokens, and with max_new_tokens {max_new_tokens} it outgrows "
+                f"the context of {limit} tokens "
+                "(lower max_new_tokens, or raise max_context_tokens up to the model's window)"
+            )
 
 
 def _start_episodes(
@@ -278,6 +336,7 @@ def _record_turn(
     env_id: str,
     max_turns: int,
     eos_ids: list[int],
+    room: int | None = None,
 ) -> None:
     """Append one turn to `ep`: its generated tokens, its reward, then the observation's tokens.
 
@@ -294,6 +353,9 @@ def _record_turn(
         env_id: for messages and the trajectory.
         max_turns: the rollout's cap on turns (an episode cut there is marked truncated).
         eos_ids: the backend's end-of-turn ids.
+        room: the longest sequence a next prompt may be, in tokens (the context window minus
+            `max_new_tokens`): when the observation would make it longer, the episode ends here
+            truncated by "context" instead. None: no limit.
 
     Raises:
         ValueError: from `_place_step_rewards` or `observation_tokens`.
@@ -318,6 +380,10 @@ def _record_turn(
     for k, v in info.items():
         if k.startswith("reward/"):
             ep.terms[k] += float(v)
+    for key, value in (("tool_calls", info.get("tool_calls", 0)), ("tool_errors", info.get("tool_errors", 0)),
+                       ("invalid_actions", int(bool(info.get("invalid_action"))))):  # fmt: skip
+        if isinstance(value, int | float) and value:
+            ep.counts[key] += int(value)
     ep.info = info
     ep.finish_reason = gen.finish_reason
     # An episode that terminated is not truncated, even when a `TimeLimit` also reported its
@@ -325,10 +391,17 @@ def _record_turn(
     # bootstrap. Truncated means cut short of a terminal state (time limit or `max_turns`).
     ep.terminated = bool(terminated)
     ep.truncated = not ep.terminated and (bool(truncated) or ep.turns >= max_turns)
+    if ep.truncated:
+        ep.truncation = "time_limit" if truncated else "max_turns"
     if terminated or truncated or ep.turns >= max_turns:
         ep.done = True
         return
     env_ids = observation_tokens(agent.tokenizer, list(obs), gen.finish_reason == "stop", eos_ids, ep.tools)
+    if room is not None and len(ep.token_ids) + len(env_ids) > room:
+        # the next turn would not fit the context: the episode ends here, cut short of a
+        # terminal state (PPO bootstraps it), scored with what its turns earned
+        ep.truncated, ep.truncation, ep.done = True, "context", True
+        return
     ep.messages += list(obs)
     ep.token_ids += env_ids
     _pad_non_policy(ep, len(env_ids))
@@ -358,6 +431,8 @@ def _to_trajectory(ep: _Episode, env_id: str) -> Trajectory:
         finish_reason=ep.finish_reason,
         policy_version=min(reported, default=0),  # the oldest version over the turns
         token_versions=torch.tensor(ep.token_versions, dtype=torch.long) if reported else None,
+        truncation=ep.truncation,
+        counts=dict(ep.counts),
     )
 
 

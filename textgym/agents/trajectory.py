@@ -60,6 +60,13 @@ class Trajectory:
             across a weight push (a partial rollout at turn boundaries) has tokens of several
             versions; `policy_version` is the oldest. Kept in memory only (the trajectory
             store keeps `policy_version`).
+        truncation: why a truncated episode was cut: "time_limit" (the env's `TimeLimit`
+            or its own truncation), "max_turns" (the rollout's cap) or "context" (the next
+            observation and response would not fit the context window: `rollout`'s
+            `max_context_tokens`); "" when not truncated. Kept in memory only.
+        counts: per-episode counts summed over its turns from each step's `info`:
+            "tool_calls", "tool_errors" (tool envs), "invalid_actions" (actions the env rejected
+            unscored, `info["error"]`). Kept in memory only.
     """
 
     token_ids: torch.Tensor
@@ -82,6 +89,8 @@ class Trajectory:
     step_mask: torch.Tensor | None = None
     policy_version: int = 0
     token_versions: torch.Tensor | None = None
+    truncation: str = ""
+    counts: dict[str, int] = field(default_factory=dict)
 
     @property
     def response_length(self) -> int:

@@ -270,12 +270,18 @@ class TransformersBackend:
         model: the policy; generation runs under `torch.no_grad()` in eval mode.
         tokenizer: its tokenizer (pad and EOS ids are taken from it).
         batch_size: prompts per `generate` call (bounds activation memory).
+
+    Attributes:
+        context_length: the model's context window in tokens (`max_position_embeddings`), or
+            None when its config names none.
     """
 
     def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, batch_size: int = 64):
         self.model = model
         self.tokenizer = tokenizer
         self.batch_size = batch_size
+        n = getattr(model.config, "max_position_embeddings", None)
+        self.context_length: int | None = int(n) if isinstance(n, int) and n > 0 else None
         self.eos_ids = eos_token_ids(tokenizer, model.generation_config)
         self.pad_id = int(tokenizer.pad_token_id)  # type: ignore[arg-type]
 

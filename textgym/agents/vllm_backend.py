@@ -125,6 +125,7 @@ class VLLMBackend:
             torch.set_num_threads(threads)
         self.eos_ids = sorted(set(eos_ids))
         self.max_model_len = int(self.llm.llm_engine.model_config.max_model_len)
+        self.context_length: int | None = self.max_model_len  # what `rollout` keeps episodes within
         self.weight_version = 0
         self._requests = 0  # requests added with `add_request` (their ids: textgym-1, textgym-2, ...)
 

@@ -174,6 +174,15 @@ def _result_table(res: Any, title: str) -> Table:
     hacks = res.hacks()
     if hacks:  # shares of the rewarded episodes that hedge, restate the question, ... (answer_rule)
         title += "\nrewarded episodes that " + ", ".join(f"{k[5:-5]}: {v:.2f}" for k, v in hacks.items())
+    turns = res.turn_stats() if hasattr(res, "turn_stats") else {}
+    if turns and turns["turns_mean"] > 1:  # multi-turn: what the agent did per episode
+        cut = ", ".join(f"{k[10:-5]} {v:.2f}" for k, v in turns.items() if k.startswith("truncated_") and v)
+        title += (
+            f"\nper episode: turns {turns['turns_mean']:.2f}, tool calls {turns['tool_calls_mean']:.2f}, "
+            f"tool errors {turns['tool_errors_mean']:.2f}, "
+            f"invalid actions {turns['invalid_actions_mean']:.2f}, "
+            f"reward/turn {turns['reward_per_turn_mean']:.3f}" + (f"; truncated: {cut}" if cut else "")
+        )
     table = Table(title=title)
     pass_cols = [f"pass@{k}" for k in res.pass_at]
     accuracy = "accuracy" if res.accuracy_term == "correct" else f"accuracy ({res.accuracy_term})"

@@ -175,6 +175,10 @@ class _PolicyGradientConfig(_Batching):
     """The engine that generates rollouts (transformers or vLLM) and the TIS correction."""
     max_turns: int | None = Field(None, ge=1)
     """Cap on turns per episode for multi-turn envs (the episode is then `truncated`)."""
+    max_context_tokens: int | None = Field(None, ge=1)
+    """Context window an episode must fit, in tokens (prompt, every turn and the next response):
+    an episode that would outgrow it is truncated there and scored (`rollout`). Default: the
+    model's `max_position_embeddings` (vLLM: its `max_model_len`)."""
     epochs: int = Field(1, ge=1)
     """Update epochs μ over each rollout batch."""
     minibatch_size: int | None = Field(None, ge=1)

@@ -167,6 +167,8 @@ class TextEnv(gym.Env[list[Message], str]):
         self._done = terminated
         info = self._base_info()
         info.update(extra)
+        if reason is not None:  # counted per episode by `rollout` (`Trajectory.counts`)
+            info["invalid_action"] = True
         return obs, float(reward), terminated, False, info
 
     def render(self) -> str | None:  # type: ignore[override]

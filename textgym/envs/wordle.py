@@ -165,7 +165,10 @@ class WordleEnv(TextEnv):
         assert self.task is not None
         guess = parse_guess(action)
         if guess is None:
-            return self._feedback("I could not read a guess: reply with \\boxed{word} (five letters).", None)
+            obs, reward, done, info = self._feedback(
+                "I could not read a guess: reply with \\boxed{word} (five letters).", None
+            )
+            return obs, reward, done, {**info, "invalid_action": True}
         marks = score_guess(guess, self.task.answer)
         self.guesses.append((guess, marks))
         if guess == self.task.answer:

@@ -80,7 +80,30 @@ class EvalResult:
         d.pop("episodes")
         d["pass_at"] = {str(k): v for k, v in self.pass_at.items()}
         d["hacks"] = self.hacks()
+        d["turns"] = self.turn_stats()
         return d
+
+    def turn_stats(self) -> dict[str, float]:
+        """Per-episode means of a multi-turn evaluation (the same names as training's `rollout/*`).
+
+        `turns_mean` (agent turns per episode), `reward_per_turn_mean`, `tool_calls_mean`,
+        `tool_errors_mean`, `invalid_actions_mean`, and `truncated_<cause>_frac` for each cause
+        (`time_limit`, `max_turns`, `context`). Episodes recorded before these fields existed
+        count as one turn with no calls.
+        """
+        eps = self.episodes
+        if not eps:
+            return {}
+        n = len(eps)
+        out = {
+            "turns_mean": sum(int(e.get("turns", 1)) for e in eps) / n,
+            "reward_per_turn_mean": sum(float(e["reward"]) / max(1, int(e.get("turns", 1))) for e in eps) / n,
+        }
+        for key in ("tool_calls", "tool_errors", "invalid_actions"):
+            out[f"{key}_mean"] = sum(int(e.get(key, 0)) for e in eps) / n
+        for cause in ("time_limit", "max_turns", "context"):
+            out[f"truncated_{cause}_frac"] = sum(e.get("truncation") == cause for e in eps) / n
+        return out
 
     def hacks(self) -> dict[str, float]:
         """Reward-hacking shares among the rewarded episodes (`answer_rule.hack_shares`)."""
@@ -204,6 +227,9 @@ def evaluate(
                     "messages": t.messages,
                     "response_tokens": t.response_length,
                     "finish_reason": t.finish_reason,
+                    "turns": sum(m.get("role") == "assistant" for m in t.messages),
+                    **{k: int(t.counts.get(k, 0)) for k in ("tool_calls", "tool_errors", "invalid_actions")},
+                    "truncation": t.truncation,
                     "wall_s": wall / len(trajs),
                 }
                 for j, t in enumerate(trajs)

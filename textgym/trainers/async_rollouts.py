@@ -176,6 +176,7 @@ class AsyncRollouts:
                     max_turns=cfg.max_turns or 16,
                     env_id=cfg.env.id,
                     seeds=seeds,
+                    max_context_tokens=cfg.max_context_tokens,
                 )
 
         self.jobs.append(_Job(index, version, cursor, self.pool.submit(work)))

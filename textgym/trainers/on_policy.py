@@ -54,6 +54,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from textgym import distributed
 from textgym.agents.continuous import rollout_fn
 from textgym.agents.llm_agent import LLMAgent
+from textgym.agents.rollout import RolloutStats
 from textgym.agents.sampling import SamplingParams, derive_seed
 from textgym.agents.trajectory import Trajectory
 from textgym.config import GRPOConfig, ParallelConfig, PPOConfig
@@ -151,6 +152,7 @@ class OnPolicyTrainer(PolicyUpdate):
         B = cfg.prompts_per_step * cfg.group_size  # the global batch; this rank holds B / W rows
         no_token_budget_under_torchrun(cfg.micro_batch_tokens, W)
         self.agent = LLMAgent(model, tokenizer, batch_size=B // W)
+        self.rollout_stats = RolloutStats()  # this step's generation and env-step time (`collect`)
         self.params = SamplingParams(**cfg.sampling.model_dump())
         self.envs = [make_env(cfg.env) for _ in range(B // W)]
         self.sampler = TaskSampler(task_count(self.envs[0]), seed)
@@ -269,6 +271,8 @@ class OnPolicyTrainer(PolicyUpdate):
                 max_turns=cfg.max_turns or 16,
                 env_id=cfg.env.id,
                 seeds=seeds,
+                stats=self.rollout_stats,
+                max_context_tokens=cfg.max_context_tokens,
             )
         # rollout servers report the version that sampled each turn: keep it
         return self.finish_rollout(trajs, first, version=None if self.remote is not None else self.step)
@@ -313,8 +317,12 @@ class OnPolicyTrainer(PolicyUpdate):
         t0 = time.perf_counter()
         metrics: dict[str, float] = {}
         self._loss_rows = None
+        self.rollout_stats = RolloutStats()
         # 1 rollout: the step's trajectories, rewards shaped (`collect`, `sample`)
         trajs = self.sample(metrics)
+        if self.rollout_stats.generated_rows:  # in-process rollouts: generating vs stepping envs
+            metrics["time/generate_s"] = self.rollout_stats.generate_s
+            metrics["time/env_s"] = self.rollout_stats.env_s
         if self.judge is not None:
             metrics.update(self.judge.pop_metrics())
         t_rollout = time.perf_counter() - t0

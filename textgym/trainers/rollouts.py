@@ -36,12 +36,20 @@ def hack_warning(metrics: dict[str, float], threshold: float = HACK_WARN_FRAC) -
     return "  reward hacking? " + ", ".join(f"{k[5:-5]} {v:.2f}" for k, v in sorted(high.items()))
 
 
+TRUNCATION_CAUSES = ("time_limit", "max_turns", "context")
+"""Why a truncated episode was cut (`Trajectory.truncation`), each with its own rollout metric."""
+
+
 def rollout_metrics(trajs: list[Trajectory], gather: bool = True) -> dict[str, float]:
     """Reward, accuracy, reward terms, length, turn and reward-hacking statistics of a rollout batch.
 
     Multi-turn: `rollout/turns_mean` is the agent's turns per episode (its assistant messages,
     tool-calling turns included) and `rollout/tool_results_mean` the tool messages it got back
     per episode (one per call answered, errors included); both are 1 and 0 for single-turn envs.
+    `rollout/reward_per_turn_mean` is the mean of each episode's return over its turns;
+    `rollout/tool_calls_mean`, `rollout/tool_errors_mean` and `rollout/invalid_actions_mean`
+    are per-episode counts (`Trajectory.counts`); `rollout/truncated_<cause>_frac` splits
+    `rollout/truncated_frac` by cause: `time_limit`, `max_turns`, `context`.
 
     With `gather` (and several ranks), over every rank's trajectories: their rewards, lengths
     and terms are gathered first, so the statistics are those of the global batch, the hack
@@ -51,7 +59,8 @@ def rollout_metrics(trajs: list[Trajectory], gather: bool = True) -> dict[str, f
         (t.reward, t.response_length, t.finish_reason, t.reward_terms, t.truncated,
          hack_signs(t.reward, t.reward_terms, t.messages),
          sum(m.get("role") == "assistant" for m in t.messages),
-         sum(m.get("role") == "tool" for m in t.messages))
+         sum(m.get("role") == "tool" for m in t.messages),
+         t.truncation, dict(t.counts))
         for t in trajs
     ]  # fmt: skip
     if gather:
@@ -69,7 +78,12 @@ def rollout_metrics(trajs: list[Trajectory], gather: bool = True) -> dict[str, f
         "rollout/truncated_frac": sum(bool(r[4]) for r in rows) / len(rows),
         "rollout/turns_mean": sum(r[6] for r in rows) / len(rows),
         "rollout/tool_results_mean": sum(r[7] for r in rows) / len(rows),
+        "rollout/reward_per_turn_mean": sum(r[0] / max(1, r[6]) for r in rows) / len(rows),
     }
+    for cause in TRUNCATION_CAUSES:
+        m[f"rollout/truncated_{cause}_frac"] = sum(r[8] == cause for r in rows) / len(rows)
+    for key in ("tool_calls", "tool_errors", "invalid_actions"):
+        m[f"rollout/{key}_mean"] = sum(r[9].get(key, 0) for r in rows) / len(rows)
     terms: dict[str, list[float]] = defaultdict(list)
     for r in rows:
         for k, v in r[3].items():
