@@ -67,21 +67,35 @@ class FakeJudge:
                     fake.in_flight += 1
                     fake.max_in_flight = max(fake.max_in_flight, fake.in_flight)
                     scripted = fake.script.pop(0) if fake.script else None
+                left = False  # whether this request no longer counts as in flight
+
+                def leave() -> None:
+                    nonlocal left
+                    if not left:
+                        with fake._lock:
+                            fake.in_flight -= 1
+                        left = True
+
+                def answer(*args: Any) -> None:
+                    # the request leaves the count before its answer is sent: a client that
+                    # sends its next request on reading this answer never overlaps it here
+                    leave()
+                    self._send(*args)
+
                 try:
                     time.sleep(fake.delay_s)
                     if scripted is not None:
-                        self._send(*scripted)
+                        answer(*scripted)
                         return
                     if body.get("model") not in fake.models:
                         msg = {"error": {"message": f"model {body.get('model')!r} not found"}}
-                        self._send(404, json.dumps(msg))
+                        answer(404, json.dumps(msg))
                         return
                     text = fake.reply(body["messages"][-1]["content"])
                     out = {"choices": [{"index": 0, "message": {"role": "assistant", "content": text}}]}
-                    self._send(200, json.dumps(out))
+                    answer(200, json.dumps(out))
                 finally:
-                    with fake._lock:
-                        fake.in_flight -= 1
+                    leave()
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True

@@ -64,7 +64,8 @@ class ModelPreset:
 
 PRESETS: dict[str, ModelPreset] = {
     # ~1.8 M parameters (with the 1024-id BPE): learns 2-digit arithmetic in minutes on 2 CPU cores.
-    "tiny": ModelPreset(192, 4, 6, 2, 512, 512),
+    # Its window (2,048 positions; rotary, so no parameters) holds a tool env's schemas and turns.
+    "tiny": ModelPreset(192, 4, 6, 2, 512, 2048),
     # ~20 M parameters: for GSM8K-format smoke runs and throughput benchmarks.
     "small": ModelPreset(512, 6, 8, 4, 1536, 2048),
     # ~0.5 B parameters with the Qwen2.5-0.5B shape (with this byte vocabulary): GPU benchmarks.

@@ -96,7 +96,9 @@ def preflight(cfg: RunConfig) -> None:
         envs.append(("online_dpo.env", cfg.online_dpo.env))
     if cfg.eval:
         envs.append(("eval.env", cfg.eval.env))
-    preflight_envs(envs)
+    # SFT on demonstrations or a trajectory store needs no gold solutions from its env
+    own_data = cfg.sft is not None and (cfg.sft.trajectories or cfg.sft.demonstrations) is not None
+    preflight_envs(envs, solutions_for=() if own_data else ("sft.env",))
     judged = [(field, env_cfg.judge) for field, env_cfg in envs if env_cfg.judge is not None]
     for field, _ in judged:
         if field not in ("grpo.env", "ppo.env"):

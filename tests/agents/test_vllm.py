@@ -96,8 +96,10 @@ def test_sampled_logprobs_are_the_ones_the_trainer_recomputes(vllm_agent, warm_m
 
 
 def test_prompt_longer_than_the_context_is_a_clear_error(vllm_agent):
+    window = vllm_agent.context_length  # the engine's max_model_len: the model's window
+    assert window == vllm_agent.backend.max_model_len
     with pytest.raises(ValueError, match="max_model_len"):
-        vllm_agent.generate([[5] * 600], SamplingParams(max_new_tokens=4))
+        vllm_agent.generate([[5] * window], SamplingParams(max_new_tokens=4))
 
 
 def _engine_tensor(engine, name: str) -> torch.Tensor:

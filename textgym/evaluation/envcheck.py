@@ -361,12 +361,14 @@ def preflight_episode(env: Any, env_id: str, *, needs_solutions: bool = False) -
     return f"{agent.name} episode: return {ep['reward']:.3f} in {ep['turns']} turn(s)"
 
 
-def preflight_envs(envs: list[tuple[str, Any]]) -> None:
+def preflight_envs(envs: list[tuple[str, Any]], solutions_for: tuple[str, ...] = ("sft.env",)) -> None:
     """`textgym train`'s env pre-flight: each stage's env builds and plays one episode (`preflight_episode`).
 
     Args:
         envs: `(field, EnvConfig)` pairs such as `("grpo.env", cfg.grpo.env)`; an env named twice
             with the same kwargs is checked once.
+        solutions_for: the fields whose env must have gold solutions (an SFT stage that trains
+            on them; not one that trains on demonstrations or a trajectory store).
 
     Raises:
         ConfigError: naming the field: kwargs the env rejects, an env that raises or never ends,
@@ -376,7 +378,7 @@ def preflight_envs(envs: list[tuple[str, Any]]) -> None:
 
     checked: set[str] = set()
     for field, env_cfg in envs:
-        key = f"{env_cfg.id} {sorted(env_cfg.kwargs.items())!r} {field == 'sft.env'}"
+        key = f"{env_cfg.id} {sorted(env_cfg.kwargs.items())!r} {field in solutions_for}"
         if key in checked:
             continue
         checked.add(key)
@@ -385,7 +387,7 @@ def preflight_envs(envs: list[tuple[str, Any]]) -> None:
         except (TypeError, ValueError) as e:
             raise ConfigError(f"{field}.kwargs: {env_cfg.id} rejects {env_cfg.kwargs}: {e}") from None
         try:
-            preflight_episode(env, env_cfg.id, needs_solutions=field == "sft.env")
+            preflight_episode(env, env_cfg.id, needs_solutions=field in solutions_for)
         except (EnvError, ValueError, TypeError) as e:
             raise ConfigError(f"{field}: {env_cfg.id} failed its pre-flight episode: {e}") from None
         finally:
