@@ -50,4 +50,4 @@ def test_the_tool_use_agent_learns_over_turns_in_a_cut_down_run(tmp_path):
     # the episodes were multi-turn: a calculator call, then the answer
     rows = [json.loads(x) for x in (run / "grpo" / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 30 and all(m["rollout/turns_mean"] >= 1.5 for m in rows)
-    assert rows[-1]["rollout/tool_calls_mean"] >= 0.9
+    assert rows[-1]["rollout/tool_calls_mean"] >= 0.8  # a calculator call in (nearly) every episode
