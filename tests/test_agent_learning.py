@@ -23,7 +23,7 @@ from conftest import THREADS
 ROOT = Path(__file__).resolve().parents[1]
 
 CUT_DOWN = [
-    "sft.target.every=20", "sft.target.n=32", "grpo.steps=30", "grpo.checkpoint_every=1000",
+    "sft.steps=800", "sft.target.every=20", "sft.target.n=32", "grpo.steps=30", "grpo.checkpoint_every=1000",
     "eval.n=200", "eval.samples=2", "eval.sampling.temperature=1.0",
 ]  # fmt: skip
 """The overrides that cut `configs/agent_toolmath.yaml` down to a CI-sized run."""
