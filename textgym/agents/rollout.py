@@ -25,7 +25,7 @@ from transformers import PreTrainedTokenizerBase
 
 from textgym.agents.llm_agent import LLMAgent
 from textgym.agents.sampling import Generation, SamplingParams, derive_seed
-from textgym.agents.trajectory import Trajectory
+from textgym.agents.trajectory import EPISODE_COUNTS, Trajectory
 from textgym.types import Message
 from textgym.verifiers.steps import step_token_indices
 
@@ -213,6 +213,7 @@ def rollout(
     eos_ids = list(agent.backend.eos_ids)
     active = episodes
     demonstrate = getattr(agent, "demonstrate", None)  # `OracleDemonstrator`: the env's expert
+    room = None if limit is None else limit - params.max_new_tokens  # the longest next prompt
     while active:
         prompts = [ep.token_ids for ep in active]
         t0 = time.perf_counter()
@@ -232,7 +233,6 @@ def rollout(
         steps = list(_STEP_POOL.map(lambda pair: pair[0].env.step(pair[1]), zip(active, texts, strict=True)))
         if stats is not None:
             stats.env_s += time.perf_counter() - t1
-        room = None if limit is None else limit - params.max_new_tokens
         for ep, gen, text, step in zip(active, gens, texts, steps, strict=True):
             _record_turn(
                 ep, agent, gen, text, step, env_id=env_id, max_turns=max_turns, eos_ids=eos_ids, room=room
@@ -380,10 +380,11 @@ def _record_turn(
     for k, v in info.items():
         if k.startswith("reward/"):
             ep.terms[k] += float(v)
-    for key, value in (("tool_calls", info.get("tool_calls", 0)), ("tool_errors", info.get("tool_errors", 0)),
-                       ("invalid_actions", int(bool(info.get("invalid_action"))))):  # fmt: skip
-        if isinstance(value, int | float) and value:
-            ep.counts[key] += int(value)
+    turn_counts = {"tool_calls": info.get("tool_calls", 0), "tool_errors": info.get("tool_errors", 0),
+                   "invalid_actions": int(bool(info.get("invalid_action")))}  # fmt: skip
+    for key in EPISODE_COUNTS:  # counted per episode: only what happened is a key
+        if isinstance(turn_counts[key], int | float) and turn_counts[key]:
+            ep.counts[key] += int(turn_counts[key])
     ep.info = info
     ep.finish_reason = gen.finish_reason
     # An episode that terminated is not truncated, even when a `TimeLimit` also reported its

@@ -19,6 +19,12 @@ import torch
 
 from textgym.types import Message
 
+TRUNCATION_CAUSES = ("time_limit", "max_turns", "context")
+"""Why a truncated episode was cut (`Trajectory.truncation`); each has its own rollout metric."""
+
+EPISODE_COUNTS = ("tool_calls", "tool_errors", "invalid_actions")
+"""The per-episode counts a rollout keeps (`Trajectory.counts`), each reported as a mean."""
+
 
 @dataclass
 class Trajectory:
@@ -65,8 +71,8 @@ class Trajectory:
             observation and response would not fit the context window: `rollout`'s
             `max_context_tokens`); "" when not truncated. Kept in memory only.
         counts: per-episode counts summed over its turns from each step's `info`:
-            "tool_calls", "tool_errors" (tool envs), "invalid_actions" (actions the env rejected
-            unscored, `info["error"]`). Kept in memory only.
+            "tool_calls", "tool_errors" (tool envs), "invalid_actions" (actions the env could not
+            use: `info["invalid_action"]`); see `EPISODE_COUNTS`. Kept in memory only.
     """
 
     token_ids: torch.Tensor

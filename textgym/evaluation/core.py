@@ -11,6 +11,7 @@ from typing import Any
 
 from textgym.agents.llm_agent import LLMAgent, SamplingParams
 from textgym.agents.rollout import rollout
+from textgym.agents.trajectory import EPISODE_COUNTS, TRUNCATION_CAUSES
 from textgym.envs.registry import accuracy_term, task_count
 from textgym.envs.registry import make as make_env
 
@@ -99,9 +100,9 @@ class EvalResult:
             "turns_mean": sum(int(e.get("turns", 1)) for e in eps) / n,
             "reward_per_turn_mean": sum(float(e["reward"]) / max(1, int(e.get("turns", 1))) for e in eps) / n,
         }
-        for key in ("tool_calls", "tool_errors", "invalid_actions"):
+        for key in EPISODE_COUNTS:
             out[f"{key}_mean"] = sum(int(e.get(key, 0)) for e in eps) / n
-        for cause in ("time_limit", "max_turns", "context"):
+        for cause in TRUNCATION_CAUSES:
             out[f"truncated_{cause}_frac"] = sum(e.get("truncation") == cause for e in eps) / n
         return out
 
@@ -228,7 +229,7 @@ def evaluate(
                     "response_tokens": t.response_length,
                     "finish_reason": t.finish_reason,
                     "turns": sum(m.get("role") == "assistant" for m in t.messages),
-                    **{k: int(t.counts.get(k, 0)) for k in ("tool_calls", "tool_errors", "invalid_actions")},
+                    **{k: int(t.counts.get(k, 0)) for k in EPISODE_COUNTS},
                     "truncation": t.truncation,
                     "wall_s": wall / len(trajs),
                 }

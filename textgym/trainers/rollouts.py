@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from textgym import distributed
-from textgym.agents.trajectory import Trajectory
+from textgym.agents.trajectory import EPISODE_COUNTS, TRUNCATION_CAUSES, Trajectory
 from textgym.trainers.advantages import overlong_penalty
 from textgym.verifiers.answer_rule import hack_signs, shares_of
 
@@ -34,10 +34,6 @@ def hack_warning(metrics: dict[str, float], threshold: float = HACK_WARN_FRAC) -
     if not high:
         return ""
     return "  reward hacking? " + ", ".join(f"{k[5:-5]} {v:.2f}" for k, v in sorted(high.items()))
-
-
-TRUNCATION_CAUSES = ("time_limit", "max_turns", "context")
-"""Why a truncated episode was cut (`Trajectory.truncation`), each with its own rollout metric."""
 
 
 def rollout_metrics(trajs: list[Trajectory], gather: bool = True) -> dict[str, float]:
@@ -82,7 +78,7 @@ def rollout_metrics(trajs: list[Trajectory], gather: bool = True) -> dict[str, f
     }
     for cause in TRUNCATION_CAUSES:
         m[f"rollout/truncated_{cause}_frac"] = sum(r[8] == cause for r in rows) / len(rows)
-    for key in ("tool_calls", "tool_errors", "invalid_actions"):
+    for key in EPISODE_COUNTS:
         m[f"rollout/{key}_mean"] = sum(r[9].get(key, 0) for r in rows) / len(rows)
     terms: dict[str, list[float]] = defaultdict(list)
     for r in rows:
