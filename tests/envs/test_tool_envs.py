@@ -4,10 +4,12 @@ oracle and random agents."""
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 
 import gymnasium as gym
+import numpy as np
 import pytest
 from gymnasium.utils.env_checker import check_env
 from typer.testing import CliRunner
@@ -116,11 +118,13 @@ def test_tool_envs_pass_check_env_wrapped(env_id):
         ("textgym/WebShop-v0", 200),
         ("textgym/WikiSearch-v0", 200),
         ("textgym/Wordle-v0", len(WORDS)),
+        ("textgym/GuessNumber-v0", 100),
     ],
 )
 def test_oracle_solves_and_random_agent_fails(env_id, n):
-    oracle = evaluate_scripted(OracleAgent(), env_id, n=n)
-    random = evaluate_scripted(RandomAgent(seed=0), env_id, n=n)
+    kwargs = {"split": "test"} if env_id == "textgym/GuessNumber-v0" else None
+    oracle = evaluate_scripted(OracleAgent(), env_id, kwargs, n=n)
+    random = evaluate_scripted(RandomAgent(seed=0), env_id, kwargs, n=n)
     assert oracle.accuracy >= 0.99 and oracle.mean_reward >= 0.99
     assert random.accuracy < 0.05
 
@@ -204,3 +208,74 @@ def test_toolmath_offers_the_named_tools_with_or_without_schemas_in_the_prompt()
         gym.make("textgym/ToolMath-v0", tools="calculator,abacus")
     with pytest.raises(ValueError, match="non-empty subset of"):
         gym.make("textgym/ToolMath-v0", tools="")
+
+
+def test_guess_number_feedback_narrows_the_range_and_bisection_always_wins():
+    from textgym.envs.guess_number import parse_number_guess
+
+    assert parse_number_guess("I say \\boxed{42}") == 42 and parse_number_guess(" 7 ") == 7
+    assert parse_number_guess("\\boxed{4} or \\boxed{5}") is None and parse_number_guess("4 5") is None
+    assert parse_number_guess("9" * 100_000) is None  # bounded parse
+    env = gym.make("textgym/GuessNumber-v0", split="test")
+    assert env.unwrapped.tasks.__len__() == 100
+    env.reset(options={"task_index": 36})  # the number is 37
+    obs, r, term, trunc, info = env.step("\\boxed{50}")
+    assert (r, term, trunc) == (0.0, False, False) and "from 1 to 49" in obs[0]["content"]
+    obs, *_ = env.step("\\boxed{20}")
+    assert "from 21 to 49" in obs[0]["content"]
+    obs, *_ = env.step("\\boxed{90}")  # outside the open range: it stays 21..49
+    assert "from 21 to 49" in obs[0]["content"] and "4 guesses left" in obs[0]["content"]
+    obs, r, term, trunc, info = env.step("maybe 30?")
+    assert info["invalid_action"] and "could not read" in obs[0]["content"] and not term
+    env.step("\\boxed{30}")
+    env.step("\\boxed{31}")
+    _, r, term, trunc, info = env.step("\\boxed{32}")  # the 7th guess, wrong: out of guesses
+    assert (r, term, trunc) == (0.0, False, True) and info["guesses"] == 7
+    # bisection finds every number of 1..100 within 7 guesses, and needs 7 for some
+    turns = [play_episode(OracleAgent(), env, i)["turns"] for i in range(100)]
+    assert max(turns) == 7 and sum(turns) / 100 == pytest.approx(5.8)
+    # a smaller game with its own limit
+    small = gym.make("textgym/GuessNumber-v0", high=8, max_guesses=3, max_episode_steps=3)
+    obs, _ = small.reset(seed=0)
+    assert "1 to 8" in obs[0]["content"] and "at most 3 guesses" in obs[0]["content"]
+    with pytest.raises(ValueError, match="high must be greater"):
+        gym.make("textgym/GuessNumber-v0", low=5, high=5)
+
+
+def test_scripted_eval_reports_tool_calls_and_truncation_per_episode():
+    wiki = evaluate_scripted(OracleAgent(), "textgym/WikiSearch-v0", n=10).turn_stats()
+    assert wiki["tool_calls_mean"] == wiki["turns_mean"] - 1 >= 1  # every turn but the answer calls a tool
+    guess = evaluate_scripted(RandomAgent(seed=0), "textgym/GuessNumber-v0", {"split": "test"}, n=100)
+    stats = guess.turn_stats()
+    assert stats["truncated_time_limit_frac"] == pytest.approx(1 - guess.accuracy)
+    assert stats["tool_calls_mean"] == 0
+
+
+@pytest.mark.sandbox
+def test_toolmath_oracle_calls_python_when_the_calculator_is_not_offered():
+    kwargs = {"tools": "python", "split": "test"}
+    result = evaluate_scripted(OracleAgent(), "textgym/ToolMath-v0", kwargs, n=5)
+    assert result.accuracy == 1.0 and result.turn_stats()["tool_calls_mean"] == 1.0
+    assert '"name": "python"' in result.episodes[0]["messages"][1]["content"]
+
+
+def test_guess_number_progress_is_potential_based_and_bounded_by_finding_the_number():
+    env = gym.make("textgym/GuessNumber-v0", split="test", progress_weight=0.5)
+    env.reset(options={"task_index": 36})  # 37
+    rewards = [env.step(a)[1] for a in ("\\boxed{50}", "\\boxed{90}", "oops", "\\boxed{37}")]
+    assert rewards[1] == 0.0 and rewards[2] == 0.0  # out of the open range, unreadable: no progress
+    assert rewards[0] == pytest.approx(0.5 * (1 - math.log2(49) / math.log2(100)))
+    assert sum(rewards) == pytest.approx(1.0 + 0.5)  # progress telescopes to 1 when the number is found
+    # any play: progress sums to Φ(end) − Φ(start) <= 1, so no guessing pattern out-earns finding the number
+    rng = np.random.default_rng(0)
+    for task in range(0, 100, 7):
+        env.reset(options={"task_index": task})
+        total, done = 0.0, False
+        while not done:
+            _, _, term, trunc, info = env.step(f"\\boxed{{{int(rng.integers(1, 101))}}}")
+            total += info["reward/progress"]
+            done = term or trunc
+        assert -1e-12 <= total <= 1 + 1e-12
+        assert (total == pytest.approx(1.0)) == (env.unwrapped.lo == env.unwrapped.hi)
+    with pytest.raises(ValueError, match="progress_weight"):
+        gym.make("textgym/GuessNumber-v0", progress_weight=-1)

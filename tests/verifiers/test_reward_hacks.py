@@ -172,6 +172,7 @@ PROBED = [
     pytest.param("textgym/MBPPFeedback-v0", {}, 2, marks=pytest.mark.sandbox),
     pytest.param("textgym/ToolMath-v0", {}, 5, marks=pytest.mark.sandbox),
     ("textgym/Wordle-v0", {}, 5),
+    ("textgym/GuessNumber-v0", {}, 5),
     ("textgym/WebShop-v0", {}, 3),
     ("textgym/WikiSearch-v0", {}, 5),
     ("textgym/ReasoningGym-v0", {"dataset": "chain_sum"}, 5),

@@ -25,7 +25,7 @@ from transformers import PreTrainedTokenizerBase
 
 from textgym.agents.llm_agent import LLMAgent
 from textgym.agents.sampling import Generation, SamplingParams, derive_seed
-from textgym.agents.trajectory import EPISODE_COUNTS, Trajectory
+from textgym.agents.trajectory import Trajectory, turn_counts
 from textgym.types import Message
 from textgym.verifiers.steps import step_token_indices
 
@@ -380,11 +380,9 @@ def _record_turn(
     for k, v in info.items():
         if k.startswith("reward/"):
             ep.terms[k] += float(v)
-    turn_counts = {"tool_calls": info.get("tool_calls", 0), "tool_errors": info.get("tool_errors", 0),
-                   "invalid_actions": int(bool(info.get("invalid_action")))}  # fmt: skip
-    for key in EPISODE_COUNTS:  # counted per episode: only what happened is a key
-        if isinstance(turn_counts[key], int | float) and turn_counts[key]:
-            ep.counts[key] += int(turn_counts[key])
+    for key, count in turn_counts(info).items():  # counted per episode: only what happened is a key
+        if count:
+            ep.counts[key] += count
     ep.info = info
     ep.finish_reason = gen.finish_reason
     # An episode that terminated is not truncated, even when a `TimeLimit` also reported its

@@ -26,6 +26,25 @@ EPISODE_COUNTS = ("tool_calls", "tool_errors", "invalid_actions")
 """The per-episode counts a rollout keeps (`Trajectory.counts`), each reported as a mean."""
 
 
+def turn_counts(info: dict[str, Any]) -> dict[str, int]:
+    """One env step's contribution to the `EPISODE_COUNTS`, read from its `info`.
+
+    `tool_calls` and `tool_errors` are the tool wrapper's counts for the step
+    (`info["tool_calls"]`, `info["tool_errors"]`; non-numbers count 0); `invalid_actions` is 1
+    when the env flagged the action (`info["invalid_action"]`).
+
+    Examples:
+        >>> turn_counts({"tool_calls": 2, "tool_errors": 1})
+        {'tool_calls': 2, 'tool_errors': 1, 'invalid_actions': 0}
+        >>> turn_counts({"invalid_action": True, "tool_calls": "n/a"})
+        {'tool_calls': 0, 'tool_errors': 0, 'invalid_actions': 1}
+    """
+    raw = {"tool_calls": info.get("tool_calls", 0), "tool_errors": info.get("tool_errors", 0),
+           "invalid_actions": int(bool(info.get("invalid_action")))}  # fmt: skip
+    numeric = {k: isinstance(v, int | float) and not isinstance(v, bool) for k, v in raw.items()}
+    return {k: int(v) if numeric[k] else 0 for k, v in raw.items()}
+
+
 @dataclass
 class Trajectory:
     """One episode, exactly as the policy produced it.

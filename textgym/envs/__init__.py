@@ -22,6 +22,9 @@ register(
 )
 register(id="textgym/Wordle-v0", entry_point="textgym.envs.wordle:WordleEnv", max_episode_steps=6)
 register(
+    id="textgym/GuessNumber-v0", entry_point="textgym.envs.guess_number:GuessNumberEnv", max_episode_steps=7
+)
+register(
     id="textgym/HumanEvalFeedback-v0",
     entry_point="textgym.envs.code:HumanEvalEnv",
     kwargs={"feedback": True},

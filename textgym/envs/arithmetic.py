@@ -434,8 +434,15 @@ class ArithmeticEnv(SingleTurnEnv):
             info["step_rewards"], info["step_ends"] = steps["step_rewards"], steps["step_ends"]
         return obs, reward, terminated, info
 
-    def oracle_tool_call(self) -> tuple[str, dict[str, str]] | None:
-        """The call a scripted expert makes first when it has tools: the calculator on the expression."""
+    def oracle_tool_call(self, tools: Sequence[str] = ("calculator",)) -> tuple[str, dict[str, str]] | None:
+        """The call a scripted expert makes first, given the names of the `tools` offered.
+
+        The calculator on the expression, or, without a calculator, a `python` program printing
+        it; None before `reset()` or when neither is offered.
+        """
         if self.task is None:
             return None
-        return "calculator", {"expression": str(self.task.metadata["expression"])}
+        expr = str(self.task.metadata["expression"])
+        if "calculator" in tools:
+            return "calculator", {"expression": expr}
+        return ("python", {"code": f"print({expr})"}) if "python" in tools else None

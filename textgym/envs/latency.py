@@ -1,7 +1,7 @@
 """`StepLatencyWrapper`: make every `step` of an env take longer, by a fixed or random delay.
 
 A stand-in for env steps that wait on something slow (a sandbox run, a web page, a judge, a
-game server): it is how `bench/async_rollout.py` compares lockstep and continuous rollouts.
+game server): it is how `bench/agent_rollout.py` compares lockstep and continuous rollouts.
 Any env built by `textgym.envs.make` takes it as the kwarg `step_latency_s` (so a config's
 `env.kwargs.step_latency_s: [0.05, 0.2]` works for every id).
 """

@@ -172,7 +172,7 @@ def make(
 
     `step_latency_s` (seconds, or `[low, high]` for a uniform random delay) makes every step
     that much slower (`textgym.envs.latency.StepLatencyWrapper`): a stand-in for slow env steps,
-    e.g. to measure continuous rollouts (`bench/async_rollout.py`). None or 0: no delay.
+    e.g. to measure continuous rollouts (`bench/agent_rollout.py`). None or 0: no delay.
 
     Raises:
         UnknownEnvError: an unregistered id (the message suggests the closest).

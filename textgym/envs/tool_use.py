@@ -137,12 +137,13 @@ class ToolUseWrapper(gym.Wrapper[list[Message], str, list[Message], str]):
     def oracle_action(self, messages: list[Message]) -> str:
         """A scripted expert's next reply: the wrapped env's oracle, after one tool call where it has one.
 
-        Delegates to the wrapped env's `oracle_tool_call()` (a `(tool, arguments)` pair or None)
-        on the first turn, then to its `oracle_action(messages)`.
+        Delegates to the wrapped env's `oracle_tool_call(tools)` (given the offered tool names;
+        a `(tool, arguments)` pair or None) on the first turn, then to its
+        `oracle_action(messages)`.
         """
         inner = self.env.unwrapped
         first_turn = not any(m.get("role") == "tool" for m in messages)
-        call = getattr(inner, "oracle_tool_call", lambda: None)()
+        call = getattr(inner, "oracle_tool_call", lambda tools: None)(list(self.tools))
         if first_turn and call is not None and call[0] in self.tools:
             return format_tool_call(*call)
         return inner.oracle_action(messages)  # type: ignore[attr-defined]

@@ -13,6 +13,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from textgym.agents.trajectory import EPISODE_COUNTS, turn_counts
 from textgym.envs.registry import accuracy_term, task_count
 from textgym.envs.registry import make as make_env
 from textgym.evaluation.core import EvalResult, episode_correct
@@ -82,12 +83,18 @@ class RandomAgent:
 def play_episode(
     agent: OracleAgent | RandomAgent, env: gym.Env, task_index: int, max_turns: int = 64
 ) -> dict[str, Any]:
-    """Play one episode of task `task_index`; return its return, turns, end flags and reward terms."""
+    """Play one episode of task `task_index`; return its return, turns, end flags and reward terms.
+
+    Also the episode's `EPISODE_COUNTS` (tool calls, tool errors, invalid actions) and its
+    `truncation` cause ("time_limit", "max_turns", or None when it terminated), as a rollout
+    records them.
+    """
     obs, info = env.reset(options={"task_index": task_index})
     tools = info.get("tools")
     messages = list(obs)
     total, turns = 0.0, 0
     terms: dict[str, float] = {}
+    counts = dict.fromkeys(EPISODE_COUNTS, 0)
     terminated = truncated = False
     while not (terminated or truncated) and turns < max_turns:
         action = agent.act(env, messages, {**info, "tools": tools})
@@ -99,11 +106,15 @@ def play_episode(
         for k, v in info.items():
             if k.startswith("reward/"):
                 terms[k] = terms.get(k, 0.0) + float(v)
+        for k, c in turn_counts(info).items():
+            counts[k] += c
     return {
         "reward": total,
         "turns": turns,
         "terminated": terminated,
         "truncated": truncated or not terminated,
+        "truncation": None if terminated else ("time_limit" if truncated else "max_turns"),
+        **counts,
         "terms": terms,
         "messages": messages,
     }
@@ -143,7 +154,8 @@ def evaluate_scripted(
         per_task=[[c] for c in correct],
         episodes=[
             {"task_index": i, "sample": 0, "reward": e["reward"], "correct": c, "terms": e["terms"],
-             "turns": e["turns"], "messages": e["messages"]}
+             "turns": e["turns"], "truncation": e["truncation"], "messages": e["messages"],
+             **{k: e[k] for k in EPISODE_COUNTS}}
             for i, (e, c) in enumerate(zip(episodes, correct, strict=True))
         ],
         accuracy_term=term,

@@ -99,6 +99,7 @@ _TOOLS = [
     {"id": "textgym/WebShop-v0", "n": 50},
     {"id": "textgym/WikiSearch-v0", "n": 50},
     {"id": "textgym/Wordle-v0", "n": 50},
+    {"id": "textgym/GuessNumber-v0", "kwargs": {"split": "test"}, "n": 50},
 ]
 BUILTIN_SUITES: dict[str, list[dict[str, Any]]] = {
     "math": _MATH,

@@ -1,0 +1,233 @@
+r"""`textgym/GuessNumber-v0`: find a hidden number from higher/lower feedback, in few guesses.
+
+A game whose feedback must be used over several turns: each wrong guess is answered with
+"too low" or "too high" and the range still open, and only a policy that narrows the range
+(bisection: guess its middle) finds the number within the guess limit. Seven guesses suffice
+for 1 to 100 exactly when every guess halves what is left (2**7 = 128 >= 100); a random guess
+finds it about 7% of the time.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any, SupportsFloat
+
+import numpy as np
+
+from textgym.envs.base import LazyTasks, TextEnv
+from textgym.types import Message, Task
+
+MAX_GUESSES = 7
+"""The default guess limit: bisection needs 7 for 1 to 100 (2**7 = 128 >= 100)."""
+STREAM_LENGTH = 2**62
+"""`len()` of the train split: an unbounded stream of hidden numbers, task *i* seeded by *i*."""
+
+_BOXED_RE = re.compile(r"\\boxed\{([^{}]*)\}|<guess>(.*?)</guess>", re.DOTALL)
+_INT_RE = re.compile(r"[+-]?[0-9]{1,9}")
+
+
+def parse_number_guess(action: str) -> int | None:
+    r"""The guess in a reply: the integer in its last `\boxed{n}` (or `<guess>n</guess>`).
+
+    Else the reply itself when it is one integer. Returns None for anything else, and when
+    the reply offers more than one distinct guess (`\boxed{25} or \boxed{26}`: one guess
+    per turn). At most 9 digits are read, so a 100,000-digit reply costs nothing to parse.
+
+    Examples:
+        >>> parse_number_guess(r"The middle is \boxed{50}."), parse_number_guess(" 37 ")
+        (50, 37)
+        >>> parse_number_guess(r"\boxed{25} or \boxed{26}") is None
+        True
+        >>> parse_number_guess("25 or 26") is None, parse_number_guess(r"\boxed{2.5}") is None
+        (True, True)
+    """
+    offered = {g.strip() for pair in _BOXED_RE.findall(action) for g in pair if g.strip()}
+    if len(offered) > 1:
+        return None
+    text = offered.pop() if offered else action.strip().rstrip(".!")
+    return int(text) if _INT_RE.fullmatch(text) else None
+
+
+class _Secrets(LazyTasks):
+    """Task *i*: a hidden number, drawn from `(seed, i)` (train) or `low + i` (test: each once)."""
+
+    def __init__(self, split: str, low: int, high: int, seed: int, prompt: str):
+        self.split, self.low, self.high, self.seed, self.prompt = split, low, high, seed, prompt
+
+    def __len__(self) -> int:
+        return STREAM_LENGTH if self.split == "train" else self.high - self.low + 1
+
+    def task(self, index: int) -> Task:
+        if self.split == "train":
+            secret = int(np.random.default_rng([self.seed, index]).integers(self.low, self.high + 1))
+        else:
+            secret = self.low + index
+        return Task(task_id=f"guess/{self.split}/{index}", prompt=self.prompt, answer=str(secret))
+
+
+class GuessNumberEnv(TextEnv):
+    r"""Guess the number: a hidden whole number in `[low, high]`, higher/lower feedback each turn.
+
+    ## Description
+    The policy is told the range and the guess limit; after each wrong guess the env says
+    whether the number is higher or lower and which range is still open (the interval
+    narrowed by every guess so far), so the next guess is a function of the last message.
+    Bisection (guess the middle of the open range) always wins within `ceil(log2(high - low
+    + 2))` guesses; 7 for the default 1 to 100.
+
+    ## Action Space
+    `UnicodeText`: the reply; the guess is the integer in its last `\boxed{n}` (or
+    `<guess>n</guess>`, or a reply that is just the integer). Anything else is an invalid
+    action: it costs a guess, is answered with how to reply, and is counted in
+    `info["invalid_action"]`.
+
+    ## Observation Space
+    `ChatMessages`: the rules after `reset`; after each wrong guess one user message
+    ("50 is too high. The number is from 1 to 49. 6 guesses left.").
+
+    ## Rewards
+    `correct`: 1.0 on the step that names the number, else 0.0; accuracy reads it.
+    `progress` (weight `progress_weight`, default 0: logged only): potential-based shaping
+    (Ng, Harada & Russell 1999, "Policy invariance under reward transformations", Theorem 1)
+    with the potential Φ = −log2(numbers still open) / log2(numbers in the range), paid as
+    Φ(after) − Φ(before) on each step: the bits of the range a guess removes, as a share of
+    the bits to find. With γ = 1 the terms telescope, so an episode's progress is Φ(end) −
+    Φ(start) ∈ [0, 1], 1 exactly when the open range is down to the number; an invalid or
+    out-of-range guess earns 0, and no sequence of guesses earns more than finding the
+    number does. Being potential-based, it leaves the optimal policy unchanged while giving a
+    failed game credit for how far it narrowed the range.
+
+    ## Episode End
+    Terminates when the number is found; truncates when `max_guesses` guesses (default 7)
+    are spent without it. `textgym/GuessNumber-v0` also registers gymnasium's `TimeLimit`
+    at 7 steps; for another limit pass both, `gym.make(id, max_guesses=5,
+    max_episode_steps=5)`.
+
+    ## Arguments
+    - `low`, `high`: the range (inclusive; default 1 and 100).
+    - `max_guesses`: the guess limit (default 7), counted down in every feedback message.
+    - `progress_weight`: the weight of the `progress` term in the reward (default 0).
+    - `split`: "train" (an unbounded stream, task *i*'s number drawn from `(seed, i)`) or
+      "test" (every number of the range once, in order, so that a greedy policy's accuracy
+      on the test split is its exact success rate over a uniform hidden number).
+    - `seed`: the train stream's generator seed.
+
+    ## Version History
+    - v0: initial version.
+
+    Examples:
+        >>> import gymnasium as gym
+        >>> import textgym
+        >>> env = gym.make("textgym/GuessNumber-v0", split="test")
+        >>> obs, info = env.reset(options={"task_index": 36})   # the hidden number is 37
+        >>> obs, reward, terminated, truncated, info = env.step(r"\boxed{50}")
+        >>> print(obs[0]["content"])
+        50 is too high. The number is from 1 to 49. 6 guesses left.
+        >>> env.unwrapped.oracle_action(obs)
+        '\\boxed{25}'
+        >>> env.step(r"\boxed{37}")[1:3]
+        (1.0, True)
+    """
+
+    def __init__(
+        self,
+        *,
+        low: int = 1,
+        high: int = 100,
+        max_guesses: int = MAX_GUESSES,
+        progress_weight: float = 0.0,
+        split: str = "train",
+        seed: int = 0,
+        **kwargs: Any,
+    ):
+        if split not in ("train", "test"):
+            raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+        if any(isinstance(v, bool) or not isinstance(v, int) for v in (low, high)):
+            raise ValueError(f"low and high must be ints, got {low!r} and {high!r}")
+        if high <= low:
+            raise ValueError(f"high must be greater than low, got low={low}, high={high}")
+        if isinstance(max_guesses, bool) or not isinstance(max_guesses, int) or max_guesses < 1:
+            raise ValueError(f"max_guesses must be a positive int, got {max_guesses!r}")
+        if not math.isfinite(progress_weight) or progress_weight < 0:
+            raise ValueError(f"progress_weight must be a finite number >= 0, got {progress_weight!r}")
+        self.low, self.high, self.max_guesses = low, high, max_guesses
+        self.progress_weight = float(progress_weight)
+        super().__init__(_Secrets(split, low, high, seed, ""), **kwargs)
+        self.lo, self.hi = low, high
+        self.guesses = 0
+
+    def initial_messages(self, task: Task) -> list[Message]:
+        """The rules: the range, the guess limit, the reply format."""
+        self.lo, self.hi, self.guesses = self.low, self.high, 0
+        text = (
+            f"I picked a whole number from {self.low} to {self.high}. Find it in at most "
+            f"{self.max_guesses} guesses. After each wrong guess "
+            "I say if it is higher or lower. Reply with your guess as \\boxed{n}."
+        )
+        return [{"role": "user", "content": text}]
+
+    def respond(self, action: str) -> tuple[list[Message], float, bool, dict[str, Any]]:
+        """Compare the guess with the hidden number; narrow the open range; end on the number."""
+        assert self.task is not None
+        secret = int(self.task.answer)
+        guess = parse_number_guess(action)
+        self.guesses += 1
+        if guess is None:
+            return self._say("I could not read a guess: reply with \\boxed{n}, one whole number.", None, True)
+        before = self._potential()
+        if guess == secret:
+            self.lo = self.hi = secret
+            progress = self._potential() - before
+            reward = 1.0 + self.progress_weight * progress
+            info = {"reward/correct": 1.0, "reward/progress": progress, "guess": guess}
+            return [], reward, True, {**info, "guesses": self.guesses}
+        if guess < secret:
+            self.lo = max(self.lo, guess + 1)
+            side = "too low"
+        else:
+            self.hi = min(self.hi, guess - 1)
+            side = "too high"
+        text = f"{guess} is {side}. The number is from {self.lo} to {self.hi}."
+        return self._say(text, guess, False, self._potential() - before)
+
+    def _potential(self) -> float:
+        """Φ = −log2(numbers still open) / log2(numbers in the range): −1 at the start, 0 when one is left."""
+        return -math.log2(self.hi - self.lo + 1) / math.log2(self.high - self.low + 1)
+
+    def invalid_action(self, reason: str) -> tuple[list[Message], float, bool, dict[str, Any]]:
+        """An unusable reply (empty, not text, too long) costs a guess and says why."""
+        self.guesses += 1
+        return self._say(f"Invalid reply ({reason}); reply with \\boxed{{n}}.", None, True)
+
+    def _say(
+        self, text: str, guess: int | None, invalid: bool, progress: float = 0.0
+    ) -> tuple[list[Message], float, bool, dict[str, Any]]:
+        left = self.max_guesses - self.guesses
+        if left > 0:
+            text += f" {left} guess{'' if left == 1 else 'es'} left."
+        info: dict[str, Any] = {
+            "reward/correct": 0.0,
+            "reward/progress": progress,
+            "guess": guess,
+            "guesses": self.guesses,
+        }
+        if invalid:
+            info["invalid_action"] = True
+        return [{"role": "user", "content": text}], self.progress_weight * progress, False, info
+
+    def step(self, action: str) -> tuple[list[Message], SupportsFloat, bool, bool, dict[str, Any]]:
+        """`TextEnv.step`, truncated once `max_guesses` guesses are spent without the number."""
+        obs, reward, terminated, truncated, info = super().step(action)
+        spent = not terminated and self.guesses >= self.max_guesses
+        return obs, reward, terminated, truncated or spent, info
+
+    def oracle_action(self, messages: list[Message]) -> str:
+        """Bisection: the middle of the range still open (the expert never reads the number)."""
+        if self.task is None:
+            raise RuntimeError("call reset() before asking the oracle")
+        return f"\\boxed{{{(self.lo + self.hi) // 2}}}"
+
+    def random_action(self, rng: np.random.Generator) -> str:
+        """A uniformly random number of the range (what `textgym eval --agent random` plays)."""
+        return f"\\boxed{{{int(rng.integers(self.low, self.high + 1))}}}"
