@@ -32,7 +32,7 @@ ROWS = [
     _row(Q, [5, 9], 0.5, 0.0, 1, 0),  # 5: wrong, partial credit
     _row(Q, [6, 9], 0.0, 0.0, 1, 1),  # 6: wrong
     _row(R, [5, 9], 0.9, 1.0, 2, 0),  # 7: correct, task 2 ...
-    _row(R, [6, 9], 1.0, 1.0, 3, 0),  # 8: ... and task 3 poses the same prompt: one group
+    _row(R, [6, 9], 1.0, 1.0, 3, 0),  # 8: ... and task 3 poses the same prompt: its own group
 ]
 TABLE = pa.Table.from_pylist(ROWS, schema=SCHEMA)
 
@@ -40,34 +40,35 @@ TABLE = pa.Table.from_pylist(ROWS, schema=SCHEMA)
 def test_correct_only_with_dedupe_keeps_each_correct_response_once_best_reward_first():
     sel = select_responses(TABLE)
     # P: correct rows 0, 2, 3, 4 ranked by reward (3; then 0, 2, 4 in table order); 2 repeats 0.
-    # Q: nothing correct -> unsolved (task 1). R (tasks 2 and 3): row 8 (1.0) before row 7 (0.9).
-    assert sel.rows == [3, 0, 4, 8, 7]
+    # Q: nothing correct -> unsolved (task 1). Tasks 2 and 3 share prompt R but are two problems
+    # (a game's hidden word or number is the task, its opening message the same): a group each.
+    assert sel.rows == [3, 0, 4, 7, 8]
     assert sel.unsolved == [1]
     assert (sel.trajectories, sel.prompts, sel.passed, sel.duplicates_dropped, sel.prompts_kept) == (
         9,
-        3,
+        4,
         6,
         1,
-        2,
+        3,
     )
 
 
 def test_max_per_prompt_keeps_the_best_of_k():
-    assert select_responses(TABLE, max_per_prompt=1).rows == [3, 8]  # RAFT: best-of-K
-    assert select_responses(TABLE, max_per_prompt=2).rows == [3, 0, 8, 7]
+    assert select_responses(TABLE, max_per_prompt=1).rows == [3, 7, 8]  # RAFT: best-of-K
+    assert select_responses(TABLE, max_per_prompt=2).rows == [3, 0, 7, 8]
     # Without dedupe the repeat counts: P's correct rows are 3, 0, 2, 4.
     sel = select_responses(TABLE, dedup=False, max_per_prompt=3)
-    assert sel.rows == [3, 0, 2, 8, 7] and sel.duplicates_dropped == 0
+    assert sel.rows == [3, 0, 2, 7, 8] and sel.duplicates_dropped == 0
 
 
 def test_min_reward_alone_or_with_correctness():
     # Reward threshold only: Q's partial-credit 0.5 passes 0.5, and correctness is not asked.
     sel = select_responses(TABLE, correct_only=False, min_reward=0.5)
-    assert sel.rows == [3, 0, 4, 5, 8, 7] and sel.unsolved == []
+    assert sel.rows == [3, 0, 4, 5, 7, 8] and sel.unsolved == []
     sel = select_responses(TABLE, correct_only=True, min_reward=1.0)
-    assert sel.rows == [3, 0, 4, 8] and sel.passed == 5
+    assert sel.rows == [3, 0, 4, 8] and sel.passed == 5 and sel.unsolved == [1, 2]
     # No rule at all and a cap: best-of-K by reward among every sample (the wrong ones too).
-    assert select_responses(TABLE, correct_only=False, max_per_prompt=1).rows == [3, 5, 8]
+    assert select_responses(TABLE, correct_only=False, max_per_prompt=1).rows == [3, 5, 7, 8]
     with pytest.raises(ValueError, match="max_per_prompt"):
         select_responses(TABLE, max_per_prompt=0)
 

@@ -59,7 +59,10 @@ def select_responses(
 ) -> Selection:
     """Rejection sampling's filter over a trajectory table (`read_trajectories`).
 
-    Rows are grouped by prompt (env id and prompt token ids). A row passes when it is correct
+    Rows are grouped by prompt: env id, task index and prompt token ids. The task index is part
+    of the key because an env may pose different tasks under the same first message (a game
+    whose hidden word or number is the task: every Wordle or GuessNumber task opens with the
+    same rules), and those are different problems, each with its own best-of-K. A row passes when it is correct
     (`correct_only`: its `reward/correct` term reaches 1, `textgym.evaluation.core.episode_correct`)
     and its reward is ≥ `min_reward` (when set). Within a prompt the passing rows are ranked by
     reward, highest first (a stable sort: ties keep table order); with `dedup` a response (its token
@@ -74,10 +77,10 @@ def select_responses(
     cols = {c: table.column(c).to_pylist() for c in ("env_id", "token_ids", "prompt_length", "reward")}
     terms = [json.loads(t) for t in table.column("reward_terms").to_pylist()]
     tasks = table.column("task_index").to_pylist()
-    groups: dict[tuple[str, tuple[int, ...]], list[int]] = {}
-    prompts = zip(cols["env_id"], cols["token_ids"], cols["prompt_length"], strict=True)
-    for i, (env, ids, p) in enumerate(prompts):
-        groups.setdefault((env, tuple(ids[:p])), []).append(i)
+    groups: dict[tuple[str, int, tuple[int, ...]], list[int]] = {}
+    prompts = zip(cols["env_id"], tasks, cols["token_ids"], cols["prompt_length"], strict=True)
+    for i, (env, task, ids, p) in enumerate(prompts):
+        groups.setdefault((env, int(task), tuple(ids[:p])), []).append(i)
     sel = Selection(trajectories=table.num_rows, prompts=len(groups))
     for members in groups.values():
         passing = [
