@@ -40,3 +40,15 @@ def test_build_pairs_modes_margin_cap_and_dedup():
     assert stats.duplicates_dropped == 0 and pairs.num_rows == 1
     with pytest.raises(ValueError, match="margin"):
         build_pairs(table, margin=-1.0)
+
+
+def test_tasks_with_the_same_opening_message_are_not_paired_with_each_other():
+    # A game's tasks (a hidden number each) open with the same message: a pair compares two
+    # answers to one problem, never a win on one hidden number with a loss on another.
+    p = [1, 2]
+    trajs = [_traj(p, [5, 2], 1.0, 0), _traj(p, [6, 2], 0.0, 1), _traj(p, [7, 2], 0.0, 0)]
+    table = pa.Table.from_pylist([trajectory_row(t) for t in trajs], schema=SCHEMA)
+    pairs, _, stats = build_pairs(table, margin=0.5, mode="all")
+    assert stats.prompts == 2 and [(r["chosen_ids"], r["rejected_ids"]) for r in pairs.to_pylist()] == [
+        ([5, 2], [7, 2])
+    ]

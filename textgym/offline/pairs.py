@@ -184,8 +184,9 @@ def build_pairs(
 ) -> tuple[pa.Table, pa.Table, PairStats]:
     """Preference pairs and KTO examples from a trajectory table (`read_trajectories`).
 
-    Trajectories are grouped by prompt (env id and prompt token ids, so different tasks with
-    the same prompt share a group). Within a group, with `dedup` identical responses count
+    Trajectories are grouped by problem: env id, task id and prompt token ids (a game's tasks
+    open with the same message but hide different words or numbers, and a pair compares two
+    answers to one problem). Within a group, with `dedup` identical responses count
     once. `best_vs_worst` makes one pair of a highest- and a lowest-reward response; `all`
     makes every pair whose rewards differ; either way only pairs with
     `reward(chosen) − reward(rejected) ≥ margin` (and > 0) are kept, at most `max_per_prompt` per prompt
@@ -204,16 +205,16 @@ def build_pairs(
     cols = {c: table.column(c).to_pylist() for c in ("env_id", "task_id", "token_ids", "loss_mask")}
     cols["prompt_length"] = table.column("prompt_length").to_pylist()
     cols["reward"] = table.column("reward").to_pylist()
-    groups: dict[tuple[str, tuple[int, ...]], list[int]] = defaultdict(list)
-    for i, (env, ids, p) in enumerate(
-        zip(cols["env_id"], cols["token_ids"], cols["prompt_length"], strict=True)
+    groups: dict[tuple[str, str, tuple[int, ...]], list[int]] = defaultdict(list)
+    for i, (env, task, ids, p) in enumerate(
+        zip(cols["env_id"], cols["task_id"], cols["token_ids"], cols["prompt_length"], strict=True)
     ):
-        groups[(env, tuple(ids[:p]))].append(i)
+        groups[(env, str(task), tuple(ids[:p]))].append(i)
     pairs: list[dict[str, Any]] = []
     unpaired: list[dict[str, Any]] = []
     dropped = 0
     with_pairs = 0
-    for (env, prompt), members in groups.items():
+    for (env, _task, prompt), members in groups.items():
         seen: dict[tuple[int, ...], int] = {}
         kept = []
         for i in members:
