@@ -63,11 +63,11 @@ def select_responses(
     of the key because an env may pose different tasks under the same first message (a game
     whose hidden word or number is the task: every Wordle or GuessNumber task opens with the
     same rules), and those are different problems, each with its own best-of-K. A row passes
-    when it is correct (`correct_only`: its `reward/correct` term reaches 1, `textgym.evaluation.core.episode_correct`)
-    and its reward is ≥ `min_reward` (when set). Within a prompt the passing rows are ranked by
-    reward, highest first (a stable sort: ties keep table order); with `dedup` a response (its token
-    ids after the prompt) already kept is dropped; the first `max_per_prompt` remain (RAFT's
-    best-of-K is `max_per_prompt=1`).
+    when it is correct (`correct_only`: its `reward/correct` term reaches 1,
+    `textgym.evaluation.core.episode_correct`) and its reward is ≥ `min_reward` (when set).
+    Within a group the passing rows are ranked by reward, highest first (a stable sort: ties
+    keep table order); with `dedup` a response (its token ids after the prompt) already kept is
+    dropped; the first `max_per_prompt` remain (RAFT's best-of-K is `max_per_prompt=1`).
 
     Raises:
         ValueError: if `max_per_prompt` < 1.
