@@ -106,10 +106,11 @@ def main() -> None:
         params = SamplingParams(temperature=args.temperature, max_new_tokens=args.max_new_tokens)
         continuous = functools.partial(rollout_continuous, batch_window_s=args.window)
         engines = {"lockstep": rollout, "continuous": continuous}
+        latency = f"U[{args.latency[0]:g}, {args.latency[1]:g}] s" if any(args.latency) else "none"
         print(
             f"model {args.model or args.preset} | env {args.env} {env_kwargs} | {n} episodes, "
             f"<= {args.max_turns} turns | "
-            f"step latency U[{args.latency[0]:g}, {args.latency[1]:g}] s | max_new_tokens "
+            f"added step latency {latency} | max_new_tokens "
             f"{args.max_new_tokens} | {args.backend} | window {args.window:g} s | "
             f"torch threads {args.threads} | cpus {os.cpu_count()}"
         )

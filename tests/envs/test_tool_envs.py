@@ -279,3 +279,7 @@ def test_guess_number_progress_is_potential_based_and_bounded_by_finding_the_num
         assert (total == pytest.approx(1.0)) == (env.unwrapped.lo == env.unwrapped.hi)
     with pytest.raises(ValueError, match="progress_weight"):
         gym.make("textgym/GuessNumber-v0", progress_weight=-1)
+    # a wasted guess (unreadable, or empty) can cost more than a wrong one
+    env = gym.make("textgym/GuessNumber-v0", invalid_action_reward=-0.1)
+    env.reset(options={"task_index": 0})
+    assert [env.step(a)[1] for a in ("maybe fifty", "", "\\boxed{50}")] == [-0.1, -0.1, 0.0]

@@ -108,6 +108,8 @@ class GuessNumberEnv(TextEnv):
     - `low`, `high`: the range (inclusive; default 1 and 100).
     - `max_guesses`: the guess limit (default 7), counted down in every feedback message.
     - `progress_weight`: the weight of the `progress` term in the reward (default 0).
+    - `invalid_action_reward` (`TextEnv`'s): the reward of an unreadable or unusable reply
+      (default 0; e.g. -0.1 makes a wasted guess cost more than a wrong one).
     - `split`: "train" (an unbounded stream, task *i*'s number drawn from `(seed, i)`) or
       "test" (every number of the range once, in order, so that a greedy policy's accuracy
       on the test split is its exact success rate over a uniform hidden number).
@@ -214,7 +216,8 @@ class GuessNumberEnv(TextEnv):
         }
         if invalid:
             info["invalid_action"] = True
-        return [{"role": "user", "content": text}], self.progress_weight * progress, False, info
+        reward = self.progress_weight * progress + (self.invalid_action_reward if invalid else 0.0)
+        return [{"role": "user", "content": text}], reward, False, info
 
     def step(self, action: str) -> tuple[list[Message], SupportsFloat, bool, bool, dict[str, Any]]:
         """`TextEnv.step`, truncated once `max_guesses` guesses are spent without the number."""
