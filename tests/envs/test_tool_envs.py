@@ -283,3 +283,13 @@ def test_guess_number_progress_is_potential_based_and_bounded_by_finding_the_num
     env = gym.make("textgym/GuessNumber-v0", invalid_action_reward=-0.1)
     env.reset(options={"task_index": 0})
     assert [env.step(a)[1] for a in ("maybe fifty", "", "\\boxed{50}")] == [-0.1, -0.1, 0.0]
+
+
+def test_an_env_whose_oracle_tool_call_takes_no_argument_still_gets_its_call():
+    class OldStyle(ArithmeticEnv):
+        def oracle_tool_call(self):  # the signature before the offered tools were passed
+            return "calculator", {"expression": str(self.task.metadata["expression"])}
+
+    env = ToolUseWrapper(OldStyle(operators="*", digits=3), [calculator_tool()])
+    obs, _ = env.reset(options={"task_index": 0})
+    assert '"name": "calculator"' in env.oracle_action(list(obs))

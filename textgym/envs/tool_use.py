@@ -12,6 +12,7 @@ turns is bounded by `TimeLimit` (`max_episode_steps`), which counts tool turns t
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, SupportsFloat
 
 import gymnasium as gym
@@ -137,13 +138,18 @@ class ToolUseWrapper(gym.Wrapper[list[Message], str, list[Message], str]):
     def oracle_action(self, messages: list[Message]) -> str:
         """A scripted expert's next reply: the wrapped env's oracle, after one tool call where it has one.
 
-        Delegates to the wrapped env's `oracle_tool_call(tools)` (given the offered tool names;
-        a `(tool, arguments)` pair or None) on the first turn, then to its
-        `oracle_action(messages)`.
+        Delegates to the wrapped env's `oracle_tool_call(tools)` (given the offered tool names,
+        or with no argument where it takes none; a `(tool, arguments)` pair or None) on the
+        first turn, then to its `oracle_action(messages)`.
         """
         inner = self.env.unwrapped
         first_turn = not any(m.get("role") == "tool" for m in messages)
-        call = getattr(inner, "oracle_tool_call", lambda tools: None)(list(self.tools))
+        pick = getattr(inner, "oracle_tool_call", None)
+        # an env's own `oracle_tool_call()` may take no argument (the offered tools not needed)
+        if pick is None:
+            call = None
+        else:
+            call = pick(list(self.tools)) if inspect.signature(pick).parameters else pick()
         if first_turn and call is not None and call[0] in self.tools:
             return format_tool_call(*call)
         return inner.oracle_action(messages)  # type: ignore[attr-defined]
