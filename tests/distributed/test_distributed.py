@@ -103,14 +103,16 @@ def records(stage_dir: Path) -> list[dict]:
 TOKEN_SHARES = ("clip/frac", "value/clip_frac", "mismatch/tis_clip_frac")
 
 
-def assert_same_metrics(one: list[dict], two: list[dict], keys: tuple[str, ...], rows: int = 0) -> None:
-    """Equal steps and metrics; `rows` (sequences per step), when given, lets the token shares
-    differ by three tokens of the step's responses."""
+def assert_same_metrics(
+    one: list[dict], two: list[dict], keys: tuple[str, ...], rows: int = 0, atol: float = 1e-7
+) -> None:
+    """Equal steps and metrics (`keys` within `atol` or `METRIC_RTOL`); `rows` (sequences per
+    step), when given, lets the token shares differ by three tokens of the step's responses."""
     assert [r["step"] for r in one] == [r["step"] for r in two]
     for a, b in zip(one, two, strict=True):
         assert set(a) == set(b)
         for k in keys:
-            assert a[k] == pytest.approx(b[k], rel=METRIC_RTOL, abs=1e-7), (a["step"], k, a[k], b[k])
+            assert a[k] == pytest.approx(b[k], rel=METRIC_RTOL, abs=atol), (a["step"], k, a[k], b[k])
         one_token = 1.0 / (rows * a["rollout/response_length_mean"]) if rows else 0.0
         for k in a:
             if k.startswith(("time", "throughput")) or k in NOT_COMPARABLE or not math.isfinite(a[k]):
@@ -348,7 +350,10 @@ def test_kto_on_two_ranks_matches_one_process(warm_model_dir, tmp_path):
     one, two = (tmp_path / f"r{n}" / "dpo" / "round_0" / "train" for n in (1, 2))
     rows_one = records(one)
     assert max(r["kl"] for r in rows_one) > 1e-3  # z₀ is not clamped to 0 all along
-    assert_same_metrics(rows_one, records(two), ("loss/kto", "kl", "grad_norm"))
+    # z₀ at step 1 is 0 in exact arithmetic (policy = reference); in float32 it is a difference
+    # of sequence log-probs of about 10 nats computed in two batch layouts, resolved to ~1e-6
+    # (measured: 4.8e-7 on one process, 0.0 on two ranks, AVX-512)
+    assert_same_metrics(rows_one, records(two), ("loss/kto", "kl", "grad_norm"), atol=1e-6)
     rel, moved = relative_distance(params(one / "final"), params(two / "final"), params(warm_model_dir))
     print(f"KTO 1 vs 2 ranks: ‖Δθ‖/‖θ−θ0‖ = {rel:.2e}, ‖θ−θ0‖ = {moved:.3f}")
     assert moved > 0.1 and rel < PARAM_RTOL
