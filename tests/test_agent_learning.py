@@ -50,4 +50,7 @@ def test_the_tool_use_agent_learns_over_turns_in_a_cut_down_run(tmp_path):
     # the episodes were multi-turn: a calculator call, then the answer
     rows = [json.loads(x) for x in (run / "grpo" / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 30 and all(m["rollout/turns_mean"] >= 1.5 for m in rows)
-    assert rows[-1]["rollout/tool_calls_mean"] >= 0.8  # a calculator call in (nearly) every episode
+    # a calculator call in (nearly) every episode: the last 10 steps' mean (640 episodes); one
+    # step's 64 episodes are too few (0.766 to 0.984 over one run's steps)
+    last = [m["rollout/tool_calls_mean"] for m in rows[-10:]]
+    assert sum(last) / len(last) >= 0.8, last

@@ -28,6 +28,7 @@ MODULES = (
     "textgym.envs.tool_use",
     "textgym.envs.web.envs",
     "textgym.envs.wordle",
+    "textgym.envs.guess_number",
     "textgym.verifiers.answer_rule",
     "textgym.verifiers.base",
     "textgym.verifiers.code",
@@ -37,6 +38,7 @@ MODULES = (
     "textgym.verifiers.judge_prompts",
     "textgym.verifiers.math",
     "textgym.evaluation.audit_set",
+    "textgym.agents.trajectory",
 )
 # The other ecosystems' envs (the `[interop]` extra): their examples run where the library is installed.
 INTEROP = {
