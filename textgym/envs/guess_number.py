@@ -155,19 +155,19 @@ class GuessNumberEnv(TextEnv):
             raise ValueError(f"progress_weight must be a finite number >= 0, got {progress_weight!r}")
         self.low, self.high, self.max_guesses = low, high, max_guesses
         self.progress_weight = float(progress_weight)
-        super().__init__(_Secrets(split, low, high, seed, ""), **kwargs)
+        rules = (
+            f"I picked a whole number from {low} to {high}. Find it in at most {max_guesses} "
+            "guesses. After each wrong guess I say if it is higher or lower. Reply with your guess "
+            "as \\boxed{n}."
+        )
+        super().__init__(_Secrets(split, low, high, seed, rules), **kwargs)
         self.lo, self.hi = low, high
         self.guesses = 0
 
     def initial_messages(self, task: Task) -> list[Message]:
         """The rules: the range, the guess limit, the reply format."""
         self.lo, self.hi, self.guesses = self.low, self.high, 0
-        text = (
-            f"I picked a whole number from {self.low} to {self.high}. Find it in at most "
-            f"{self.max_guesses} guesses. After each wrong guess "
-            "I say if it is higher or lower. Reply with your guess as \\boxed{n}."
-        )
-        return [{"role": "user", "content": text}]
+        return [{"role": "user", "content": task.prompt}]
 
     def respond(self, action: str) -> tuple[list[Message], float, bool, dict[str, Any]]:
         """Compare the guess with the hidden number; narrow the open range; end on the number."""
