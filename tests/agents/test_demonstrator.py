@@ -62,6 +62,36 @@ def test_oracle_episodes_are_token_faithful_multi_turn_trajectories(tiny_model_d
     assert (m["rollout/turns_mean"], m["rollout/tool_results_mean"], m["rollout/accuracy"]) == (2.0, 1.0, 1.0)
 
 
+def test_an_episode_that_opens_mid_game_trains_only_the_policy_turns(tiny_model_dir):
+    # GuessNumber's restarts: the first observation holds the oracle's earlier guesses as
+    # assistant messages; they are prompt (loss mask 0), and the policy's turns are its own
+    tok = load_tokenizer(tiny_model_dir)
+    kw = {"high": 20, "max_guesses": 5, "max_episode_steps": 5, "oracle_prefix": 4}
+    envs = [gym.make("textgym/GuessNumber-v0", **kw) for _ in range(12)]
+    openings = [len(env.reset(options={"task_index": i})[0]) for i, env in enumerate(envs)]
+    trajs = rollout(OracleDemonstrator(tok), envs, list(range(12)), SamplingParams())
+    assert any(n > 1 for n in openings) and all(t.reward == 1.0 for t in trajs)
+    for t, n in zip(trajs, openings, strict=True):
+        opening = tok.apply_chat_template(
+            t.messages[:n], tokenize=True, return_dict=False, add_generation_prompt=True
+        )
+        assert (
+            t.token_ids[: t.prompt_length].tolist() == opening and t.loss_mask[: t.prompt_length].sum() == 0
+        )
+        played = [m for m in t.messages[n:] if m["role"] == "assistant"]
+        assert t.turns == len(played) >= 1 and t.response_length == sum(
+            len(tok(m["content"], add_special_tokens=False)["input_ids"]) + 1 for m in played
+        )
+    from textgym.trainers.rollouts import rollout_metrics
+
+    m = rollout_metrics(trajs)
+    assert (
+        m["rollout/turns_mean"]
+        == sum(t.turns for t in trajs) / 12
+        < sum(m["role"] == "assistant" for t in trajs for m in t.messages) / 12
+    )
+
+
 class _NoOracleEnv(gym.Env):
     """A plain Gymnasium text env with no scripted expert."""
 

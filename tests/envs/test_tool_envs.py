@@ -242,6 +242,33 @@ def test_guess_number_feedback_narrows_the_range_and_bisection_always_wins():
         gym.make("textgym/GuessNumber-v0", low=5, high=5)
 
 
+def test_guess_number_oracle_prefix_opens_deep_in_the_bisection_tree_and_pays_only_the_policy():
+    env = gym.make("textgym/GuessNumber-v0", oracle_prefix=6)
+    assert env.unwrapped.tasks.task(3).metadata == {"oracle_prefix": 6}  # drawn from (seed, 3)
+    obs, _ = env.reset(options={"task_index": 3})  # the number is 51
+    assert env.unwrapped.task.answer == "51" and env.observation_space.contains(obs)
+    assert [m["role"] for m in obs] == ["user"] + ["assistant", "user"] * 5  # stops short of 51
+    assert [m["content"] for m in obs[1::2]] == [f"\\boxed{{{g}}}" for g in (50, 75, 62, 56, 53)]
+    assert obs[-1]["content"] == "53 is too high. The number is from 51 to 52. 2 guesses left."
+    assert env.unwrapped.guesses == 5 and (env.unwrapped.lo, env.unwrapped.hi) == (51, 52)
+    assert env.unwrapped.oracle_action(obs) == "\\boxed{51}" and env.step("\\boxed{51}")[1:3] == (1.0, True)
+    # the prefix's guesses count against the limit: two wrong guesses from here end the game
+    env.reset(options={"task_index": 3})
+    assert env.step("\\boxed{52}")[1:4] == (0.0, False, False)
+    assert env.step("\\boxed{52}")[1:4] == (0.0, False, True)
+    # depths are uniform on 0..oracle_prefix, and every restart is still won by bisection
+    depths = [env.unwrapped.tasks.task(i).metadata["oracle_prefix"] for i in range(700)]
+    assert set(depths) == set(range(7)) and min(depths.count(d) for d in range(7)) > 70
+    wins = [play_episode(OracleAgent(), env, i)["reward"] for i in range(50)]
+    assert wins == [1.0] * 50
+    # off by default, and the test split's games start at the rules
+    plain = gym.make("textgym/GuessNumber-v0", split="test")
+    assert len(plain.reset(options={"task_index": 3})[0]) == 1
+    assert plain.unwrapped.tasks.task(3).metadata == {}
+    with pytest.raises(ValueError, match="oracle_prefix"):
+        gym.make("textgym/GuessNumber-v0", oracle_prefix=-1)
+
+
 def test_scripted_eval_reports_tool_calls_and_truncation_per_episode():
     wiki = evaluate_scripted(OracleAgent(), "textgym/WikiSearch-v0", n=10).turn_stats()
     assert wiki["tool_calls_mean"] == wiki["turns_mean"] - 1 >= 1  # every turn but the answer calls a tool

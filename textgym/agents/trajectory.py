@@ -121,3 +121,17 @@ class Trajectory:
     def response_length(self) -> int:
         """Number of policy tokens (all turns)."""
         return int(self.loss_mask.sum().item())
+
+    @property
+    def turns(self) -> int:
+        """The policy's turns: the runs of policy tokens (`loss_mask` 1) in `token_ids`.
+
+        Each turn the policy took is one run, ended by the env's or tool's tokens that follow
+        it. Assistant messages that came with the first observation (an env that opens part
+        way into a game, e.g. `GuessNumberEnv(oracle_prefix=...)`) are context, not turns.
+        """
+        mask = self.loss_mask.flatten() > 0
+        if not bool(mask.any()):
+            return 0
+        starts = mask[1:] & ~mask[:-1]
+        return int(starts.sum().item()) + int(bool(mask[0]))

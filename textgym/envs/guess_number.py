@@ -16,6 +16,7 @@ from typing import Any, SupportsFloat
 import numpy as np
 
 from textgym.envs.base import LazyTasks, TextEnv
+from textgym.envs.spaces import ChatMessages
 from textgym.types import Message, Task
 
 MAX_GUESSES = 7
@@ -52,8 +53,9 @@ def parse_number_guess(action: str) -> int | None:
 class _Secrets(LazyTasks):
     """Task *i*: a hidden number, drawn from `(seed, i)` (train) or `low + i` (test: each once)."""
 
-    def __init__(self, split: str, low: int, high: int, seed: int, prompt: str):
+    def __init__(self, split: str, low: int, high: int, seed: int, prompt: str, oracle_prefix: int = 0):
         self.split, self.low, self.high, self.seed, self.prompt = split, low, high, seed, prompt
+        self.oracle_prefix = oracle_prefix
 
     def __len__(self) -> int:
         return STREAM_LENGTH if self.split == "train" else self.high - self.low + 1
@@ -63,7 +65,10 @@ class _Secrets(LazyTasks):
             secret = int(np.random.default_rng([self.seed, index]).integers(self.low, self.high + 1))
         else:
             secret = self.low + index
-        return Task(task_id=f"guess/{self.split}/{index}", prompt=self.prompt, answer=str(secret))
+        depth = int(np.random.default_rng([self.seed, index, 1]).integers(0, self.oracle_prefix + 1))
+        metadata = {"oracle_prefix": depth} if self.oracle_prefix else {}
+        task_id = f"guess/{self.split}/{index}"
+        return Task(task_id=task_id, prompt=self.prompt, answer=str(secret), metadata=metadata)
 
 
 class GuessNumberEnv(TextEnv):
@@ -83,8 +88,9 @@ class GuessNumberEnv(TextEnv):
     `info["invalid_action"]`.
 
     ## Observation Space
-    `ChatMessages`: the rules after `reset`; after each wrong guess one user message
-    ("50 is too high. The number is from 1 to 49. 6 guesses left.").
+    `ChatMessages`: the rules after `reset` (with `oracle_prefix`, followed by the played
+    guesses as assistant messages and their feedback); after each wrong guess one user
+    message ("50 is too high. The number is from 1 to 49. 6 guesses left.").
 
     ## Rewards
     `correct`: 1.0 on the step that names the number, else 0.0; accuracy reads it.
@@ -108,6 +114,18 @@ class GuessNumberEnv(TextEnv):
     - `low`, `high`: the range (inclusive; default 1 and 100).
     - `max_guesses`: the guess limit (default 7), counted down in every feedback message.
     - `progress_weight`: the weight of the `progress` term in the reward (default 0).
+    - `oracle_prefix`: restarts from the expert's states (default 0: every game starts at the
+      rules). Task *i* draws a depth *d* uniformly from 0 to `oracle_prefix` (from `(seed, i)`)
+      and its episode opens after *d* of the oracle's bisection guesses, already played: the
+      observation after `reset` is the rules, then each played guess as an assistant message
+      and its feedback as a user message, and the guess count starts at *d*. The prefix stops
+      one guess short of the number (and of the guess limit), so the policy always has a guess
+      to make. Its guesses earn nothing: the policy is scored on its own turns only. This is
+      the restart distribution of learning from a demonstration's states (Kakade & Langford
+      2002, "Approximately optimal approximate RL", sec. 4; Salimans & Chen 2018, "Learning
+      Montezuma's Revenge from a single demonstration"): deep states of the bisection tree,
+      which a game from the start reaches rarely, are each met by whole GRPO groups. For
+      training only; evaluate on games from the start.
     - `invalid_action_reward` (`TextEnv`'s): the reward of an unreadable or unusable reply
       (default 0; e.g. -0.1 makes a wasted guess cost more than a wrong one).
     - `split`: "train" (an unbounded stream, task *i*'s number drawn from `(seed, i)`) or
@@ -139,6 +157,7 @@ class GuessNumberEnv(TextEnv):
         high: int = 100,
         max_guesses: int = MAX_GUESSES,
         progress_weight: float = 0.0,
+        oracle_prefix: int = 0,
         split: str = "train",
         seed: int = 0,
         **kwargs: Any,
@@ -153,6 +172,8 @@ class GuessNumberEnv(TextEnv):
             raise ValueError(f"max_guesses must be a positive int, got {max_guesses!r}")
         if not math.isfinite(progress_weight) or progress_weight < 0:
             raise ValueError(f"progress_weight must be a finite number >= 0, got {progress_weight!r}")
+        if isinstance(oracle_prefix, bool) or not isinstance(oracle_prefix, int) or oracle_prefix < 0:
+            raise ValueError(f"oracle_prefix must be an int >= 0, got {oracle_prefix!r}")
         self.low, self.high, self.max_guesses = low, high, max_guesses
         self.progress_weight = float(progress_weight)
         rules = (
@@ -160,14 +181,25 @@ class GuessNumberEnv(TextEnv):
             "guesses. After each wrong guess I say if it is higher or lower. Reply with your guess "
             "as \\boxed{n}."
         )
-        super().__init__(_Secrets(split, low, high, seed, rules), **kwargs)
+        super().__init__(_Secrets(split, low, high, seed, rules, oracle_prefix), **kwargs)
+        if oracle_prefix:
+            # the opening observation holds the prefix's guesses as assistant turns
+            self.observation_space = ChatMessages(roles=("system", "user", "assistant"))
         self.lo, self.hi = low, high
         self.guesses = 0
 
     def initial_messages(self, task: Task) -> list[Message]:
-        """The rules: the range, the guess limit, the reply format."""
+        """The rules (the range, the guess limit, the reply format), then any oracle prefix."""
         self.lo, self.hi, self.guesses = self.low, self.high, 0
-        return [{"role": "user", "content": task.prompt}]
+        messages: list[Message] = [{"role": "user", "content": task.prompt}]
+        secret = int(task.answer)
+        for _ in range(int(task.metadata.get("oracle_prefix", 0))):
+            guess = (self.lo + self.hi) // 2
+            if guess == secret or self.guesses + 1 >= self.max_guesses:
+                break
+            feedback, *_ = self.respond(f"\\boxed{{{guess}}}")
+            messages += [{"role": "assistant", "content": f"\\boxed{{{guess}}}"}, *feedback]
+        return messages
 
     def respond(self, action: str) -> tuple[list[Message], float, bool, dict[str, Any]]:
         """Compare the guess with the hidden number; narrow the open range; end on the number."""

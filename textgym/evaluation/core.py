@@ -228,7 +228,7 @@ def evaluate(
                     "messages": t.messages,
                     "response_tokens": t.response_length,
                     "finish_reason": t.finish_reason,
-                    "turns": sum(m.get("role") == "assistant" for m in t.messages),
+                    "turns": t.turns,
                     **{k: int(t.counts.get(k, 0)) for k in EPISODE_COUNTS},
                     "truncation": t.truncation,
                     "wall_s": wall / len(trajs),

@@ -39,9 +39,10 @@ def hack_warning(metrics: dict[str, float], threshold: float = HACK_WARN_FRAC) -
 def rollout_metrics(trajs: list[Trajectory], gather: bool = True) -> dict[str, float]:
     """Reward, accuracy, reward terms, length, turn and reward-hacking statistics of a rollout batch.
 
-    Multi-turn: `rollout/turns_mean` is the agent's turns per episode (its assistant messages,
-    tool-calling turns included) and `rollout/tool_results_mean` the tool messages it got back
-    per episode (one per call answered, errors included); both are 1 and 0 for single-turn envs.
+    Multi-turn: `rollout/turns_mean` is the agent's turns per episode (`Trajectory.turns`, its
+    tool-calling turns included; assistant messages an env opened with are not counted) and
+    `rollout/tool_results_mean` the tool messages it got back per episode (one per call
+    answered, errors included); both are 1 and 0 for single-turn envs.
     `rollout/reward_per_turn_mean` is the mean of each episode's return over its turns;
     `rollout/tool_calls_mean`, `rollout/tool_errors_mean` and `rollout/invalid_actions_mean`
     are per-episode counts (`Trajectory.counts`); `rollout/truncated_<cause>_frac` splits
@@ -54,7 +55,7 @@ def rollout_metrics(trajs: list[Trajectory], gather: bool = True) -> dict[str, f
     rows = [
         (t.reward, t.response_length, t.finish_reason, t.reward_terms, t.truncated,
          hack_signs(t.reward, t.reward_terms, t.messages),
-         sum(m.get("role") == "assistant" for m in t.messages),
+         t.turns,
          sum(m.get("role") == "tool" for m in t.messages),
          t.truncation, dict(t.counts))
         for t in trajs
