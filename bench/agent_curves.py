@@ -4,7 +4,9 @@ Reads each run's `grpo/metrics.jsonl` (`rollout/accuracy`: the share of the step
 episodes whose `reward/correct` is 1; `rollout/turns_mean`: agent turns per episode, tool
 calls included) and its `summary.json` (held-out greedy accuracy before and after GRPO), and
 draws both against the step, smoothed over `--window` steps, into one PNG (the figure on the
-docs' "Train an agent" page).
+docs' "Train an agent" page). A run that evaluated during training (`grpo.eval_every`) also
+gets its held-out greedy accuracy at those steps (`eval/accuracy`; step 0 is the start's), as
+a dashed line with markers in the run's colour.
 
     python bench/agent_curves.py runs/agent_toolmath runs/agent_toolmath_s1 ... --out docs/agent_toolmath.png
 """
@@ -40,9 +42,13 @@ def main() -> None:
         summary = json.loads((run / "summary.json").read_text())
         steps = [r["step"] for r in rows]
         label = f"{run.name}: held-out {summary['accuracy_before']:.3f} → {summary['accuracy_after']:.3f}"
-        ax_acc.plot(steps, smooth([r["rollout/accuracy"] for r in rows], args.window), label=label)
+        (line,) = ax_acc.plot(steps, smooth([r["rollout/accuracy"] for r in rows], args.window), label=label)
+        evals = [(r["step"], r["eval/accuracy"]) for r in rows if "eval/accuracy" in r]
+        if evals:
+            at, acc = zip(*[(0, summary["accuracy_before"]), *evals], strict=True)
+            ax_acc.plot(at, acc, "--o", color=line.get_color(), markersize=3, linewidth=1)
         ax_turns.plot(steps, smooth([r["rollout/turns_mean"] for r in rows], args.window), label=run.name)
-    ax_acc.set(xlabel="GRPO step", ylabel="success of sampled episodes (T = 1)", ylim=(0, 1))
+    ax_acc.set(xlabel="GRPO step", ylabel="success (T = 1); dashed: test, greedy", ylim=(0, 1))
     ax_turns.set(xlabel="GRPO step", ylabel="agent turns per episode")
     ax_acc.legend(fontsize=7)
     ax_turns.legend(fontsize=7)

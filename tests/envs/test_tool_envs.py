@@ -134,6 +134,30 @@ def test_oracle_uses_the_tools_and_webshop_reward_comes_from_the_order():
     ep = play_episode(OracleAgent(), env, 7)
     roles = [m["role"] for m in ep["messages"]]
     assert roles.count("tool") == 4 and ep["terminated"] and ep["reward"] == 1.0
+    # the oracle acts on what the pages show: no hidden product id in its calls; each click
+    # names the link whose line shows the wanted item, then its size
+    want = env.unwrapped.task.metadata
+    calls = [m["content"] for m in ep["messages"] if m["role"] == "assistant"][:4]
+    assert all(str(want["target"]) not in c for c in calls)
+    clicks = [json.loads(c.split("<tool_call>")[1].split("</tool_call>")[0]) for c in calls[1:3]]
+    assert [c["name"] for c in clicks] == ["click", "click"]
+    results, product = ep["messages"][2]["content"], ep["messages"][4]["content"]
+    listed = next(
+        line for line in results.splitlines() if line.startswith(f"[{clicks[0]['arguments']['link_id']}] ")
+    )
+    assert all(want[a].lower() in listed.lower() for a in ("color", "material", "category"))
+    assert f"[{clicks[1]['arguments']['link_id']}] Add size {want['size']} " in product
+    # a results page without the item: the oracle pages on; an unexpected page: it searches
+    env.reset(options={"task_index": 7})
+    core = env.unwrapped
+    query = f"{want['color']}+{want['material']}+{want['category']}"
+    page = 2  # the item is listed on page 1
+    core.browser.open(f"/shop/search?q={query}&page={page}")
+    assert not any(link.endswith(f"/shop/product/{want['target']}") for link in core.browser.links)
+    next_link = json.loads(core.oracle_action([]).split("<tool_call>")[1].split("</tool_call>")[0])
+    assert core.browser.links[next_link["arguments"]["link_id"]].endswith(f"page={page + 1}")
+    core.browser.open("/shop/cart")
+    assert '"url": "/shop/search?q=' in core.oracle_action([])
     # buy a different color of the same category: 4 of 5 attributes at most
     core = env.unwrapped
     env.reset(options={"task_index": 7})

@@ -13,6 +13,7 @@ import string
 import uuid
 from functools import lru_cache
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import numpy as np
@@ -173,17 +174,36 @@ class WebShopCore(_SiteEnv):
         return [], reward, True, {"reward/correct": float(reward == 1.0), "details": details}
 
     def oracle_action(self, messages: list[Message]) -> str:
-        """Search, open the target, add its size, check out, finish."""
-        assert self.task is not None
+        """Act on what the pages show: search, click the wanted item, click its size, check out, finish.
+
+        Every step is readable from the instruction and the page the browser shows, so a
+        policy can imitate it: the search query is the instruction's color, material and
+        category; on the results page the click goes to the numbered link of the wanted item
+        (the "Next page" link while it is not listed); on its page, to the link "Add size S";
+        then the checkout page, and a reply without a tool call.
+        """
+        if self.task is None:
+            raise RuntimeError("call reset() before asking the oracle")
         m = self.task.metadata
-        plan = [
-            format_tool_call("open", {"url": f"/shop/search?q={m['color']}+{m['material']}+{m['category']}"}),
-            format_tool_call("open", {"url": f"/shop/product/{m['target']}"}),
-            format_tool_call("open", {"url": f"/shop/cart/add?product={m['target']}&size={m['size']}"}),
-            format_tool_call("open", {"url": "/shop/checkout"}),
-            "I have placed the order.",
-        ]
-        return plan[min(self._turn(messages), len(plan) - 1)]
+        path = urlsplit(self.browser.url).path
+        links = [urlsplit(link) for link in self.browser.links]
+        if path == "/shop/search":
+            for i, link in enumerate(links):
+                if link.path == f"/shop/product/{m['target']}":
+                    return format_tool_call("click", {"link_id": i})
+            pages = [i for i, link in enumerate(links) if link.path == "/shop/search"]
+            if pages:
+                return format_tool_call("click", {"link_id": pages[-1]})
+        elif path == f"/shop/product/{m['target']}":
+            for i, link in enumerate(links):
+                if link.path == "/shop/cart/add" and f"size={m['size']}" in link.query.split("&"):
+                    return format_tool_call("click", {"link_id": i})
+        elif path == "/shop/cart/add":
+            return format_tool_call("open", {"url": "/shop/checkout"})
+        elif path == "/shop/checkout":
+            return "I have placed the order."
+        query = f"{m['color']}+{m['material']}+{m['category']}"
+        return format_tool_call("open", {"url": f"/shop/search?q={query}"})
 
 
 _NORMALIZE_RE = re.compile(r"\b(a|an|the)\b")
