@@ -92,6 +92,66 @@ def test_an_episode_that_opens_mid_game_trains_only_the_policy_turns(tiny_model_
     )
 
 
+def _policy_runs(t):
+    """The token runs with loss mask 1 after the prompt (the turns the loss trains), in order."""
+    runs, cur = [], []
+    p = t.prompt_length
+    for tok_id, m in zip(t.token_ids[p:].tolist(), t.loss_mask[p:].tolist(), strict=True):
+        if m:
+            cur.append(tok_id)
+        elif cur:
+            runs, cur = [*runs, cur], []
+    return runs + ([cur] if cur else [])
+
+
+def test_dart_noise_plays_random_turns_outside_the_loss_and_the_expert_recovers(tiny_model_dir):
+    # DART: with probability `noise` a turn is the env's random action, as context (mask 0);
+    # every trained turn is the expert's bisection of the range the feedback left open, also
+    # after a random guess took the game off the expert's path
+    import re
+
+    tok = load_tokenizer(tiny_model_dir)
+    kw = {"high": 20, "max_guesses": 5, "max_episode_steps": 5}
+
+    def play(noise, seed):
+        envs = [gym.make("textgym/GuessNumber-v0", **kw) for _ in range(32)]
+        demo = OracleDemonstrator(tok, noise=noise, seed=seed)
+        return rollout(demo, envs, list(range(32)), SamplingParams())
+
+    trajs = play(0.5, 0)
+    noise_turns = off_path = turns = 0
+    for t in trajs:
+        lo, hi, mids = 1, 20, []
+        for m in t.messages[1:]:
+            if m["role"] == "assistant":
+                mids.append((lo + hi) // 2)
+            else:
+                lo, hi = (int(x) for x in re.search(r"from (\d+) to (\d+)", m["content"]).groups())
+        assistant = [m["content"] for m in t.messages if m["role"] == "assistant"]
+        trained = [tok.decode(run) for run in _policy_runs(t)]
+        # each trained run is the expert's reply at its turn; the others are the random turns
+        expert = [f"\\boxed{{{mid}}}{tok.eos_token}" for mid in mids]
+        it = iter(zip(assistant, expert, strict=True))
+        assert all(any(run == e for _, e in it) for run in trained), (trained, assistant)
+        assert t.turns == len(trained)
+        noise_turns += len(assistant) - len(trained)
+        turns += len(assistant)
+        off_path += any(a + tok.eos_token != e for a, e in zip(assistant, expert, strict=True))
+    # about half the turns are noise (binomial, > 100 turns: 0.35 to 0.65 is over 3 sd either side)
+    assert 0.35 < noise_turns / turns < 0.65 and off_path >= 8
+    assert not all(t.reward == 1.0 for t in trajs) and any(t.reward == 1.0 for t in trajs)
+    again = play(0.5, 0)
+    assert [t.token_ids.tolist() for t in again] == [t.token_ids.tolist() for t in trajs]
+    assert [t.loss_mask.tolist() for t in again] == [t.loss_mask.tolist() for t in trajs]
+    assert [t.token_ids.tolist() for t in play(0.5, 1)] != [t.token_ids.tolist() for t in trajs]
+    clean = play(0.0, 0)
+    assert all(t.reward == 1.0 and len(_policy_runs(t)) == t.turns == len(t.messages) // 2 for t in clean)
+    with pytest.raises(ValueError, match=r"noise must be in \[0, 1\)"):
+        OracleDemonstrator(tok, noise=1.0)
+    with pytest.raises(AttributeError, match="has no random_action"):
+        rollout(OracleDemonstrator(tok, noise=0.99), [_OracleOnlyEnv()], [0], SamplingParams())
+
+
 class _NoOracleEnv(gym.Env):
     """A plain Gymnasium text env with no scripted expert."""
 
@@ -100,6 +160,13 @@ class _NoOracleEnv(gym.Env):
 
     def step(self, action):
         return [], 0.0, True, False, {}
+
+
+class _OracleOnlyEnv(_NoOracleEnv):
+    """An expert, but no random action to perturb it with."""
+
+    def oracle_action(self, messages):
+        return "hi"
 
 
 def test_a_demonstrator_needs_an_oracle_and_lockstep_rollouts(tiny_model_dir):
@@ -132,6 +199,17 @@ def test_rollouts_collect_agent_oracle_fills_the_store_and_resumes(tiny_model_di
     assert again.exit_code == 0 and "0 tasks rolled out" in again.output and "6 already in" in again.output
     bad = CliRunner().invoke(app, [*args[:3], "teacher", *args[4:]])
     assert bad.exit_code != 0 and "--agent must be 'policy' or 'oracle'" in bad.output
+    bad = CliRunner().invoke(app, [*args[:3], "policy", *args[4:], "--noise", "0.5"])
+    assert bad.exit_code != 0 and "--noise perturbs the oracle's demonstrations" in bad.output
+    # DART noise from the command line: some turns random and outside the loss
+    noisy = tmp_path / "noisy"
+    game = ["--env", "textgym/GuessNumber-v0", "--env-kwargs", "high=20", "--out", str(noisy)]
+    res = CliRunner().invoke(app, [*args[:6], *game, "--n", "16", "--noise", "0.5", "--seed", "3"])
+    assert res.exit_code == 0, res.output
+    t = read_trajectories(noisy)
+    turns = [sum(m["role"] == "assistant" for m in json.loads(x)) for x in t.column("messages").to_pylist()]
+    runs = [sum(1 for a, b in zip([0, *m], m, strict=False) if b > a) for m in t.column("loss_mask").to_pylist()]
+    assert all(r <= n for r, n in zip(runs, turns, strict=True)) and sum(runs) < sum(turns)
 
 
 def test_store_examples_train_the_assistant_turns_and_filter_by_reward(tiny_model_dir, tmp_path):
@@ -171,6 +249,8 @@ def test_store_examples_train_the_assistant_turns_and_filter_by_reward(tiny_mode
     assert batch_mask == sum(sum(m) for m in rows.column("loss_mask").to_pylist())
     with pytest.raises(ValueError, match="either `trajectories`"):
         SFTConfig.model_validate({**cfg.model_dump(), "demonstrations": {"n": 2}})
+    with pytest.raises(ValueError, match="less than 1"):
+        SFTConfig.model_validate({"env": {"id": "textgym/ToolMath-v0"}, "demonstrations": {"n": 2, "noise": 1.0}})
     with pytest.raises(ValueError, match="min_reward filters"):
         SFTConfig.model_validate({"env": {"id": "textgym/ToolMath-v0"}, "min_reward": 1.0})
 

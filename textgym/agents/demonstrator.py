@@ -13,6 +13,14 @@ to sample to act like the expert, turn after turn (`textgym rollouts collect --a
 
 Log-probs are 0 (nothing was sampled), so demonstrations are data for supervised learning, not
 for an importance ratio.
+
+With `noise` > 0 the demonstrator is perturbed as in DART (Laskey et al. 2017, "DART: Noise
+Injection for Robust Imitation Learning", sec. 4): on each turn, with probability `noise`, the
+env's `random_action` is played instead of the expert's, and that turn's tokens are context
+(loss mask 0, `Generation.sampled` all False). The expert's later turns are trained on as
+usual, so SFT sees the expert recover from states off its own path, the states a policy that
+imitates it imperfectly reaches: a policy trained only on the expert's path can learn to
+follow the path (its own earlier turns) instead of the feedback that chose it.
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import gymnasium as gym
+import numpy as np
 import torch
 from transformers import PreTrainedTokenizerBase
 
@@ -44,9 +53,15 @@ class OracleDemonstrator(LLMAgent):
 
     Args:
         tokenizer: the tokenizer (with chat template) of the model the demonstrations are for.
+        noise: the probability, per turn, of playing the env's `random_action` instead of the
+            expert's, as a context turn outside the loss (DART; see the module docstring).
+            0 (default): the expert plays every turn.
+        seed: seeds the noise's generator (one stream over the episodes in the order played,
+            so the same collection plays the same noise).
 
     Raises:
-        ValueError: if the tokenizer has no chat template or no EOS token.
+        ValueError: if the tokenizer has no chat template or no EOS token, or `noise` is not in
+            [0, 1).
 
     Examples:
         >>> import gymnasium as gym, textgym
@@ -61,10 +76,14 @@ class OracleDemonstrator(LLMAgent):
         (['user', 'assistant', 'tool', 'assistant'], 1.0)
     """
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase):
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, noise: float = 0.0, seed: int = 0):
         if tokenizer.eos_token_id is None:
             raise ValueError("the tokenizer has no EOS token to end a demonstrated turn with")
+        if not 0.0 <= noise < 1.0:
+            raise ValueError(f"noise must be in [0, 1), got {noise!r}")
         super().__init__(None, tokenizer, backend=_NoSampling([int(tokenizer.eos_token_id)]))
+        self.noise = float(noise)
+        self.rng = np.random.default_rng(seed)
 
     def demonstrate(
         self, envs: Sequence[gym.Env], conversations: Sequence[list[Message]]
@@ -77,10 +96,11 @@ class OracleDemonstrator(LLMAgent):
 
         Returns:
             One `Generation` per episode: [N] ids (the reply's tokens, then EOS), [N] zero
-            log-probs, finish reason "stop".
+            log-probs, finish reason "stop"; a noise turn's `sampled` is [N] False.
 
         Raises:
-            AttributeError: if an environment has no `oracle_action`.
+            AttributeError: if an environment has no `oracle_action` (or, with `noise`, no
+                `random_action`).
             ValueError: if a reply's tokens do not decode back to the reply (the tokenizer
                 cannot write it: the environment would receive other text than the oracle's).
         """
@@ -91,7 +111,16 @@ class OracleDemonstrator(LLMAgent):
             except AttributeError:
                 name = env.spec.id if env.spec else repr(env)
                 raise AttributeError(f"{name} has no oracle_action to demonstrate") from None
-            text = str(oracle(list(messages)))
+            noisy = self.noise > 0 and float(self.rng.random()) < self.noise
+            if noisy:
+                try:
+                    random_action = env.get_wrapper_attr("random_action")
+                except AttributeError:
+                    name = env.spec.id if env.spec else repr(env)
+                    raise AttributeError(f"{name} has no random_action to inject as noise") from None
+                text = str(random_action(self.rng))
+            else:
+                text = str(oracle(list(messages)))
             ids = [int(t) for t in self.tokenizer(text, add_special_tokens=False)["input_ids"]]
             back = self.tokenizer.decode(ids, skip_special_tokens=False)
             if back != text:
@@ -100,5 +129,7 @@ class OracleDemonstrator(LLMAgent):
                     f"decodes back as {back[:80]!r}"
                 )
             ids.append(self.backend.eos_ids[0])
-            out.append(Generation(token_ids=ids, logprobs=torch.zeros(len(ids)), finish_reason="stop"))
+            sampled = [False] * len(ids) if noisy else None
+            zeros = torch.zeros(len(ids))
+            out.append(Generation(token_ids=ids, logprobs=zeros, finish_reason="stop", sampled=sampled))
         return out

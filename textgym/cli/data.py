@@ -49,6 +49,15 @@ def rollouts_collect_cmd(
             "written in the model's tokens (demonstrations for SFT; the model's weights are not loaded)."
         ),
     ] = "policy",
+    noise: Annotated[
+        float,
+        typer.Option(
+            min=0.0,
+            max=0.99,
+            help="With --agent oracle: the probability per turn of a random action (outside the loss) "
+            "instead of the expert's, so the demonstrations show it recover (DART).",
+        ),
+    ] = 0.0,
 ) -> None:
     """Roll out a model (or, with `--agent oracle`, the env's expert) and append the episodes to a store.
 
@@ -63,6 +72,8 @@ def rollouts_collect_cmd(
 
     if agent not in ("policy", "oracle"):
         fail(f"--agent must be 'policy' or 'oracle', got {agent!r}")
+    if noise and agent != "oracle":
+        fail("--noise perturbs the oracle's demonstrations: it needs --agent oracle")
     kwargs = parse_kwargs(env_kwargs)
     make_env(env, kwargs).close()
     if agent == "oracle":
@@ -70,7 +81,7 @@ def rollouts_collect_cmd(
         from textgym.models import load_tokenizer
 
         try:
-            actor = OracleDemonstrator(load_tokenizer(model))
+            actor = OracleDemonstrator(load_tokenizer(model), noise=noise, seed=seed)
         except (FileNotFoundError, ValueError) as e:
             fail(str(e))
         policy = f"oracle:{model.resolve()}"

@@ -47,6 +47,12 @@ class DemonstrationsConfig(_Strict):
     """Episodes to collect (one per task)."""
     start: int = Field(0, ge=0)
     """First task index."""
+    noise: float = Field(0.0, ge=0.0, lt=1.0)
+    """DART noise: the probability, per turn, that the env's `random_action` is played instead
+    of the expert's, as a context turn outside the loss (Laskey et al. 2017), so SFT also sees
+    the expert recover from states off its path. 0: the expert plays every turn."""
+    seed: int = 0
+    """Seeds the noise."""
 
 
 class SFTConfig(_Batching):

@@ -413,8 +413,9 @@ def collect_demonstrations(cfg: SFTConfig, tokenizer: PreTrainedTokenizerBase, s
 
     demos = cfg.demonstrations
     assert demos is not None
+    demonstrator = OracleDemonstrator(tokenizer, noise=demos.noise, seed=demos.seed)
     collect_rollouts(
-        OracleDemonstrator(tokenizer), cfg.env.id, store, env_kwargs=cfg.env.kwargs, n=demos.n,
+        demonstrator, cfg.env.id, store, env_kwargs=cfg.env.kwargs, n=demos.n,
         start=demos.start, params=SamplingParams(temperature=0.0), policy="oracle", source="demonstration",
     )  # fmt: skip
     return store
