@@ -65,8 +65,10 @@ class _Secrets(LazyTasks):
             secret = int(np.random.default_rng([self.seed, index]).integers(self.low, self.high + 1))
         else:
             secret = self.low + index
-        depth = int(np.random.default_rng([self.seed, index, 1]).integers(0, self.oracle_prefix + 1))
-        metadata = {"oracle_prefix": depth} if self.oracle_prefix else {}
+        metadata = {}
+        if self.oracle_prefix:
+            depth = int(np.random.default_rng([self.seed, index, 1]).integers(0, self.oracle_prefix + 1))
+            metadata["oracle_prefix"] = depth
         task_id = f"guess/{self.split}/{index}"
         return Task(task_id=task_id, prompt=self.prompt, answer=str(secret), metadata=metadata)
 
