@@ -208,7 +208,8 @@ def test_rollouts_collect_agent_oracle_fills_the_store_and_resumes(tiny_model_di
     assert res.exit_code == 0, res.output
     t = read_trajectories(noisy)
     turns = [sum(m["role"] == "assistant" for m in json.loads(x)) for x in t.column("messages").to_pylist()]
-    runs = [sum(1 for a, b in zip([0, *m], m, strict=False) if b > a) for m in t.column("loss_mask").to_pylist()]
+    masks = t.column("loss_mask").to_pylist()
+    runs = [sum(1 for a, b in zip([0, *m], m, strict=False) if b > a) for m in masks]  # policy turns
     assert all(r <= n for r, n in zip(runs, turns, strict=True)) and sum(runs) < sum(turns)
 
 
@@ -250,7 +251,8 @@ def test_store_examples_train_the_assistant_turns_and_filter_by_reward(tiny_mode
     with pytest.raises(ValueError, match="either `trajectories`"):
         SFTConfig.model_validate({**cfg.model_dump(), "demonstrations": {"n": 2}})
     with pytest.raises(ValueError, match="less than 1"):
-        SFTConfig.model_validate({"env": {"id": "textgym/ToolMath-v0"}, "demonstrations": {"n": 2, "noise": 1.0}})
+        demos = {"n": 2, "noise": 1.0}
+        SFTConfig.model_validate({"env": {"id": "textgym/ToolMath-v0"}, "demonstrations": demos})
     with pytest.raises(ValueError, match="min_reward filters"):
         SFTConfig.model_validate({"env": {"id": "textgym/ToolMath-v0"}, "min_reward": 1.0})
 
