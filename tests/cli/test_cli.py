@@ -371,3 +371,19 @@ def test_every_preset_config_loads_and_only_machine_checks_need_the_machine(tmp_
     cfg = load_config(ROOT / "configs" / "rlhf_arithmetic.yaml", [f"ppo.env.reward_model={tmp_path / 'rm'}"])
     with pytest.raises(ConfigError, match=r"ppo\.env\.reward_model: .*has no config\.json"):
         validate_runtime(cfg)
+
+
+def test_env_kwargs_values_are_yaml_or_the_string_typed():
+    from textgym.cli._common import parse_kwargs
+
+    items = ["digits=3", "tools=[calculator, python]", "operators=*", "ops=+-*", "flag=true", "x="]
+    items.append("i=Use it.")
+    assert parse_kwargs(items) == {
+        "digits": 3,
+        "tools": ["calculator", "python"],
+        "operators": "*",  # not YAML (an alias without a name): kept as typed
+        "ops": "+-*",
+        "flag": True,
+        "x": "",
+        "i": "Use it.",
+    }

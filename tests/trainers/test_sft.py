@@ -106,6 +106,26 @@ def test_sft_target_out_of_reach_uses_the_budget_and_fails_when_required(warm_mo
         assert latest_checkpoint(tmp_path / str(required)).name == "step_4"
 
 
+def test_probing_leaves_the_training_run_unchanged_and_every_probe_is_logged(tiny_model_dir, tmp_path):
+    """A probe (greedy, no random draws) between steps changes no loss, however often it runs;
+    each probe's accuracy reaches metrics.jsonl, also at steps off the `log_every` cadence."""
+    runs = {}
+    for every in (None, 3):
+        seed_everything(0)
+        model, tok = load_model(tiny_model_dir)
+        cfg = {"env": ENV, "steps": 8, "batch_size": 16, "optim": {"lr": 1e-3}, "log_every": 4}
+        if every:
+            cfg["target"] = {"accuracy": 1.0, "every": every, "n": 8, "max_new_tokens": 4}
+        trainer = SFTTrainer(SFTConfig.model_validate(cfg), model, tok, tmp_path / str(every))
+        trainer.train()
+        lines = (tmp_path / str(every) / "metrics.jsonl").read_text().splitlines()
+        runs[every] = {r["step"]: r for r in map(json.loads, lines)}
+    assert sorted(runs[None]) == [4, 8]
+    assert sorted(runs[3]) == [3, 4, 6, 8]  # the log cadence and the probes at 3 and 6
+    assert [s for s, r in runs[3].items() if "probe/accuracy" in r] == [3, 6]
+    assert all(runs[3][s]["loss/sft"] == runs[None][s]["loss/sft"] for s in (4, 8))
+
+
 def ex_solution(trainer):
     return trainer.env.unwrapped.tasks[0].solution
 

@@ -51,13 +51,20 @@ def leave_world(error: BaseException | None = None, code: int = 2) -> bool:
 
 
 def parse_kwargs(items: list[str] | None) -> dict[str, Any]:
-    """`["k=v", ...]` (values parsed as YAML scalars) as a dict; exits with code 2 on an item without `=`."""
+    """`["k=v", ...]` as a dict; exits with code 2 on an item without `=`.
+
+    Values are parsed as YAML (`3` an int, `true` a bool, `[a, b]` a list); a value YAML cannot
+    parse is kept as the string typed (`operators=*`, `q=a: b`).
+    """
     out: dict[str, Any] = {}
     for item in items or []:
         if "=" not in item:
             fail(f"--env-kwargs expects key=value, got {item!r}")
         k, v = item.split("=", 1)
-        out[k.strip()] = yaml.safe_load(v) if v.strip() else ""
+        try:
+            out[k.strip()] = yaml.safe_load(v) if v.strip() else ""
+        except yaml.YAMLError:
+            out[k.strip()] = v
     return out
 
 

@@ -45,7 +45,9 @@ def run_loop(
 ) -> None:
     """Call `trainer.train_step()` until `steps`, logging, checkpointing and reporting progress.
 
-    Metrics are logged every `log_every` steps and at the last; a checkpoint is written
+    Metrics are logged every `log_every` steps, at the last, and at any step where
+    `after_step` added one (a probe, an evaluation), so no such measurement is lost between
+    two logged steps; a checkpoint is written
     every `checkpoint_every` steps (0: only at the end) and always at the end. About
     `lines` progress lines (`describe(metrics)`) go above a live progress bar on a
     terminal, or through `echo` otherwise. `after_step(metrics)` may add metrics (e.g. a
@@ -62,10 +64,11 @@ def run_loop(
     try:
         while trainer.step < steps:
             metrics = trainer.train_step()
+            n_metrics = len(metrics)
             if after_step is not None:
                 after_step(metrics)
             last = trainer.step == steps or (stop is not None and stop())
-            if trainer.step % log_every == 0 or last:
+            if trainer.step % log_every == 0 or last or len(metrics) > n_metrics:
                 trainer.logger.log(trainer.step, metrics)
             if checkpoint_every and trainer.step % checkpoint_every == 0:
                 trainer.save()
