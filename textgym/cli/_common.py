@@ -54,7 +54,7 @@ def parse_kwargs(items: list[str] | None) -> dict[str, Any]:
     """`["k=v", ...]` as a dict; exits with code 2 on an item without `=`.
 
     Values are parsed as YAML (`3` an int, `true` a bool, `[a, b]` a list); a value YAML cannot
-    parse is kept as the string typed (`operators=*`, `q=a: b`).
+    parse is kept as the string typed (`operators=*`).
     """
     out: dict[str, Any] = {}
     for item in items or []:
