@@ -352,6 +352,17 @@ class GRPOConfig(_PolicyGradientConfig):
     max_sampling_tries: int = Field(4, ge=1)
     """Rollout rounds per step with dynamic sampling; after the cap the batch is filled with
     dropped groups, which are masked out of the loss (no gradient, not counted in its normaliser)."""
+    expert_guidance: bool = False
+    """Off-policy guidance from the env's expert (after LUFFY, Yan et al. 2025, arXiv:2504.14945):
+    in a group whose samples all fail (every `group_accuracy` ≤ 0, so the group has no gradient),
+    the last sample is replaced by the env's `oracle_action` episode of the same task, written
+    in the policy's tokens (`OracleDemonstrator`); its π_old is the trainer's log-probs of those
+    tokens, so its ratio starts at 1 and its group-relative advantage is positive when the
+    expert wins. Needs an env with `oracle_action`; not with `dynamic_sampling` (which drops
+    such groups), async rollouts (`rollout.max_staleness` > 0), top-k/top-p cuts (an expert
+    token outside the cut has no probability) or an LLM judge (`env.judge`). The step's
+    `rollout/*` metrics are the policy's own samples; `guidance/groups_frac` is the share of
+    groups guided."""
 
     @model_validator(mode="after")
     def _staleness_without_dynamic_sampling(self) -> GRPOConfig:
@@ -359,6 +370,30 @@ class GRPOConfig(_PolicyGradientConfig):
             raise ValueError(
                 "rollout.max_staleness > 0 with dynamic_sampling is not supported yet: the extra "
                 "rounds would be sampled by the trainer's current policy, out of the pipeline"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _guidance_alone(self) -> GRPOConfig:
+        if not self.expert_guidance:
+            return self
+        clash = [
+            name
+            for name, on in (
+                ("dynamic_sampling", self.dynamic_sampling),
+                ("rollout.max_staleness > 0", self.rollout.max_staleness > 0),
+                ("sampling.top_k", self.sampling.top_k > 0),
+                ("sampling.top_p < 1", self.sampling.top_p < 1.0),
+                ("env.judge", self.env.judge is not None),
+            )
+            if on
+        ]
+        if clash:
+            raise ValueError(
+                f"expert_guidance does not go with {', '.join(clash)}: dynamic sampling drops the "
+                "groups it guides, async batches are sampled ahead of the trainer, and an expert "
+                "token outside a top-k/top-p cut has log-probability -inf; an LLM judge scores whole "
+                "groups of sampled rows"
             )
         return self
 

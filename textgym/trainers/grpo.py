@@ -11,6 +11,9 @@
   `kl_placement: reward`, `kl_estimator: k1`.
 - Process supervision (DeepSeekMath §4.1.3): `advantage_estimator: grpo_process` with
   `reward_source: steps` or `both` (per-step rewards from the env or a process reward model).
+- Expert guidance (after LUFFY, Yan et al. 2025, arXiv:2504.14945): `expert_guidance: true`
+  puts the env's oracle episode in place of one sample of each group that failed entirely
+  (`GRPOTrainer.guide`).
 
 With `kl_placement: reward`, GRPO and RLOO subtract β·Σ_t KL_t from each sequence's reward
 before the group statistics (the KL is computed from the rollout's log-probabilities,
@@ -28,12 +31,15 @@ from __future__ import annotations
 import torch
 
 from textgym import distributed
+from textgym.agents.demonstrator import OracleDemonstrator
+from textgym.agents.rollout import rollout
 from textgym.agents.trajectory import Trajectory
 from textgym.config import GRPOConfig
 from textgym.trainers.advantages import token_level_rewards
 from textgym.trainers.batch import RolloutBatch
 from textgym.trainers.on_policy import OnPolicyTrainer, rollout_metrics
 from textgym.trainers.registry import AdvantageInputs, get_advantage
+from textgym.trainers.rollouts import apply_overlong_penalty
 
 
 def group_accuracy(group: list[Trajectory]) -> list[float]:
@@ -83,7 +89,10 @@ class GRPOTrainer(OnPolicyTrainer):
         """
         cfg, G = self.cfg, self.cfg.group_size
         if not cfg.dynamic_sampling:
-            return super().sample(metrics)
+            trajs = super().sample(metrics)
+            if cfg.expert_guidance:
+                self.guide(trajs, metrics)
+            return trajs
         kept: list[list[Trajectory]] = []
         dropped: list[list[Trajectory]] = []
         everything: list[Trajectory] = []
@@ -116,6 +125,71 @@ class GRPOTrainer(OnPolicyTrainer):
                 t.group = gi
                 out.append(t)
         return out
+
+    def _setup(self, updates: int) -> None:
+        """With `expert_guidance`: check that the env has an expert and build its demonstrator.
+
+        Raises:
+            ValueError: if `expert_guidance` is on and the env has no `oracle_action`.
+        """
+        if self.cfg.expert_guidance:
+            try:
+                self.envs[0].get_wrapper_attr("oracle_action")
+            except AttributeError:
+                raise ValueError(
+                    f"expert_guidance needs an env with an oracle_action; {self.cfg.env.id} has none"
+                ) from None
+            self.demonstrator = OracleDemonstrator(self.tokenizer)
+
+    def guide(self, trajs: list[Trajectory], metrics: dict[str, float]) -> None:
+        """Put the expert's episode in place of the last sample of each group that failed entirely.
+
+        A group in which every sample fails (`group_accuracy` ≤ 0 for all G) has zero
+        group-relative advantage everywhere, so it teaches nothing; when the policy almost never
+        succeeds from a state (p ≈ 0.002 in GuessNumber's deep states), such groups are the rule
+        there. This is off-policy guidance in the spirit of LUFFY (Yan et al. 2025, "Learning to
+        Reason under Off-Policy Guidance", arXiv:2504.14945, §3), which mixes expert traces into
+        GRPO's groups; here only into groups with no success, and with the plain clipped
+        surrogate (no policy shaping). The row's episode is the env's `oracle_action` played from
+        the same task (`OracleDemonstrator`, in the policy's tokens, its turns in the loss; an
+        env whose reset is not a function of the task index restarts elsewhere), scored by the
+        env and given DAPO's overlong penalty when it is on. Its log-probs are recomputed by
+        the trainer before the update (`train_step`, `self._guided_rows`), so its importance
+        ratio starts at 1; when the expert wins, its advantage is (1 − 1/G)/σ and the failed
+        samples' slightly negative.
+
+        Args:
+            trajs: this rank's trajectories, G consecutive samples per group; replaced in place.
+            metrics: gets `guidance/groups_frac` (guided groups over this rank's groups) and
+                `guidance/expert_reward_mean` (the expert episodes' mean reward; 0 when none).
+        """
+        G = self.cfg.group_size
+        failed = [g for g in range(0, len(trajs), G) if max(group_accuracy(trajs[g : g + G])) <= 0.0]
+        guided = torch.zeros(len(trajs), dtype=torch.bool)
+        experts: list[Trajectory] = []
+        if failed:
+            with torch.no_grad():
+                experts = rollout(
+                    self.demonstrator,
+                    self.envs[: len(failed)],
+                    [trajs[g].task_index for g in failed],
+                    self.params,
+                    max_turns=self.cfg.max_turns or 16,
+                    env_id=self.cfg.env.id,
+                    max_context_tokens=self.cfg.max_context_tokens,
+                )
+            if self.cfg.overlong_penalty is not None:  # shaped as the sampled rows are
+                op = self.cfg.overlong_penalty
+                apply_overlong_penalty(experts, op.max_len, op.cache_len, op.factor)
+            for g, expert in zip(failed, experts, strict=True):
+                row = g + G - 1
+                expert.group, expert.task_index = trajs[row].group, trajs[row].task_index
+                expert.policy_version = trajs[row].policy_version
+                trajs[row] = expert
+                guided[row] = True
+        self._guided_rows = guided
+        metrics["guidance/groups_frac"] = len(failed) / max(1, len(trajs) // G)
+        metrics["guidance/expert_reward_mean"] = sum(t.reward for t in experts) / max(1, len(experts))
 
     def compute_advantages(
         self, batch: RolloutBatch, trajs: list[Trajectory], metrics: dict[str, float]

@@ -168,6 +168,7 @@ class OnPolicyTrainer(PolicyUpdate):
         self._ref_logprobs: torch.Tensor | None = None
         self._is_weights: torch.Tensor | None = None
         self._loss_rows: torch.Tensor | None = None  # [B] bool set by `sample`: rows in the loss
+        self._guided_rows: torch.Tensor | None = None  # [B] bool set by `sample`: expert rows (GRPO)
         # 4 subclass models (PPO's critic) are built from the unsharded policy, then all are sharded
         self._setup(updates)
         self.policy = self._shard(model)
@@ -316,7 +317,7 @@ class OnPolicyTrainer(PolicyUpdate):
         cfg = self.cfg
         t0 = time.perf_counter()
         metrics: dict[str, float] = {}
-        self._loss_rows = None
+        self._loss_rows = self._guided_rows = None
         self.rollout_stats = RolloutStats()
         # 1 rollout: the step's trajectories, rewards shaped (`collect`, `sample`)
         trajs = self.sample(metrics)
@@ -357,6 +358,10 @@ class OnPolicyTrainer(PolicyUpdate):
         tokens = float(batch.loss_mask.sum())
         token_means = ("kl/rollout_k3", "kl/ref", "value/mean_rollout", "returns/mean")
         token_weights = {k: tokens for k in token_means}
+        # 3b rows the sampler did not sample (GRPO's expert guidance): π_old is the trainer's
+        if self._guided_rows is not None and bool(self._guided_rows.any()):
+            guided = self._guided_rows.to(self.device)[:, None]
+            batch.old_logprobs = torch.where(guided, self._trainer_logprobs(batch), batch.old_logprobs)
         # 4 π_old recomputed by the trainer when the sampler's log-probs differ (vLLM, servers,
         # TIS) or are of older weights (async, `max_staleness` > 0: the ratio is centred on the
         # current policy, the proximal π_old, whether or not TIS weights the loss)
