@@ -73,7 +73,7 @@ def child(args: argparse.Namespace) -> None:
 
     from textgym.config import LoraSettings
     from textgym.models import load_model
-    from textgym.trainers.common import sequence_logprobs
+    from textgym.trainers.logprobs import sequence_logprobs
     from textgym.trainers.lora import apply_lora, reference_of
     from textgym.trainers.losses import clipped_policy_loss
 

@@ -136,7 +136,7 @@ def warm_model_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactor
     kernels round differently."""
     from textgym.config import SFTConfig
     from textgym.models import load_model
-    from textgym.trainers.common import seed_everything
+    from textgym.trainers.seeding import seed_everything
     from textgym.trainers.sft import SFTTrainer
 
     seed_everything(0)
@@ -269,7 +269,7 @@ def check_exact_sampling(generate: Any, model: Any, tokenizer: Any, eos_ids: lis
     """
     from textgym.agents import SamplingParams
     from textgym.trainers.batch import RolloutBatch
-    from textgym.trainers.common import sequence_logprobs
+    from textgym.trainers.logprobs import sequence_logprobs
 
     prompt = list(
         tokenizer.apply_chat_template(

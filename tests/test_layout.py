@@ -10,6 +10,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 import textgym
 
 PACKAGE_DIR = Path(textgym.__file__).resolve().parent
@@ -145,3 +147,75 @@ def test_agents_do_not_import_the_trainers():
     }
     offenders = {m: t for m, t in offenders.items() if t}
     assert not offenders, f"rollouts import the trainers: {offenders}"
+
+
+def _reexports(path: Path) -> list[str]:
+    """The names in a module's `__all__` that it imports from another textgym module."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    imported = {
+        alias.asname or alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("textgym"))
+        for alias in node.names
+    }
+    exported: list[str] = []
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets
+        ):
+            exported = [e.value for e in getattr(node.value, "elts", []) if isinstance(e, ast.Constant)]
+    return sorted(set(exported) & imported)
+
+
+def test_no_module_but_a_package_init_re_exports_another_modules_names():
+    """A moved module goes in `textgym._moved.MOVED` (an error naming the new place), not a shim."""
+    shims = {
+        str(path.relative_to(PACKAGE_DIR.parent)): names
+        for path in PACKAGE_DIR.rglob("*.py")
+        if path.name != "__init__.py" and (names := _reexports(path))
+    }
+    assert not shims, f"modules re-exporting other modules' names: {shims}"
+
+
+def test_the_reexport_reader_sees_a_shim(tmp_path):
+    shim = tmp_path / "shim.py"
+    shim.write_text(
+        'from textgym.offline.store import SCHEMA, read_trajectories\n__all__ = ["SCHEMA", "x"]\n'
+    )
+    assert _reexports(shim) == ["SCHEMA"]
+
+
+def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The import graph between textgym's top-level packages (`textgym.agents`, ...): module edges
+    collapsed onto the package (or top-level module) each end belongs to; self-edges dropped."""
+
+    def top(module: str) -> str:
+        return ".".join(module.split(".")[:2])
+
+    out: dict[str, set[str]] = {}
+    for module, targets in graph.items():
+        if module == "textgym":
+            continue
+        out.setdefault(top(module), set()).update(
+            top(t) for t in targets if t != "textgym" and top(t) != top(module)
+        )
+    return out
+
+
+def test_no_import_cycle_between_packages():
+    cycle = find_cycle(package_graph(import_graph()))
+    assert cycle is None, "packages import each other: " + " -> ".join(cycle or [])
+
+
+def test_an_old_module_path_fails_with_an_error_naming_the_new_place():
+    import importlib
+
+    from textgym._moved import MOVED
+
+    for old, new in MOVED.items():
+        with pytest.raises(ModuleNotFoundError, match=f"{old} has moved to .*{new.split(':')[0][:24]}"):
+            importlib.import_module(old)
+    with pytest.raises(ModuleNotFoundError, match=r"textgym\.store has moved to textgym\.offline\.store"):
+        from textgym import store  # noqa: F401
+    with pytest.raises(ModuleNotFoundError, match=r"No module named 'textgym\.nosuch'"):
+        importlib.import_module("textgym.nosuch")

@@ -31,7 +31,8 @@ import torch
 import yaml
 
 from textgym import distributed
-from textgym.agents.llm_agent import LLMAgent, SamplingParams
+from textgym.agents.llm_agent import LLMAgent
+from textgym.agents.sampling import SamplingParams
 from textgym.config import ConfigError, EnvConfig, EvalConfig, RunConfig, validate_runtime
 from textgym.envs.registry import make as make_env
 from textgym.envs.registry import task_count

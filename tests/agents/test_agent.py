@@ -13,7 +13,7 @@ from conftest import (
 import textgym  # noqa: F401
 from textgym.agents import LLMAgent, SamplingParams, rollout
 from textgym.trainers.batch import RolloutBatch
-from textgym.trainers.common import sequence_logprobs
+from textgym.trainers.logprobs import sequence_logprobs
 
 
 @pytest.fixture(params=["bpe", "byte"])
@@ -149,7 +149,7 @@ def test_act_returns_text(tiny_model_dir):
 
 
 def test_shared_prompt_forward_equals_the_plain_forward(tiny_model_dir):
-    from textgym.trainers.common import shared_prompt_rows
+    from textgym.trainers.logprobs import shared_prompt_rows
 
     torch.manual_seed(0)
     agent = LLMAgent.from_pretrained(tiny_model_dir)
@@ -244,7 +244,7 @@ def test_multi_turn_trajectory_is_exactly_what_was_generated_and_appended(agent,
         assert plain in CHAT_TEMPLATE
         monkeypatch.setattr(agent.tokenizer, "chat_template", CHAT_TEMPLATE.replace(plain, strip))
         # the policy thinks aloud every turn (scripted tokens: the tiny model would not)
-        from textgym.agents.llm_agent import Generation
+        from textgym.agents.sampling import Generation
 
         reply = agent.tokenizer("<think>hmm</think>\n\\boxed{zz}", add_special_tokens=False)["input_ids"]
         reply = [*reply, agent.tokenizer.eos_token_id]
@@ -393,7 +393,7 @@ def test_lora_policy_samples_exactly_the_params(hostile_model_dir):
 
 
 def test_generation_keeps_one_step_of_logits(tiny_model_dir, monkeypatch):
-    from textgym.agents import llm_agent
+    from textgym.agents import transformers_backend
 
     agent = LLMAgent.from_pretrained(tiny_model_dir)
     V = agent.model.config.vocab_size
@@ -407,7 +407,7 @@ def test_generation_keeps_one_step_of_logits(tiny_model_dir, monkeypatch):
         assert isinstance(out, torch.Tensor)  # the sequences only, no per-step logits or scores
         return out
 
-    real_call = llm_agent.SampledLogprobs.__call__
+    real_call = transformers_backend.SampledLogprobs.__call__
 
     def call(self, input_ids, scores):
         out = real_call(self, input_ids, scores)
@@ -420,7 +420,7 @@ def test_generation_keeps_one_step_of_logits(tiny_model_dir, monkeypatch):
         return out
 
     monkeypatch.setattr(agent.model, "generate", generate)
-    monkeypatch.setattr(llm_agent.SampledLogprobs, "__call__", call)
+    monkeypatch.setattr(transformers_backend.SampledLogprobs, "__call__", call)
     prompt = agent.encode_prompt([{"role": "user", "content": "Compute 3+4."}])
     for params in (SamplingParams(max_new_tokens=10), SamplingParams(temperature=0, max_new_tokens=10)):
         gens = agent.generate([prompt] * 3, params)
@@ -436,7 +436,7 @@ def test_a_turn_ends_with_exactly_the_end_of_turn_token_sampled(
     import json
     import shutil
 
-    from textgym.agents.llm_agent import Generation
+    from textgym.agents.sampling import Generation
 
     # As Qwen2.5 base models ship: the tokenizer's EOS is <|endoftext|>, the chat template closes
     # turns with <|im_end|>, and generation_config.json stops at both.
@@ -479,7 +479,7 @@ def test_a_turn_ends_with_exactly_the_end_of_turn_token_sampled(
 
 
 def test_neutral_generation_swaps_the_config_for_the_call_only(hostile_model_dir):
-    from textgym.agents.llm_agent import neutral_generation
+    from textgym.agents.transformers_backend import neutral_generation
     from textgym.models import load_model
 
     model, _ = load_model(hostile_model_dir)

@@ -241,8 +241,8 @@ def test_grpo_trainer_takes_rollout_mode_continuous(tiny_model_dir, tmp_path):
 
     from textgym.config import GRPOConfig
     from textgym.models import load_model
-    from textgym.trainers.common import seed_everything
     from textgym.trainers.grpo import GRPOTrainer
+    from textgym.trainers.seeding import seed_everything
 
     records = {}
     for mode in ("lockstep", "continuous"):

@@ -20,8 +20,8 @@ from textgym.agents.vllm_backend import vllm_available
 from textgym.config import GRPOConfig
 from textgym.models import load_model
 from textgym.trainers.batch import RolloutBatch
-from textgym.trainers.common import sequence_logprobs
 from textgym.trainers.grpo import GRPOTrainer
+from textgym.trainers.logprobs import sequence_logprobs
 
 pytestmark = pytest.mark.vllm
 

@@ -195,7 +195,7 @@ def test_grpo_on_two_ranks_matches_one_process(grpo_runs, warm_model_dir):
         assert summary_one[k] == summary_two[k]  # greedy evaluation of (nearly) the same weights
     assert "eval/accuracy" in records(two / "grpo")[-1]
     assert records(two / "grpo")[0]["sampling/rounds"] >= 1
-    from textgym.store import read_trajectories
+    from textgym.offline.store import read_trajectories
 
     cols = ["task_index", "group", "sample", "reward", "token_ids"]
     rows = [read_trajectories(d / "grpo" / "trajectories", columns=cols).to_pylist() for d in (one, two)]
@@ -473,7 +473,8 @@ def test_outside_torchrun_every_helper_is_the_identity():
 
 
 def test_per_sequence_seeds_make_samples_independent_of_batching(tiny_model_dir):
-    from textgym.agents.llm_agent import LLMAgent, SamplingParams
+    from textgym.agents.llm_agent import LLMAgent
+    from textgym.agents.sampling import SamplingParams
 
     model, tok = load_model(tiny_model_dir)
     agent = LLMAgent(model, tok, batch_size=8)
@@ -494,8 +495,7 @@ def test_seeded_sampling_draws_the_softmax_even_in_the_far_tail():
     """One generator per row: 20000 seeded rows hit each token with probability softmax(s), and the
     draw's float64 CDF gives a token of probability ~e^-18 exactly its share of [0, 1), where float32
     Gumbel noise (uniforms clamped at 1 - 2^-23) drew it at 0.3% of its rate."""
-    from textgym.agents.llm_agent import SeededSample
-    from textgym.agents.transformers_backend import inverse_cdf
+    from textgym.agents.transformers_backend import SeededSample, inverse_cdf
 
     n, logits = 20000, torch.tensor([2.0, 1.0, 0.0, -1.0, -float("inf")])
     scores = logits.repeat(n, 1)
@@ -535,7 +535,7 @@ def test_gradient_checkpointing_gives_the_same_gradients(tiny_model_dir):
     """
     from textgym.agents.trajectory import Trajectory
     from textgym.trainers.batch import RolloutBatch
-    from textgym.trainers.common import sequence_logprobs
+    from textgym.trainers.logprobs import sequence_logprobs
 
     def batch() -> RolloutBatch:
         g = torch.Generator().manual_seed(0)
@@ -569,7 +569,7 @@ def test_gradient_checkpointing_gives_the_same_gradients(tiny_model_dir):
 
 def test_memory_report_counts_parameters_gradients_and_adam_state(tiny_model_dir):
     from textgym.config import OptimConfig
-    from textgym.trainers.common import build_optimizer
+    from textgym.trainers.optim import build_optimizer
 
     model, _ = load_model(tiny_model_dir)
     optimizer, _ = build_optimizer(model, OptimConfig(), 10)

@@ -16,7 +16,8 @@ import pytest
 pytest.importorskip("openenv")
 
 import textgym  # noqa: F401 (registers the ids)
-from textgym.envs.interop.openenv import OpenEnvEnv, serve_openenv
+from textgym.envs.interop.openenv import OpenEnvEnv
+from textgym.envs.interop.openenv_server import serve_openenv
 from textgym.evaluation.envcheck import JUNK_ACTIONS
 from textgym.evaluation.scripted import OracleAgent, RandomAgent, evaluate_scripted
 
@@ -117,7 +118,7 @@ def test_the_cli_command_serves(monkeypatch):
         served.update(env_id=env_id, env_kwargs=env_kwargs, host=host, port=port, **kw)
         return Fake()
 
-    monkeypatch.setattr("textgym.envs.interop.openenv.serve_openenv", fake_serve)
+    monkeypatch.setattr("textgym.envs.interop.openenv_server.serve_openenv", fake_serve)
     cli.serve_openenv_cmd("textgym/Wordle-v0", ["system_prompt=Be brief."], "127.0.0.1", 0, True)
     assert served == {
         "env_id": "textgym/Wordle-v0", "env_kwargs": {"system_prompt": "Be brief."}, "host": "127.0.0.1",

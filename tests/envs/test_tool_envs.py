@@ -16,13 +16,13 @@ from typer.testing import CliRunner
 
 import textgym  # noqa: F401
 from textgym import sandbox
-from textgym.agents.scripted import OracleAgent, RandomAgent, evaluate_scripted, play_episode
 from textgym.cli import app
 from textgym.envs.arithmetic import ArithmeticEnv
 from textgym.envs.tool_use import ToolUseWrapper
 from textgym.envs.web.envs import extract_final_answer, normalize_answer
 from textgym.envs.web.site import catalogue
 from textgym.envs.wordle import WORDS, parse_guess, score_guess
+from textgym.evaluation.scripted import OracleAgent, RandomAgent, evaluate_scripted, play_episode
 from textgym.tools import calculator_tool, format_tool_call
 
 

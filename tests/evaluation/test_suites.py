@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from textgym.cli import app
-from textgym.suites import (
+from textgym.evaluation.suites import (
     BUILTIN_SUITES,
     bootstrap_interval,
     compare_reports,

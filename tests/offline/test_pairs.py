@@ -8,7 +8,7 @@ from conftest import _traj
 
 import textgym  # noqa: F401
 from textgym.offline import build_pairs
-from textgym.store import SCHEMA, trajectory_row
+from textgym.offline.store import SCHEMA, trajectory_row
 
 
 def test_build_pairs_modes_margin_cap_and_dedup():

@@ -17,7 +17,7 @@ from conftest import _traj
 import textgym  # noqa: F401
 from textgym.agents import LLMAgent, SamplingParams
 from textgym.offline import collect_rollouts
-from textgym.store import (
+from textgym.offline.store import (
     SCHEMA,
     TrajectoryStoreError,
     TrajectoryWriter,

@@ -8,7 +8,7 @@ from conftest import WARM_ENV
 
 import textgym  # noqa: F401
 from textgym.models import load_model
-from textgym.store import read_trajectories
+from textgym.offline.store import read_trajectories
 
 
 def test_grpo_logs_its_rollouts_and_a_resume_keeps_the_store_consistent(warm_model_dir, tmp_path):

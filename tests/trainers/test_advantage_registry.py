@@ -17,9 +17,9 @@ from textgym.trainers.advantages import (
     rloo_advantages,
     whiten,
 )
-from textgym.trainers.common import seed_everything
 from textgym.trainers.grpo import GRPOTrainer
 from textgym.trainers.registry import AdvantageInputs, get_advantage, register_advantage
+from textgym.trainers.seeding import seed_everything
 
 
 @pytest.fixture

@@ -23,8 +23,8 @@ from conftest import watch_pending_jobs
 from textgym.config import GRPOConfig
 from textgym.models import load_model
 from textgym.trainers.async_rollouts import StalenessError
-from textgym.trainers.common import seed_everything
 from textgym.trainers.grpo import GRPOTrainer
+from textgym.trainers.seeding import seed_everything
 
 SIGNAL_SEED = 1
 """As in test_grpo.py: a seed whose first steps have a learning signal on the warm model."""
@@ -174,7 +174,7 @@ RUN = textwrap.dedent(
     import torch
     from textgym.config import GRPOConfig
     from textgym.models import load_model
-    from textgym.trainers.common import seed_everything
+    from textgym.trainers.seeding import seed_everything
     from textgym.trainers.grpo import GRPOTrainer
 
     torch.set_num_threads(1)

@@ -25,11 +25,11 @@ from textgym.agents.sampling import truncation_mask
 from textgym.config import ConfigError, GRPOConfig, PPOConfig, load_config
 from textgym.models import disable_dropout, load_model, load_tokenizer
 from textgym.trainers.batch import RolloutBatch
-from textgym.trainers.common import seed_everything
 from textgym.trainers.grpo import GRPOTrainer
 from textgym.trainers.logprobs import _full_logits_logprobs, sequence_logprobs
 from textgym.trainers.ppo import PPOTrainer, build_critic, sequence_values, value_head
 from textgym.trainers.rollouts import rollout_metrics
+from textgym.trainers.seeding import seed_everything
 
 CUTS = [(20, 0.9), (5, 1.0), (0, 0.5)]  # (top_k, top_p)
 

@@ -16,8 +16,9 @@ from textgym.config import GRPOConfig
 from textgym.models import load_model
 from textgym.trainers.advantages import group_advantages
 from textgym.trainers.batch import RolloutBatch
-from textgym.trainers.common import latest_checkpoint, seed_everything
+from textgym.trainers.checkpoint import latest_checkpoint
 from textgym.trainers.grpo import GRPOTrainer
+from textgym.trainers.seeding import seed_everything
 
 SIGNAL_SEED = 1
 """Seed of the tests that need a step with a learning signal: at T = 1 the warm model is right on
@@ -193,7 +194,7 @@ def test_tis_on_the_transformers_backend(tiny_model_dir, tmp_path, monkeypatch, 
     """`rollout.tis: true` recomputes π_old with the trainer's forward and weights the loss by
     min(π_old/π_rollout, C); false or null (the default) recomputes nothing."""
     import textgym.trainers.losses as losses  # the update's default policy loss, ppo_clip, calls it
-    from textgym.trainers.common import sequence_logprobs
+    from textgym.trainers.logprobs import sequence_logprobs
 
     seed_everything(0)
     model, tok = load_model(tiny_model_dir)

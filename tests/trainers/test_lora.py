@@ -9,13 +9,16 @@ import pytest
 import torch
 from conftest import WARM_ENV as ENV
 
+from textgym.agents.weight_sync import is_lora, merged_state_dict
 from textgym.config import GRPOConfig, LoraSettings, PPOConfig
 from textgym.models import load_model
 from textgym.trainers.batch import RolloutBatch
-from textgym.trainers.common import latest_checkpoint, seed_everything, sequence_logprobs
+from textgym.trainers.checkpoint import latest_checkpoint
 from textgym.trainers.grpo import GRPOTrainer
-from textgym.trainers.lora import apply_lora, is_lora, merged_state_dict, reference_of
+from textgym.trainers.logprobs import sequence_logprobs
+from textgym.trainers.lora import apply_lora, reference_of
 from textgym.trainers.ppo import PPOTrainer
+from textgym.trainers.seeding import seed_everything
 
 SAMPLING = {"temperature": 1.0, "max_new_tokens": 8}
 LORA = {"r": 4, "alpha": 8}

@@ -17,10 +17,11 @@ from textgym.agents import LLMAgent, SamplingParams, rollout
 from textgym.agents.sampling import derive_seed
 from textgym.config import ConfigError, OnlineDPOConfig, load_config, validate_runtime
 from textgym.models import load_model
-from textgym.trainers.common import latest_checkpoint, seed_everything
+from textgym.trainers.checkpoint import latest_checkpoint
 from textgym.trainers.env_factory import make_env
 from textgym.trainers.online_dpo import OnlineDPOTrainer
 from textgym.trainers.online_dpo_pairs import best_vs_worst
+from textgym.trainers.seeding import seed_everything
 
 SEED = 1
 """Seed of the tests that need pairs. The warm model is right on ~8 % of its T = 1 samples of
@@ -127,7 +128,7 @@ def test_pairs_are_sampled_from_the_current_policy(warm_model_dir, tmp_path):
     start_ids, _ = resample(load_model(warm_model_dir)[0])
     assert sum(a != b for a, b in zip(start_ids, stored, strict=True)) >= 1
     # the trajectory store holds the same samples, one shard per step
-    from textgym.store import read_trajectories
+    from textgym.offline.store import read_trajectories
 
     table = read_trajectories(tmp_path / "trajectories")
     assert table.num_rows == 256 and sorted(set(table.column("policy_version").to_pylist())) == [0, 1]

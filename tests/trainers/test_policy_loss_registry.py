@@ -10,7 +10,6 @@ from textgym.config import ConfigError, GRPOConfig, RunConfig
 from textgym.models import load_model
 from textgym.pipeline import preflight
 from textgym.trainers import registry
-from textgym.trainers.common import seed_everything
 from textgym.trainers.grpo import GRPOTrainer
 from textgym.trainers.losses import clipped_policy_loss, ppo_clip_loss
 from textgym.trainers.policy_losses import available_policy_losses
@@ -21,6 +20,7 @@ from textgym.trainers.registry import (
     register_advantage,
     register_policy_loss,
 )
+from textgym.trainers.seeding import seed_everything
 
 
 @pytest.fixture

@@ -15,8 +15,9 @@ from textgym.config import PPOConfig
 from textgym.models import load_model
 from textgym.trainers.advantages import explained_variance
 from textgym.trainers.batch import RolloutBatch
-from textgym.trainers.common import latest_checkpoint, seed_everything
+from textgym.trainers.checkpoint import latest_checkpoint
 from textgym.trainers.ppo import PPOTrainer, sequence_values
+from textgym.trainers.seeding import seed_everything
 
 SAMPLING = {"temperature": 1.0, "max_new_tokens": 8}
 

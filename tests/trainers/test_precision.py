@@ -22,7 +22,6 @@ from textgym import distributed
 from textgym.config import ConfigError, GRPOConfig, ParallelConfig, load_config
 from textgym.models import load_model
 from textgym.trainers import precision
-from textgym.trainers.common import seed_everything
 from textgym.trainers.grpo import GRPOTrainer
 from textgym.trainers.precision import (
     compute_autocast,
@@ -31,6 +30,7 @@ from textgym.trainers.precision import (
     set_precision,
     set_tf32,
 )
+from textgym.trainers.seeding import seed_everything
 
 
 def grpo_cfg(**over):

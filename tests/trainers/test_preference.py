@@ -15,7 +15,7 @@ from textgym.agents import LLMAgent, SamplingParams
 from textgym.config import PreferenceConfig, load_config
 from textgym.models import load_model
 from textgym.offline import UNPAIRED_SCHEMA, build_pairs, collect_rollouts, read_pairs, write_pairs
-from textgym.store import read_trajectories
+from textgym.offline.store import read_trajectories
 from textgym.trainers.preference import PreferenceTrainer
 
 
@@ -119,7 +119,7 @@ def test_dpo_stage_of_a_run(warm_model_dir, tmp_path):
 def test_dpo_with_lora_trains_adapters_against_the_base_models_log_probs(
     warm_model_dir, warm_pairs, tmp_path
 ):
-    from textgym.trainers.lora import is_lora
+    from textgym.agents.weight_sync import is_lora
 
     pairs, unpaired, _ = warm_pairs
     base = {

@@ -37,8 +37,9 @@ def _synthetic_pairs(n: int = 96) -> pa.Table:
 def test_reward_model_learns_a_separable_preference_and_scores_in_an_env(tiny_model_dir, tmp_path):
     from textgym.config import EnvConfig, OptimConfig, RewardModelConfig, validate_runtime
     from textgym.trainers.env_factory import make_env
-    from textgym.trainers.reward_model import RewardModelVerifier, train_reward_model
+    from textgym.trainers.reward_model import train_reward_model
     from textgym.types import Task
+    from textgym.verifiers.reward_model import RewardModelVerifier
 
     cfg = RewardModelConfig(epochs=3, batch_size=16, eval_fraction=0.25, optim=OptimConfig(lr=1e-3))
     res = train_reward_model(_synthetic_pairs(), tiny_model_dir, tmp_path / "rm", cfg)
@@ -61,7 +62,8 @@ def test_reward_model_learns_a_separable_preference_and_scores_in_an_env(tiny_mo
 
 def chosen_nll(rm, head, rows, starts, masks) -> float:
     """Token-mean NLL of the response tokens under the reward model's regulariser (`RewardNet`)."""
-    from textgym.trainers.reward_model import RewardNet, _pad, nll_targets
+    from textgym.trainers.reward_model import _pad
+    from textgym.trainers.reward_model_forward import RewardNet, nll_targets
 
     ids, attention = _pad(rows, 0)
     targets = nll_targets(rows, starts, masks, ids.shape[1])

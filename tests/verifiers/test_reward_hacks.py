@@ -200,7 +200,7 @@ def test_no_probe_earns_more_than_random(env_id, kwargs, n):
 
 
 def test_the_probes_pass_over_an_openenv_served_env_too():
-    from textgym.envs.interop.openenv import serve_openenv
+    from textgym.envs.interop.openenv_server import serve_openenv
 
     with serve_openenv("textgym/Wordle-v0") as server:
         results = probe_env("textgym/OpenEnv-v0", {"base_url": server.url}, n=3)

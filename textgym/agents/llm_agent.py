@@ -3,7 +3,7 @@
 The backend is the in-process transformers one (`TransformersBackend`, the trainable policy
 itself), an in-process vLLM engine (`VLLMBackend`) or an OpenAI-compatible endpoint
 (`OpenAIBackend`); `SamplingParams` and `Generation` (`textgym.agents.sampling`) are what
-every backend takes and returns. The names are re-exported here, where they used to live.
+every backend takes and returns.
 """
 
 from __future__ import annotations
@@ -13,30 +13,15 @@ from typing import Any, Literal
 
 from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
 
-from textgym.agents.sampling import Generation, SamplingParams, derive_seed, eos_token_ids
+from textgym.agents.sampling import Generation, SamplingParams, eos_token_ids
 from textgym.agents.transformers_backend import (
-    MultinomialSample,
-    SampledLogprobs,
-    SeededSample,
     TransformersBackend,
-    neutral_generation,
-    neutral_generation_config,
 )
 from textgym.models import load_model, load_tokenizer
 from textgym.types import Message
 
 __all__ = [
-    "Generation",
     "LLMAgent",
-    "MultinomialSample",
-    "SampledLogprobs",
-    "SamplingParams",
-    "SeededSample",
-    "TransformersBackend",
-    "derive_seed",
-    "eos_token_ids",
-    "neutral_generation",
-    "neutral_generation_config",
 ]
 
 

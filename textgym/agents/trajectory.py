@@ -135,3 +135,14 @@ class Trajectory:
             return 0
         starts = mask[1:] & ~mask[:-1]
         return int(starts.sum().item()) + int(bool(mask[0]))
+
+
+def episode_correct(terms: dict[str, float], reward: float) -> int:
+    """Whether an episode counts as correct (1) or not (0).
+
+    Correct when its `reward/correct` term, summed over its turns, reaches 1 (up to 1e-9 of
+    float rounding). `TextGymAdapter` puts the env's `accuracy_term` (or Gymnasium's
+    `info["is_success"]`) there. An env with none of these counts a return of at least 1 (full
+    credit) as correct, so partial credit never counts as solved; `textgym env check` fails it.
+    """
+    return int(terms.get("reward/correct", reward) >= 1.0 - 1e-9)

@@ -12,10 +12,10 @@ prints. The whole command tree is registered below:
 
 | command | module | library call |
 |---|---|---|
-| `envs`, `plot` | `envs` | `textgym.envs.env_ids`, `textgym.plotting.plot_run` |
+| `envs`, `plot` | `envs` | `textgym.envs.env_ids`, `textgym.evaluation.plotting.plot_run` |
 | `env new`, `check`, `show`, `serve-openenv` | `env` | `scaffold`, `envcheck`, `interop.openenv` |
 | `train` | `train` | `textgym.pipeline.run` |
-| `eval`, `report compare` | `eval` | `textgym.evaluation.job.run_eval`, `textgym.suites.compare_reports` |
+| `eval`, `report compare` | `eval` | `textgym.evaluation.job.run_eval`, `evaluation.suites.compare_reports` |
 | `score`, `verify math` | `score` | an env's verifier, `textgym.verifiers.math.MathVerifier` |
 | `verify judge` | `judge` | `textgym.verifiers.judge.JudgeVerifier` |
 | `audit` | `audit` | `textgym.evaluation.audit.run_audit` |

@@ -113,10 +113,10 @@ def env_show_cmd(
     """Show one task: its prompt as the policy sees it, the gold answer and solution, an oracle transcript."""
     from rich.markup import escape
 
+    from textgym.agents.trajectory import episode_correct
     from textgym.cli._common import make_env
     from textgym.cli.eval import print_episodes
     from textgym.envs.registry import accuracy_term, task_count
-    from textgym.evaluation.core import episode_correct
     from textgym.evaluation.scripted import OracleAgent, play_episode
 
     env = make_env(env_id, parse_kwargs(env_kwargs))

@@ -54,12 +54,12 @@ def serve_openenv_cmd(
 
     try:
         interop.require("openenv-core", "openenv")
-        from textgym.envs.interop import openenv
+        from textgym.envs.interop import openenv_server
     except ImportError as e:
         fail(str(e))
     kwargs = parse_kwargs(env_kwargs)
     try:
-        server = openenv.serve_openenv(env_id, kwargs, host, port, expose_oracle=expose_oracle)
+        server = openenv_server.serve_openenv(env_id, kwargs, host, port, expose_oracle=expose_oracle)
     except Exception as e:  # an unknown id, bad kwargs, a port in use
         fail(f"cannot serve {env_id} on {host}:{port}: {e}")
     typer.echo(  # plain text: the URL is never wrapped

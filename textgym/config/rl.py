@@ -88,7 +88,7 @@ class RolloutEngineConfig(_Strict):
     """Sample each sequence from its own generator, seeded by (run seed, step, the task's slot in
     the step's global batch, sample index, turn): the rollouts then depend neither on the number
     of ranks nor on how prompts are batched, so a run on N ranks samples what the same run on one
-    samples (`textgym.agents.llm_agent.TransformersBackend`). Transformers backend only (rollout
+    samples (`textgym.agents.transformers_backend.TransformersBackend`). Transformers backend only (rollout
     `servers` are always sent one seed per request)."""
     servers: list[str] = Field(default_factory=list)
     """Base URLs of rollout servers (`textgym serve MODEL --weight-sync`, e.g.

@@ -1,7 +1,7 @@
 """Evaluation: measure a policy on environments, run suites with confidence intervals, plot runs.
 
 - `core`: `evaluate` (accuracy, mean reward, pass@k, lengths, throughput; resumable),
-  `EvalResult`, `pass_at_k`, `episode_correct`
+  `EvalResult`, `pass_at_k` (and `episode_correct`, from `textgym.agents.trajectory`)
 - `suites`: eval suites from YAML, reports with Wilson/bootstrap intervals, `compare_reports`
 - `scripted`: oracle and random agents, the bounds any policy is read against
 - `plotting`: PNG training curves from a run directory
@@ -11,13 +11,8 @@
 `from textgym.evaluation import evaluate` (and the other names of `core`) keeps working.
 """
 
-from textgym.evaluation.core import (
-    EvalResult,
-    EvaluationInterruptedError,
-    episode_correct,
-    evaluate,
-    pass_at_k,
-)
+from textgym.agents.trajectory import episode_correct
+from textgym.evaluation.core import EvalResult, EvaluationInterruptedError, evaluate, pass_at_k
 from textgym.evaluation.envcheck import CheckResult, check_env
 from textgym.evaluation.scripted import OracleAgent, RandomAgent, evaluate_scripted
 

@@ -9,9 +9,10 @@ from math import comb
 from pathlib import Path
 from typing import Any
 
-from textgym.agents.llm_agent import LLMAgent, SamplingParams
+from textgym.agents.llm_agent import LLMAgent
 from textgym.agents.rollout import rollout
-from textgym.agents.trajectory import EPISODE_COUNTS, TRUNCATION_CAUSES
+from textgym.agents.sampling import SamplingParams
+from textgym.agents.trajectory import EPISODE_COUNTS, TRUNCATION_CAUSES, episode_correct
 from textgym.envs.registry import accuracy_term, task_count
 from textgym.envs.registry import make as make_env
 
@@ -31,17 +32,6 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - comb(n - c, k) / comb(n, k)
 
 
-def episode_correct(terms: dict[str, float], reward: float) -> int:
-    """Whether an episode counts as correct (1) or not (0).
-
-    Correct when its `reward/correct` term, summed over its turns, reaches 1 (up to 1e-9 of
-    float rounding). `TextGymAdapter` puts the env's `accuracy_term` (or Gymnasium's
-    `info["is_success"]`) there. An env with none of these counts a return of at least 1 (full
-    credit) as correct, so partial credit never counts as solved; `textgym env check` fails it.
-    """
-    return int(terms.get("reward/correct", reward) >= 1.0 - 1e-9)
-
-
 @dataclass
 class EvalResult:
     """Aggregate figures of an evaluation.
@@ -49,7 +39,8 @@ class EvalResult:
     Attributes:
         env_id: the environment.
         n: tasks evaluated; samples: samples per task.
-        accuracy: share of samples that are correct (`episode_correct`: the `reward/correct` term reaches 1).
+        accuracy: share of samples that are correct (`episode_correct`, in `agents.trajectory`:
+            the `reward/correct` term reaches 1).
         mean_reward: mean episode return.
         pass_at: {k: mean pass@k over tasks} for k in {1, samples}.
         mean_response_tokens: policy tokens per episode.

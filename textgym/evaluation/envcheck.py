@@ -30,8 +30,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from textgym.agents.trajectory import episode_correct
 from textgym.envs.registry import EnvError, accuracy_term, make, task_count
-from textgym.evaluation.core import episode_correct
 from textgym.evaluation.scripted import OracleAgent, RandomAgent, play_episode
 
 DEFAULT_TURN_LIMIT = 64

@@ -13,10 +13,10 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from textgym.agents.trajectory import EPISODE_COUNTS, turn_counts
+from textgym.agents.trajectory import EPISODE_COUNTS, episode_correct, turn_counts
 from textgym.envs.registry import accuracy_term, task_count
 from textgym.envs.registry import make as make_env
-from textgym.evaluation.core import EvalResult, episode_correct
+from textgym.evaluation.core import EvalResult
 from textgym.tools.base import format_tool_call
 from textgym.types import Message
 

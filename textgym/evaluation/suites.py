@@ -31,7 +31,6 @@ from textgym.evaluation.core import EvalResult, pass_at_k
 __all__ = [
     "BUILTIN_SUITES",
     "Z_95",
-    "EvalResult",
     "Suite",
     "SuiteEnv",
     "bootstrap_interval",
@@ -40,7 +39,6 @@ __all__ = [
     "load_suite",
     "markdown_table",
     "mcnemar_p",
-    "pass_at_k",
     "plot_report",
     "run_suite",
     "wilson_interval",

@@ -7,7 +7,7 @@
   trainers read
 
 Every public name of both is re-exported here (`from textgym.offline import build_pairs`
-keeps working; `textgym.store` is a shim for `textgym.offline.store`).
+keeps working; the old `textgym.store` fails with an error naming `textgym.offline.store`).
 """
 
 from textgym.offline.pairs import (

@@ -20,8 +20,9 @@ from typing import Any, Literal
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from textgym.agents.llm_agent import LLMAgent, SamplingParams
+from textgym.agents.llm_agent import LLMAgent
 from textgym.agents.rollout import rollout
+from textgym.agents.sampling import SamplingParams
 from textgym.envs.registry import make as make_env
 from textgym.envs.registry import task_count
 from textgym.offline.store import TrajectoryWriter, read_trajectories, shard_paths, trajectory_row

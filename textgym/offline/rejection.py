@@ -19,10 +19,11 @@ from typing import Any
 
 import pyarrow as pa
 
-from textgym.agents.llm_agent import LLMAgent, SamplingParams
+from textgym.agents.llm_agent import LLMAgent
+from textgym.agents.sampling import SamplingParams
+from textgym.agents.trajectory import episode_correct
 from textgym.envs.hint import AnswerHintWrapper
 from textgym.envs.registry import make as make_env
-from textgym.evaluation.core import episode_correct
 from textgym.offline.pairs import rollout_rows
 from textgym.offline.store import SCHEMA, TrajectoryWriter, read_trajectories, shard_paths
 
@@ -64,7 +65,7 @@ def select_responses(
     whose hidden word or number is the task: every Wordle or GuessNumber task opens with the
     same rules), and those are different problems, each with its own best-of-K. A row passes
     when it is correct (`correct_only`: its `reward/correct` term reaches 1,
-    `textgym.evaluation.core.episode_correct`) and its reward is ≥ `min_reward` (when set).
+    `textgym.agents.trajectory.episode_correct`) and its reward is ≥ `min_reward` (when set).
     Within a group the passing rows are ranked by reward, highest first (a stable sort: ties
     keep table order); with `dedup` a response (its token ids after the prompt) already kept is
     dropped; the first `max_per_prompt` remain (RAFT's best-of-K is `max_per_prompt=1`).

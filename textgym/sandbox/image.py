@@ -26,7 +26,7 @@ from typing import Any
 from textgym.sandbox._launcher import SANDBOX_UID
 from textgym.sandbox.base import DEFAULT_IMAGE, SandboxError
 
-__all__ = ["DEFAULT_IMAGE", "build_image", "build_rootfs"]
+__all__ = ["build_image", "build_rootfs"]
 SKIP_DIRS = frozenset(
     {"site-packages", "dist-packages", "test", "idlelib", "tkinter", "turtledemo", "ensurepip", "lib2to3"}
 )

@@ -11,7 +11,8 @@ from typing import Any
 import torch
 
 from textgym import distributed
-from textgym.agents.llm_agent import LLMAgent, SamplingParams
+from textgym.agents.llm_agent import LLMAgent
+from textgym.agents.sampling import SamplingParams
 from textgym.config import RunConfig
 from textgym.models import load_model
 from textgym.trainers.seeding import seed_everything

@@ -33,7 +33,8 @@ from typing import Any
 import torch
 
 from textgym import distributed
-from textgym.agents.llm_agent import LLMAgent, SamplingParams
+from textgym.agents.llm_agent import LLMAgent
+from textgym.agents.sampling import SamplingParams
 from textgym.config import ConfigError, RunConfig, SFTConfig
 from textgym.config.rft import RFTConfig
 from textgym.models import load_model
@@ -171,7 +172,7 @@ def collect_round(
     Returns:
         (the kept set's records, in `kept.jsonl`'s order; the round's counts).
     """
-    from textgym.evaluation.core import episode_correct
+    from textgym.agents.trajectory import episode_correct
     from textgym.offline import collect_rollouts, read_trajectories
     from textgym.offline.rejection import (
         collect_hinted,

@@ -173,7 +173,7 @@ def load_weights(folder: Path, model: torch.nn.Module) -> None:
     if distributed.is_main() or not sharded:  # a sharded model takes rank 0's copy
         for f in sorted(folder.glob("*.safetensors")):
             weights.update(load_file(str(f)))
-    from textgym.trainers.lora import is_lora
+    from textgym.agents.weight_sync import is_lora
 
     if is_lora(model):
         # A LoRA checkpoint holds the adapter only (adapter_model.safetensors, peft's names);
@@ -228,7 +228,8 @@ def save_lora_final(stage_dir: Path, model: Any, tokenizer: PreTrainedTokenizerB
     HF folder any loader reads) to `<stage_dir>/final`, each written atomically. Collective
     for a sharded policy: the full weights are gathered once, rank 0 writes both folders.
     """
-    from textgym.trainers.lora import merge_state, write_merged
+    from textgym.agents.weight_sync import merge_state
+    from textgym.trainers.lora import write_merged
 
     state = distributed.model_state(model) if distributed.is_sharded(model) else None
     pid = distributed.broadcast_object(os.getpid())

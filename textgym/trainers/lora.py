@@ -9,7 +9,7 @@ What the trainers build on it:
 - `apply_lora` wraps a policy in a `peft.PeftModel` (the base weights frozen).
 - The reference policy is the same module with its adapters disabled
   (`PeftModel.disable_adapter()`), so a KL penalty costs no second copy of the model.
-- `merged_state_dict` (`textgym.agents.weight_sync`, re-exported here) gives the weights
+- `merged_state_dict` (`textgym.agents.weight_sync`) gives the weights
   W + (α / r)·BA under the base model's own names, without touching the module: what the
   vLLM engine is sent after each update, and what `save_merged` writes as a plain Hugging Face
   folder (any loader, vLLM included, reads it).
@@ -27,14 +27,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from textgym import distributed
-from textgym.agents.weight_sync import is_lora, merge_state, merged_state_dict
+from textgym.agents.weight_sync import is_lora, merged_state_dict
 
 __all__ = [
     "adapter_state_for_model",
     "apply_lora",
-    "is_lora",
-    "merge_state",
-    "merged_state_dict",
     "reference_of",
     "save_merged",
     "write_merged",

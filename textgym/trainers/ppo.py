@@ -91,7 +91,7 @@ def build_critic(policy: PreTrainedModel, path: str | None = None) -> PreTrained
     else:
         config = policy.config.__class__.from_dict({**policy.config.to_dict(), **_VALUE_HEAD})
         critic = AutoModelForTokenClassification.from_config(config)
-        from textgym.trainers.lora import is_lora, merged_state_dict
+        from textgym.agents.weight_sync import is_lora, merged_state_dict
 
         if is_lora(policy):
             # The backbone of a LoRA policy under its plain names (the merged weights).

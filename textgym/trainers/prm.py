@@ -38,10 +38,10 @@ from textgym.config import PRMConfig
 from textgym.trainers.checkpoint import save_model_folder
 from textgym.trainers.logging import metrics_logger
 from textgym.trainers.optim import build_optimizer
-from textgym.verifiers.prm import PRMVerifier, encode_steps
+from textgym.verifiers.prm import encode_steps
 from textgym.verifiers.reward_model import pad_rows
 
-__all__ = ["PRMTrainer", "PRMVerifier", "read_labels", "step_bce", "train_prm"]
+__all__ = ["PRMTrainer", "read_labels", "step_bce", "train_prm"]
 
 _STEP_HEAD: dict[str, Any] = {"id2label": {0: "step"}, "label2id": {"step": 0}, "classifier_dropout": 0.0}
 

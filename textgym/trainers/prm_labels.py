@@ -29,11 +29,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from textgym.agents.llm_agent import LLMAgent, SamplingParams
+from textgym.agents.llm_agent import LLMAgent
 from textgym.agents.rollout import rollout
+from textgym.agents.sampling import SamplingParams
+from textgym.agents.trajectory import episode_correct
 from textgym.config import EnvConfig
 from textgym.envs.registry import make as make_env
-from textgym.evaluation.core import episode_correct
 from textgym.types import Message
 from textgym.verifiers.steps import split_steps
 

@@ -27,7 +27,7 @@ Rank 0 alone writes the output folder, which is the same as a one-process run's.
 `RewardModelVerifier` (`textgym.verifiers.reward_model`) scores completions with a trained
 model; `RewardModelWrapper` (`textgym.envs.reward_model`) puts it into any single- or
 multi-turn env, so PPO trains against the learned reward while the env's own verifier terms
-(`reward/correct`, ...) stay in `info` as the true measure. Both are re-exported here.
+(`reward/correct`, ...) stay in `info` as the true measure.
 """
 
 from __future__ import annotations
@@ -47,7 +47,6 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from textgym import distributed
 from textgym.config import ParallelConfig, RewardModelConfig
-from textgym.envs.reward_model import RewardModelWrapper
 from textgym.trainers.batch import (
     no_token_budget_under_torchrun,
     rank_micro_batches,
@@ -66,15 +65,10 @@ from textgym.trainers.reward_model_forward import (
     pack_sequences,
     packed_nll_targets,
 )
-from textgym.verifiers.reward_model import RewardModelVerifier, pad_rows, score_sequences
+from textgym.verifiers.reward_model import pad_rows
 
 __all__ = [
     "RewardModelTrainer",
-    "RewardModelVerifier",
-    "RewardModelWrapper",
-    "RewardNet",
-    "nll_targets",
-    "score_sequences",
     "split_by_prompt",
     "train_reward_model",
 ]

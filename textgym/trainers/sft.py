@@ -40,12 +40,12 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from textgym import distributed
-from textgym.agents.llm_agent import LLMAgent, SamplingParams
+from textgym.agents.llm_agent import LLMAgent
 from textgym.agents.rollout import rollout
-from textgym.agents.trajectory import Trajectory
+from textgym.agents.sampling import SamplingParams
+from textgym.agents.trajectory import Trajectory, episode_correct
 from textgym.config import ConfigError, ParallelConfig, SFTConfig
 from textgym.envs.registry import make as make_text_env
-from textgym.evaluation.core import episode_correct
 from textgym.trainers.batch import (
     RolloutBatch,
     no_token_budget_under_torchrun,

@@ -361,4 +361,4 @@ def api_key_from_env(name: str | None) -> str | None:
     return value
 
 
-__all__ = ["JudgeError", "JudgeItem", "JudgeVerifier", "api_key_from_env"]
+__all__ = ["JudgeItem", "JudgeVerifier", "api_key_from_env"]

@@ -28,11 +28,6 @@ import numpy as np
 
 from textgym.envs.base import LazyTasks, TextEnv
 from textgym.envs.interop import require
-from textgym.envs.interop.openenv_server import (  # the server half; its names stay importable here
-    OpenEnvServer,
-    build_openenv_app,
-    serve_openenv,
-)
 from textgym.types import Message, Task
 
 DEFAULT_TIMEOUT_S = 30.0
@@ -123,7 +118,7 @@ class OpenEnvEnv(TextEnv):
 
         >>> import gymnasium as gym
         >>> import textgym
-        >>> from textgym.envs.interop.openenv import serve_openenv
+        >>> from textgym.envs.interop.openenv_server import serve_openenv
         >>> server = serve_openenv("textgym/Wordle-v0", expose_oracle=True)   # the oracle on request
         >>> env = gym.make("textgym/OpenEnv-v0", base_url=server.url)
         >>> wordle = gym.make("textgym/Wordle-v0")
@@ -338,4 +333,4 @@ class OpenEnvEnv(TextEnv):
         return " ".join(_RANDOM_WORDS[int(i)] for i in rng.integers(len(_RANDOM_WORDS), size=2))
 
 
-__all__ = ["OpenEnvEnv", "OpenEnvServer", "build_openenv_app", "serve_openenv"]
+__all__ = ["OpenEnvEnv"]
