@@ -57,7 +57,7 @@ def test_tensorboard_loggers_write_what_the_trainers_metrics_logger_writes(tmp_p
     is kept, now built by `make_loggers`)."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from textgym.trainers.logging import MetricsLogger
+    from textgym.tracking import MetricsLogger
 
     log_steps(MetricsLogger(tmp_path / "old"))
     log_steps(make_loggers(["tensorboard"], tmp_path / "new", "run/stage", CONFIG, main_process=True))

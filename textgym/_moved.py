@@ -20,13 +20,17 @@ MOVED: dict[str, str] = {
     "textgym.store": "textgym.offline.store",
     "textgym.agents.scripted": "textgym.evaluation.scripted",
     "textgym.trainers.dpo": "textgym.trainers.preference",
+    "textgym.trainers.prm_labels": "textgym.offline.prm_labels",
+    "textgym.trainers.logging": "textgym.tracking",
     "textgym.trainers.common": (
         "its concern's module: textgym.trainers.seeding (seed_everything, resolve_device), "
         ".logprobs (sequence_logprobs, shared_prompt_rows), .batch (RolloutBatch, "
         "rank_micro_batches), .sampler (TaskSampler), .optim (build_optimizer, load_optimizer, "
-        "save_optimizer), .logging (MetricsLogger, NullLogger, metrics_logger, progress_bar), "
+        "save_optimizer), textgym.tracking (MetricsLogger, NullLogger, metrics_logger, "
+        "progress_bar), "
         ".checkpoint (save_checkpoint, load_checkpoint, latest_checkpoint, load_weights, "
-        "save_model_folder, save_final, save_lora_final) or .loop (run_loop, Trainable)"
+        "save_model_folder, save_final, save_lora_final) or .loop (run_loop, Trainable) "
+        "(under textgym.trainers unless named)"
     ),
 }
 """Old dotted module name → where its names live now."""

@@ -18,6 +18,9 @@ says otherwise (`wandb sync <dir>` uploads an offline run later); MLflow writes 
 store unless `MLFLOW_TRACKING_URI` names another; trackio writes its local SQLite storage
 unless `TRACKIO_SPACE_ID` / `TRACKIO_SERVER_URL` point it elsewhere.
 
+The trainers call `metrics_logger` (these loggers on rank 0, nothing on the other ranks) and
+`progress_bar` (tqdm on stderr).
+
 Resuming: `metrics.jsonl` drops the records after the checkpoint's step and TensorBoard purges
 its events after it (as before); W&B, MLflow and trackio start a new run, which logs the steps
 after the checkpoint and records `resume_step` in its config.
@@ -33,7 +36,7 @@ import os
 import re
 import sys
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -398,3 +401,59 @@ def _with_resume(config: Mapping[str, Any] | None, resume_step: int | None) -> d
     if resume_step is not None:
         out["resume_step"] = resume_step
     return out
+
+
+# --- what the trainers call (rank 0 writes; the progress bar) ---------------------------------
+def MetricsLogger(stage_dir: Path, resume_step: int | None = None) -> CompositeLogger:  # noqa: N802
+    """`metrics.jsonl` and TensorBoard for a stage, on any rank (the name of textgym 0.1's class).
+
+    Same as `make_loggers(["tensorboard"], stage_dir, ..., main_process=True)`;
+    trainers call `metrics_logger`, which adds the other trackers and writes on rank 0 only.
+    """
+    return make_loggers(
+        ["tensorboard"], stage_dir, Path(stage_dir).name, resume_step=resume_step, main_process=True
+    )
+
+
+def NullLogger() -> CompositeLogger:  # noqa: N802
+    """A logger that drops everything (what ranks other than 0 get from `metrics_logger`)."""
+    return CompositeLogger([])
+
+
+def metrics_logger(
+    stage_dir: Path,
+    resume_step: int | None = None,
+    log_with: Sequence[str] = ("tensorboard",),
+    config: Any = None,
+) -> CompositeLogger:
+    """The stage's loggers on rank 0 (rank 0 alone writes the run directory), nothing elsewhere.
+
+    `metrics.jsonl` always, then one tracker per name in `log_with` ("tensorboard", "wandb",
+    "mlflow", "trackio"; `make_loggers`). The run name in the trackers is
+    `<run>/<stage>` (the run directory's and the stage directory's names); `config`, a pydantic
+    stage config, is recorded as the trackers' run config.
+
+    Raises:
+        ValueError: an unknown or repeated tracker name.
+        TrackerUnavailableError: a named tracker's package is not installed.
+    """
+    from textgym import distributed  # torch: only when a trainer asks
+
+    stage_dir = Path(stage_dir)
+    config_dict = config.model_dump(mode="json") if hasattr(config, "model_dump") else None
+    return make_loggers(
+        log_with,
+        stage_dir,
+        run_name=f"{stage_dir.parent.name}/{stage_dir.name}",
+        config_dict=config_dict,
+        resume_step=resume_step,
+        main_process=distributed.is_main(),
+    )
+
+
+def progress_bar(total: int, initial: int, desc: str, disable: bool = False) -> Any:
+    """A tqdm bar on stderr (disabled when asked, or off a terminal unless TEXTGYM_PROGRESS is set)."""
+    from tqdm.auto import tqdm
+
+    disable = disable or not (sys.stderr.isatty() or os.environ.get("TEXTGYM_PROGRESS"))
+    return tqdm(total=total, initial=initial, desc=desc, disable=disable, dynamic_ncols=True)

@@ -14,8 +14,8 @@ from typer.testing import CliRunner
 import textgym  # noqa: F401
 from textgym.config import EnvConfig, OptimConfig, PRMConfig
 from textgym.envs.arithmetic import ArithmeticTasks, check_steps, evaluate, parse_expression
+from textgym.offline.prm_labels import Answer, env_judge, mc_step_labels
 from textgym.trainers.prm import PRMTrainer, step_bce, train_prm
-from textgym.trainers.prm_labels import Answer, env_judge, mc_step_labels
 from textgym.verifiers.prm import PRMVerifier, aggregate_scores, encode_steps
 from textgym.verifiers.steps import split_steps
 

@@ -5,8 +5,11 @@
 - `pairs`: offline data building: `collect_rollouts` of a policy into the store, `build_pairs`
   (preference pairs or unpaired rows) and the pair files the preference and reward-model
   trainers read
+- `prm_labels`: step labels for process reward models (Math-Shepherd's rollout estimates,
+  an LLM judge's verdicts), which `textgym.trainers.prm` trains on
+- `rejection`: the rejection-sampling filter over a store
 
-Every public name of both is re-exported here (`from textgym.offline import build_pairs`
+Every public name of `store` and `pairs` is re-exported here (`from textgym.offline import build_pairs`
 keeps working; the old `textgym.store` fails with an error naming `textgym.offline.store`).
 """
 

@@ -33,7 +33,7 @@ def run_prm_label(cfg: RunConfig, echo: Callable[[str], None] = print) -> dict[s
 
     The policy (`prm.label.policy`, else `model.path`) answers tasks `start … start + tasks − 1`
     of `prm.label.env` `samples` times each; every step gets K = `continuations` continuations
-    (`textgym.trainers.prm_labels.label_policy`). Seeded by `prm.label.seed`; `cfg.threads` applies.
+    (`textgym.offline.prm_labels.label_policy`). Seeded by `prm.label.seed`; `cfg.threads` applies.
 
     Returns:
         `label_policy`'s figures (answers, steps, label means, agreement with the env's checker).
@@ -45,7 +45,7 @@ def run_prm_label(cfg: RunConfig, echo: Callable[[str], None] = print) -> dict[s
     from textgym.envs.registry import make as make_env
     from textgym.envs.registry import task_count
     from textgym.models import load_model
-    from textgym.trainers.prm_labels import label_policy
+    from textgym.offline.prm_labels import label_policy
 
     prm = _stage(cfg)
     if prm.label is None:

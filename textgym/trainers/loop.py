@@ -7,8 +7,7 @@ from pathlib import Path
 from typing import Protocol
 
 from textgym import distributed
-from textgym.tracking import Logger
-from textgym.trainers.logging import progress_bar
+from textgym.tracking import Logger, progress_bar
 
 
 class Trainable(Protocol):

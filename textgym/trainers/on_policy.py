@@ -35,7 +35,7 @@ Where the pieces live: this module holds the setup (`__init__`, numbered) and th
 `trainers/update.py`; the vLLM engine in `trainers/engine.py`; ranks, sharding and the
 reference in `trainers/placement.py`; rollout statistics, DAPO's overlong penalty and the
 trajectory store in `trainers/rollouts.py`; checkpoints in `trainers/checkpoint.py`; the
-optimizer in `trainers/optim.py`; metrics in `trainers/logging.py`; the step loop in
+optimizer in `trainers/optim.py`; metrics in `tracking.py`; the step loop in
 `trainers/loop.py`. PPO's critic is in `trainers/ppo.py`, through the update's hooks.
 """
 
@@ -60,6 +60,7 @@ from textgym.agents.trajectory import Trajectory
 from textgym.config import GRPOConfig, ParallelConfig, PPOConfig
 from textgym.envs.registry import task_count
 from textgym.models import disable_dropout
+from textgym.tracking import metrics_logger
 from textgym.trainers.async_rollouts import AsyncRollouts
 from textgym.trainers.batch import RolloutBatch, no_token_budget_under_torchrun
 from textgym.trainers.checkpoint import (
@@ -72,7 +73,6 @@ from textgym.trainers.checkpoint import (
 from textgym.trainers.engine import build_engine, sync_weights
 from textgym.trainers.env_factory import make_env
 from textgym.trainers.judge_reward import JudgeTerm
-from textgym.trainers.logging import metrics_logger
 from textgym.trainers.loop import run_loop
 from textgym.trainers.losses import kl_estimate, rollout_correction
 from textgym.trainers.optim import build_optimizer

@@ -50,6 +50,7 @@ from textgym.agents.trajectory import Trajectory
 from textgym.config import ConfigError, OnlineDPOConfig, ParallelConfig
 from textgym.envs.registry import task_count
 from textgym.models import disable_dropout
+from textgym.tracking import metrics_logger
 from textgym.trainers.batch import RolloutBatch, rank_micro_batches, token_budget_micro_batches
 from textgym.trainers.checkpoint import (
     latest_checkpoint,
@@ -60,7 +61,6 @@ from textgym.trainers.checkpoint import (
 )
 from textgym.trainers.engine import build_engine, sync_weights
 from textgym.trainers.env_factory import make_env
-from textgym.trainers.logging import metrics_logger
 from textgym.trainers.logprobs import sequence_logprobs
 from textgym.trainers.loop import run_loop
 from textgym.trainers.online_dpo_pairs import best_vs_worst, pair_losses

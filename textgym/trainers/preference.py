@@ -39,6 +39,7 @@ from textgym import distributed
 from textgym.agents.trajectory import Trajectory
 from textgym.config import ParallelConfig, PreferenceConfig
 from textgym.models import disable_dropout
+from textgym.tracking import metrics_logger
 from textgym.trainers.batch import (
     RolloutBatch,
     no_token_budget_under_torchrun,
@@ -52,7 +53,6 @@ from textgym.trainers.checkpoint import (
     save_final,
     save_lora_final,
 )
-from textgym.trainers.logging import metrics_logger
 from textgym.trainers.logprobs import sequence_logprobs
 from textgym.trainers.loop import run_loop
 from textgym.trainers.optim import build_optimizer

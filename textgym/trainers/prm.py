@@ -5,7 +5,7 @@ The model is `AutoModelForTokenClassification` with one label, initialised from 
 (`textgym.trainers.reward_model`) with a head read at every step instead of once. Its input is
 `chat_template(prompt) + response` (`textgym.verifiers.prm.encode_steps`); the head's logit z at
 the token holding step k's last character is trained towards the step's label y_k ∈ [0, 1]
-(`prm.target`: Math-Shepherd's soft or hard estimation, `textgym.trainers.prm_labels`) with binary
+(`prm.target`: Math-Shepherd's soft or hard estimation, `textgym.offline.prm_labels`) with binary
 cross-entropy, `−[y log σ(z) + (1 − y) log(1 − σ(z))]` (Wang et al. 2023, arXiv:2312.08935, eq. 3;
 Lightman et al. 2023, arXiv:2305.20050), averaged over the step tokens of the batch. Every other
 token is out of the loss (`step_bce`).
@@ -35,8 +35,8 @@ import torch
 from transformers import AutoConfig, AutoModelForTokenClassification, AutoTokenizer
 
 from textgym.config import PRMConfig
+from textgym.tracking import metrics_logger
 from textgym.trainers.checkpoint import save_model_folder
-from textgym.trainers.logging import metrics_logger
 from textgym.trainers.optim import build_optimizer
 from textgym.verifiers.prm import encode_steps
 from textgym.verifiers.reward_model import pad_rows

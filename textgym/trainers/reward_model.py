@@ -47,13 +47,13 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from textgym import distributed
 from textgym.config import ParallelConfig, RewardModelConfig
+from textgym.tracking import metrics_logger
 from textgym.trainers.batch import (
     no_token_budget_under_torchrun,
     rank_micro_batches,
     token_budget_micro_batches,
 )
 from textgym.trainers.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from textgym.trainers.logging import metrics_logger
 from textgym.trainers.optim import build_optimizer
 from textgym.trainers.placement import shard
 from textgym.trainers.precision import compute_autocast

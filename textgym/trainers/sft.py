@@ -46,6 +46,7 @@ from textgym.agents.sampling import SamplingParams
 from textgym.agents.trajectory import Trajectory, episode_correct
 from textgym.config import ConfigError, ParallelConfig, SFTConfig
 from textgym.envs.registry import make as make_text_env
+from textgym.tracking import metrics_logger
 from textgym.trainers.batch import (
     RolloutBatch,
     no_token_budget_under_torchrun,
@@ -60,7 +61,6 @@ from textgym.trainers.checkpoint import (
     save_lora_final,
 )
 from textgym.trainers.env_factory import make_env
-from textgym.trainers.logging import metrics_logger
 from textgym.trainers.logprobs import sequence_logprobs
 from textgym.trainers.loop import run_loop
 from textgym.trainers.losses import sft_loss
