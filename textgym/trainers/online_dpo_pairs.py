@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import torch
 
 from textgym.config import OnlineDPOConfig
-from textgym.trainers.preference_losses import dpo_loss, ipo_loss, orpo_loss, simpo_loss
+from textgym.trainers.preference_losses import PairLossInputs, pair_loss
 
 
 def best_vs_worst(
@@ -86,22 +86,20 @@ def pair_losses(
     Raises:
         ValueError: when DPO or IPO gets no reference log-probs.
     """
-    if cfg.uses_reference:
-        if ref_chosen_logps is None or ref_rejected_logps is None:
-            raise ValueError(f"{cfg.loss} needs the reference's log-probs")
-        if cfg.loss == "dpo":
-            return dpo_loss(
-                chosen_logps, rejected_logps, ref_chosen_logps, ref_rejected_logps,
-                beta=cfg.beta, label_smoothing=cfg.label_smoothing,
-            )  # fmt: skip
-        return ipo_loss(
-            chosen_logps, rejected_logps, ref_chosen_logps, ref_rejected_logps,
-            chosen_lengths, rejected_lengths, beta=cfg.beta,
-        )  # fmt: skip
-    avg_c = chosen_logps / chosen_lengths.clamp(min=1)
-    avg_r = rejected_logps / rejected_lengths.clamp(min=1)
-    if cfg.loss == "simpo":
-        return simpo_loss(
-            avg_c, avg_r, beta=cfg.beta, gamma=cfg.simpo_gamma, label_smoothing=cfg.label_smoothing
-        )
-    return orpo_loss(avg_c, avg_r, -avg_c, lam=cfg.orpo_lambda)
+    if cfg.uses_reference and (ref_chosen_logps is None or ref_rejected_logps is None):
+        raise ValueError(f"{cfg.loss} needs the reference's log-probs")
+    return pair_loss(
+        cfg.loss,
+        PairLossInputs(
+            chosen_logps=chosen_logps,
+            rejected_logps=rejected_logps,
+            chosen_lengths=chosen_lengths,
+            rejected_lengths=rejected_lengths,
+            ref_chosen_logps=ref_chosen_logps,
+            ref_rejected_logps=ref_rejected_logps,
+            beta=cfg.beta,
+            label_smoothing=cfg.label_smoothing,
+            simpo_gamma=cfg.simpo_gamma,
+            orpo_lambda=cfg.orpo_lambda,
+        ),
+    )

@@ -57,7 +57,7 @@ from textgym.trainers.logprobs import sequence_logprobs
 from textgym.trainers.loop import run_loop
 from textgym.trainers.optim import build_optimizer
 from textgym.trainers.placement import shard
-from textgym.trainers.preference_losses import dpo_loss, ipo_loss, kto_loss, orpo_loss, simpo_loss
+from textgym.trainers.preference_losses import PairLossInputs, kto_loss, pair_loss
 
 
 def _traj(prompt: list[int], response: list[int], mask: list[int], group: int) -> Trajectory:
@@ -333,24 +333,22 @@ class PreferenceTrainer:
                 undesirable_weight=cfg.undesirable_weight,
             )
         lp, lengths = self._logps(self._sequences(idx))
-        k = len(idx)
-        first, second = lp[:k], lp[k:]
-        len1, len2 = lengths[:k], lengths[k:]
-        rows = torch.tensor(idx)
-        ref1 = self.reference["first"][rows].to(self.device) if self.reference else None
-        ref2 = self.reference["second"][rows].to(self.device) if self.reference else None
-        if cfg.loss == "dpo":
-            assert ref1 is not None and ref2 is not None
-            return dpo_loss(first, second, ref1, ref2, beta=cfg.beta, label_smoothing=cfg.label_smoothing)
-        if cfg.loss == "ipo":
-            assert ref1 is not None and ref2 is not None
-            return ipo_loss(first, second, ref1, ref2, len1, len2, beta=cfg.beta)
-        avg1, avg2 = first / len1.clamp(min=1), second / len2.clamp(min=1)
-        if cfg.loss == "simpo":
-            return simpo_loss(
-                avg1, avg2, beta=cfg.beta, gamma=cfg.simpo_gamma, label_smoothing=cfg.label_smoothing
-            )
-        return orpo_loss(avg1, avg2, -avg1, lam=cfg.orpo_lambda)
+        k, rows = len(idx), torch.tensor(idx)
+        return pair_loss(
+            cfg.loss,
+            PairLossInputs(
+                chosen_logps=lp[:k],
+                rejected_logps=lp[k:],
+                chosen_lengths=lengths[:k],
+                rejected_lengths=lengths[k:],
+                ref_chosen_logps=self.reference["first"][rows].to(self.device) if self.reference else None,
+                ref_rejected_logps=self.reference["second"][rows].to(self.device) if self.reference else None,
+                beta=cfg.beta,
+                label_smoothing=cfg.label_smoothing,
+                simpo_gamma=cfg.simpo_gamma,
+                orpo_lambda=cfg.orpo_lambda,
+            ),
+        )
 
     def train_step(self) -> dict[str, float]:
         """One optimizer step on the next `batch_size` examples; returns its metrics."""

@@ -5,9 +5,15 @@ losses the mean, of the response tokens' log-probabilities under a model; [B] te
 returns the per-example losses ([B] or [N]) and a dict of detached statistics; the trainer
 (`textgym.trainers.preference`) averages them. The reference log-probabilities are inputs, so a
 trainer computes them once for the whole dataset and caches them.
+
+The pair losses are also registered by name (`register_pair_loss`, `pair_loss`): the offline
+and the online preference trainers call `pair_loss(cfg.loss, PairLossInputs(...))`.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch.nn.functional import logsigmoid
@@ -255,3 +261,109 @@ def orpo_loss(
     stats["log_odds_ratio"] = float(log_odds.detach().mean())
     stats["nll"] = float(chosen_nll.detach().mean())
     return losses, stats
+
+
+# --- the pair losses by name (one call site in each preference trainer) ---------------------
+@dataclass(frozen=True)
+class PairLossInputs:
+    """What a pair loss reads: one row per (chosen, rejected) pair.
+
+    Attributes:
+        chosen_logps: [B] summed response-token log-probs of the chosen responses (policy).
+        rejected_logps: [B] the same for the rejected responses.
+        chosen_lengths: [B] response tokens of each chosen response.
+        rejected_lengths: [B] the same for the rejected.
+        ref_chosen_logps: [B] the chosen responses under the reference, or None (SimPO, ORPO).
+        ref_rejected_logps: [B] the rejected responses under the reference, or None.
+        beta: β; label_smoothing: ε (DPO, SimPO); simpo_gamma: SimPO's margin γ;
+        orpo_lambda: ORPO's λ.
+    """
+
+    chosen_logps: torch.Tensor
+    rejected_logps: torch.Tensor
+    chosen_lengths: torch.Tensor
+    rejected_lengths: torch.Tensor
+    ref_chosen_logps: torch.Tensor | None
+    ref_rejected_logps: torch.Tensor | None
+    beta: float
+    label_smoothing: float = 0.0
+    simpo_gamma: float = 1.0
+    orpo_lambda: float = 0.1
+
+    def references(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The reference log-probs ([B], [B]).
+
+        Raises:
+            ValueError: when they are missing.
+        """
+        if self.ref_chosen_logps is None or self.ref_rejected_logps is None:
+            raise ValueError("this loss needs the reference's log-probs of both responses")
+        return self.ref_chosen_logps, self.ref_rejected_logps
+
+    def averages(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Mean response-token log-probs of the chosen and rejected responses ([B], [B])."""
+        return (
+            self.chosen_logps / self.chosen_lengths.clamp(min=1),
+            self.rejected_logps / self.rejected_lengths.clamp(min=1),
+        )
+
+
+PairLossFn = Callable[[PairLossInputs], tuple[torch.Tensor, dict[str, float]]]
+PAIR_LOSSES: dict[str, PairLossFn] = {}
+"""Name → pair loss: "dpo", "ipo", "simpo", "orpo" (KTO is unpaired: `kto_loss`)."""
+
+
+def register_pair_loss(name: str) -> Callable[[PairLossFn], PairLossFn]:
+    """Register a pair loss under `name` (a decorator).
+
+    Raises:
+        ValueError: if `name` is already registered.
+    """
+
+    def add(fn: PairLossFn) -> PairLossFn:
+        if name in PAIR_LOSSES:
+            raise ValueError(f"pair loss {name!r} is already registered")
+        PAIR_LOSSES[name] = fn
+        return fn
+
+    return add
+
+
+def pair_loss(name: str, x: PairLossInputs) -> tuple[torch.Tensor, dict[str, float]]:
+    """Per-pair losses [B] and stats of the registered pair loss `name`.
+
+    Raises:
+        KeyError: an unregistered name (the message lists the registered ones).
+        ValueError: a reference-based loss (DPO, IPO) without reference log-probs.
+    """
+    if name not in PAIR_LOSSES:
+        raise KeyError(f"unknown pair loss {name!r}; registered: {sorted(PAIR_LOSSES)}")
+    return PAIR_LOSSES[name](x)
+
+
+@register_pair_loss("dpo")
+def _dpo(x: PairLossInputs) -> tuple[torch.Tensor, dict[str, float]]:
+    ref_c, ref_r = x.references()
+    return dpo_loss(
+        x.chosen_logps, x.rejected_logps, ref_c, ref_r, beta=x.beta, label_smoothing=x.label_smoothing
+    )
+
+
+@register_pair_loss("ipo")
+def _ipo(x: PairLossInputs) -> tuple[torch.Tensor, dict[str, float]]:
+    ref_c, ref_r = x.references()
+    return ipo_loss(
+        x.chosen_logps, x.rejected_logps, ref_c, ref_r, x.chosen_lengths, x.rejected_lengths, beta=x.beta
+    )
+
+
+@register_pair_loss("simpo")
+def _simpo(x: PairLossInputs) -> tuple[torch.Tensor, dict[str, float]]:
+    avg_c, avg_r = x.averages()
+    return simpo_loss(avg_c, avg_r, beta=x.beta, gamma=x.simpo_gamma, label_smoothing=x.label_smoothing)
+
+
+@register_pair_loss("orpo")
+def _orpo(x: PairLossInputs) -> tuple[torch.Tensor, dict[str, float]]:
+    avg_c, avg_r = x.averages()
+    return orpo_loss(avg_c, avg_r, -avg_c, lam=x.orpo_lambda)
