@@ -230,7 +230,8 @@ def probe_env(
         One `ProbeResult` per probe (module table order).
 
     Raises:
-        Whatever `make` raises for an id or kwargs it cannot build (`EnvError`, `ValueError`).
+        textgym.envs.EnvError: an id or kwargs that `make` cannot build.
+        ValueError: the same, where `make` raises it.
     """
     env = make(env_id, **(env_kwargs or {}))
     try:

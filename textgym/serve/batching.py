@@ -38,7 +38,7 @@ class Result:
         token_ids: [N] sampled ids (ending with the end-of-turn id when `finish_reason == "stop"`).
         logprobs: [N] natural-log probability of each sampled id (the sampled distribution).
         finish_reason: "stop" (end-of-turn sampled) or "length" (budget reached).
-        top: [N][k] the k most likely `(id, logprob)` at each position, or None when not asked.
+        top: `[N][k]`: the k most likely `(id, logprob)` at each position, or None when not asked.
         policy_version: the version of the weights that generated it (`Batcher.policy_version`).
     """
 
@@ -90,7 +90,7 @@ def top_logprobs(
         k: alternatives per position (>= 1).
 
     Returns:
-        [B][N_b][k] `(token id, logprob)`, most likely first.
+        `[B][N_b][k]` `(token id, logprob)`, most likely first.
     """
     device = next(model.parameters()).device
     out: list[list[list[tuple[int, float]]]] = [[] for _ in prompts]

@@ -266,7 +266,7 @@ def chat_logprobs(
         tokenizer: the model's tokenizer (decodes each token).
         ids: [N] generated ids.
         lps: [N] their log-probabilities (natural log).
-        tops: [N][k] `(id, logprob)` alternatives per position, or None for none.
+        tops: `[N][k]` `(id, logprob)` alternatives per position, or None for none.
         as_ids: tokens as "token_id:N" (`return_tokens_as_token_ids`) instead of text.
     """
     strs = token_strings(tokenizer, ids, as_ids)
@@ -301,7 +301,7 @@ def completion_logprobs(
         tokenizer: the model's tokenizer (decodes each token).
         ids: [N] generated ids.
         lps: [N] their log-probabilities (natural log).
-        tops: [N][k] alternatives per position (`top_logprobs[j]` maps token string to logprob),
+        tops: `[N][k]` alternatives per position (`top_logprobs[j]` maps token string to logprob),
             or None (then `top_logprobs` is null).
         as_ids: tokens as "token_id:N".
         start: the character offset of the first token (`text_offset`).
