@@ -73,9 +73,9 @@ def child(args: argparse.Namespace) -> None:
 
     from textgym.config import LoraSettings
     from textgym.models import load_model
+    from textgym.trainers.clipped_loss import clipped_policy_loss
     from textgym.trainers.logprobs import sequence_logprobs
     from textgym.trainers.lora import apply_lora, reference_of
-    from textgym.trainers.losses import clipped_policy_loss
 
     torch.set_num_threads(args.threads)
     base_mb = _status_mb("VmRSS")

@@ -44,7 +44,7 @@ from textgym.agents import LLMAgent, SamplingParams, Trajectory, rollout
 from textgym.model_init import init_model
 from textgym.models import load_model
 from textgym.trainers.advantages import group_advantages
-from textgym.trainers.losses import clipped_policy_loss
+from textgym.trainers.clipped_loss import clipped_policy_loss
 
 
 @dataclass

@@ -17,8 +17,9 @@ from textgym.trainers.advantages import (
     turn_end_value_targets,
     whiten,
 )
+from textgym.trainers.clipped_loss import clipped_policy_loss
 from textgym.trainers.kl_control import AdaptiveKLController, FixedKLController
-from textgym.trainers.losses import clipped_policy_loss, kl_estimate, value_loss
+from textgym.trainers.losses import kl_estimate, value_loss
 
 TOL = 1e-6
 

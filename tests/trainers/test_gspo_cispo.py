@@ -26,8 +26,8 @@ from textgym.config import ConfigError, GRPOConfig, PPOConfig, load_config
 from textgym.models import load_model
 from textgym.trainers import registry
 from textgym.trainers.batch import RolloutBatch
+from textgym.trainers.clipped_loss import clipped_policy_loss
 from textgym.trainers.grpo import GRPOTrainer
-from textgym.trainers.losses import clipped_policy_loss
 from textgym.trainers.policy_losses import available_policy_losses, cispo_loss, gspo_loss
 from textgym.trainers.registry import AdvantageInputs, PolicyLossInputs, get_policy_loss, register_advantage
 from textgym.trainers.seeding import seed_everything

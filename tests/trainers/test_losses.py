@@ -9,14 +9,8 @@ import torch
 
 from textgym.evaluation import pass_at_k
 from textgym.trainers.advantages import group_advantages, token_level_rewards
-from textgym.trainers.losses import (
-    aggregate,
-    clipped_policy_loss,
-    entropy_from_logits,
-    kl_estimate,
-    rollout_correction,
-    sft_loss,
-)
+from textgym.trainers.clipped_loss import clipped_policy_loss
+from textgym.trainers.losses import aggregate, entropy_from_logits, kl_estimate, rollout_correction, sft_loss
 
 TOL = 1e-6
 

@@ -10,8 +10,8 @@ from textgym.config import ConfigError, GRPOConfig, RunConfig
 from textgym.models import load_model
 from textgym.pipeline import preflight
 from textgym.trainers import registry
+from textgym.trainers.clipped_loss import clipped_policy_loss, ppo_clip_loss
 from textgym.trainers.grpo import GRPOTrainer
-from textgym.trainers.losses import clipped_policy_loss, ppo_clip_loss
 from textgym.trainers.policy_losses import available_policy_losses
 from textgym.trainers.registry import (
     AdvantageInputs,
@@ -123,3 +123,14 @@ def test_the_config_checks_the_policy_loss_name_before_work(unregister):
     unregister.append("test_late")
     register_policy_loss("test_late")(ppo_clip_loss)
     preflight(cfg)
+
+
+def test_the_policy_losses_old_home_names_the_new_one():
+    with pytest.raises(
+        ImportError, match=r"has moved to textgym\.trainers\.clipped_loss\.clipped_policy_loss"
+    ):
+        from textgym.trainers.losses import clipped_policy_loss  # noqa: F401
+    with pytest.raises(AttributeError, match="no attribute 'nothing_here'"):
+        import textgym.trainers.losses as losses
+
+        losses.nothing_here  # noqa: B018

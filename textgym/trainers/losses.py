@@ -12,8 +12,6 @@ from typing import Literal
 
 import torch
 
-from textgym.trainers.registry import PolicyLossInputs, register_policy_loss
-
 Aggregation = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"]
 KLEstimator = Literal["k1", "k2", "k3"]
 
@@ -130,124 +128,6 @@ def kl_estimate(
     if estimator == "k3":
         return k3(log_ratio)
     raise ValueError(f"unknown KL estimator {estimator!r}")
-
-
-def clipped_policy_loss(
-    logprobs: torch.Tensor,
-    old_logprobs: torch.Tensor,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    *,
-    clip_low: float = 0.2,
-    clip_high: float = 0.2,
-    aggregation: Aggregation = "seq_mean_token_mean",
-    ref_logprobs: torch.Tensor | None = None,
-    kl_coef: float = 0.0,
-    kl_estimator: KLEstimator = "k3",
-    num_seqs: float | None = None,
-    num_tokens: float | None = None,
-    norm_len: int | None = None,
-    dual_clip: float | None = None,
-    is_weights: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """PPO's clipped surrogate with asymmetric clipping, dual-clip and an optional KL term in the loss.
-
-    Per token, with ρ = exp(log π_θ − log π_old):
-    `ℓ = −min(ρ·Â, clip(ρ, 1−clip_low, 1+clip_high)·Â) + β·KL_est(π_θ‖π_ref)`
-    (Schulman et al. 2017, arXiv:1707.06347, eq. 7; GRPO's KL in the loss, Shao et al. 2024
-    eq. 3; clip-higher `clip_high > clip_low`, DAPO, Yu et al. 2025, eq. 10), reduced by
-    `aggregate`. With `dual_clip = c > 1`, tokens with Â < 0 have their surrogate loss capped
-    at −c·Â, so a huge ratio on a bad token cannot make an unbounded step (Ye et al. 2020,
-    arXiv:1912.09729, eq. 5).
-
-    The ratio's exponent is capped at `RATIO_LOG_CAP` = 20 before `exp` (as verl does): in
-    the normal range nothing changes; beyond, ρ stays at e^20 with no gradient instead of
-    overflowing to inf (whose product with a zero advantage, or in the backward pass, is nan).
-    An Â > 0 token there is clipped anyway; an Â < 0 one is what `dual_clip` bounds.
-
-    KL in the loss: what the gradient of `β·KL_est` does depends on the estimator (Shah et
-    al. 2026, table in docs/maths.md#kl-estimators-and-where-they-go): k3 (GRPO) is stable
-    but its expected gradient is that of the forward KL(π_ref‖π_θ); k2's is that of the
-    reverse KL(π_θ‖π_ref) for
-    on-policy samples; k1 has zero expected gradient (noise only) — put k1 in the reward
-    instead (`textgym.trainers.advantages.token_level_rewards`).
-
-    Args:
-        logprobs: [B, L] log π_θ of the taken tokens (requires grad).
-        old_logprobs: [B, L] log π_old (sampling log-probs), no grad.
-        advantages: [B, L] per-token or [B] per-sequence advantages.
-        mask: [B, L] 1.0 on policy tokens.
-        clip_low: ε_low: the ratio is clipped below at 1 − ε_low.
-        clip_high: ε_high: the ratio is clipped above at 1 + ε_high.
-        aggregation: the reduction mode (see `aggregate`).
-        num_seqs: minibatch size when this is a micro-batch (see `aggregate`).
-        num_tokens: minibatch token count when this is a micro-batch (see `aggregate`).
-        norm_len: the constant of `seq_mean_token_sum_norm` (see `aggregate`).
-        ref_logprobs: [B, L] log π_ref, required when `kl_coef > 0`.
-        kl_coef: β.
-        kl_estimator: "k1" | "k2" | "k3" (see `kl_estimate`).
-        dual_clip: c > 1 of dual-clip PPO, or None.
-        is_weights: [B, L] per-token weights (no grad) multiplying the policy-gradient term,
-            e.g. the truncated importance weights that correct for a rollout engine whose
-            probabilities differ from the trainer's (`rollout_correction`); None for 1.
-
-    Returns:
-        The scalar loss, and detached stats: `loss/policy`, `kl/ref` (masked token mean of the
-        estimate), `clip/frac_low`, `clip/frac_high`, `clip/frac`, `clip/frac_dual`,
-        `ratio/mean`, `ratio/max`, `kl/old_approx` (k3 estimate of KL(π_old‖π_θ)).
-
-    Raises:
-        ValueError: if `kl_coef > 0` and `ref_logprobs` is None, or `dual_clip <= 1`.
-    """
-    if advantages.ndim == 1:
-        advantages = advantages[:, None].expand_as(logprobs)
-    log_ratio = logprobs - old_logprobs
-    # Guard against overflow (e^89 = inf in float32, and inf·0 = nan for a zero advantage or in
-    # the gradient): identical below log ρ = 20; above, ρ stays at e^20 with no gradient.
-    ratio = torch.exp(log_ratio.clamp(max=RATIO_LOG_CAP))
-    clipped = ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
-    pg = -torch.minimum(ratio * advantages, clipped * advantages)  # [B, L]
-    dual = None
-    if dual_clip is not None:
-        if dual_clip <= 1.0:
-            raise ValueError(f"dual_clip must be > 1, got {dual_clip}")
-        capped = torch.minimum(pg, -dual_clip * advantages)
-        dual = (advantages < 0) & (capped < pg)
-        pg = torch.where(advantages < 0, capped, pg)
-    if is_weights is not None:
-        pg = pg * is_weights.detach()
-    per_token = pg
-    kl = None
-    if kl_coef > 0:
-        if ref_logprobs is None:
-            raise ValueError("kl_coef > 0 needs ref_logprobs")
-        kl = kl_estimate(logprobs, ref_logprobs, kl_estimator)
-        per_token = pg + kl_coef * kl
-
-    def agg(x: torch.Tensor) -> torch.Tensor:
-        return aggregate(x, mask, aggregation, num_seqs=num_seqs, num_tokens=num_tokens, norm_len=norm_len)
-
-    loss = agg(per_token)
-
-    with torch.no_grad():
-        n = mask.sum().clamp(min=1.0)
-        low = ((ratio < 1.0 - clip_low) & (advantages < 0)).float()
-        high = ((ratio > 1.0 + clip_high) & (advantages > 0)).float()
-        stats = {
-            "loss/policy": float(agg(pg)),
-            "clip/frac_low": float((low * mask).sum() / n),
-            "clip/frac_high": float((high * mask).sum() / n),
-            "clip/frac": float(((low + high) * mask).sum() / n),
-            "clip/frac_dual": 0.0 if dual is None else float((dual.float() * mask).sum() / n),
-            "ratio/mean": float((ratio * mask).sum() / n),
-            "ratio/max": float(ratio.masked_fill(mask == 0, 0.0).max()) if mask.any() else 1.0,
-            "kl/old_approx": float((k3(log_ratio).clamp(min=0.0) * mask).sum() / n),
-        }
-        if kl is not None:
-            # k3 is ≥ 0 in exact arithmetic but may round a few ulps below 0: the metric is clamped.
-            kl_metric = kl.clamp(min=0.0) if kl_estimator == "k3" else kl
-            stats["kl/ref"] = float((kl_metric * mask).sum() / n)
-    return loss, stats
 
 
 def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
@@ -405,29 +285,20 @@ def rollout_correction(
     return weights, stats
 
 
-# --- the policy losses the on-policy trainers select by name (`policy_loss`) ---------------
-@register_policy_loss("ppo_clip")
-def ppo_clip_loss(x: PolicyLossInputs) -> tuple[torch.Tensor, dict[str, float]]:
-    """PPO's clipped surrogate (`clipped_policy_loss`) with the stage config's settings.
+# --- the policy losses moved to `textgym.trainers.clipped_loss` (one clipped core) -----------
+_MOVED = {
+    name: "textgym.trainers.clipped_loss"
+    for name in ("clipped_policy_loss", "ppo_clip_loss", "clipped_surrogate", "add_kl_term")
+}
 
-    The clip range, dual-clip, aggregation and KL estimator come from `x.config`; the default
-    loss of GRPO, its family and PPO (Schulman et al. 2017, arXiv:1707.06347, eq. 7).
+
+def __getattr__(name: str) -> object:
+    """A policy loss that moved to `textgym.trainers.clipped_loss` fails naming it.
+
+    Raises:
+        ImportError: for a moved name (so `from textgym.trainers.losses import clipped_policy_loss`
+            says where it is now); AttributeError for any other missing name.
     """
-    c = x.config
-    return clipped_policy_loss(
-        x.logprobs,
-        x.old_logprobs,
-        x.advantages,
-        x.mask,
-        clip_low=c.clip_low,
-        clip_high=c.clip_high,
-        dual_clip=c.dual_clip,
-        aggregation=c.loss_aggregation,
-        ref_logprobs=x.ref_logprobs,
-        kl_coef=x.kl_coef,
-        kl_estimator=c.kl_estimator,
-        num_seqs=x.num_seqs,
-        num_tokens=x.num_tokens,
-        norm_len=c.sampling.max_new_tokens,
-        is_weights=x.is_weights,
-    )
+    if name in _MOVED:
+        raise ImportError(f"textgym.trainers.losses.{name} has moved to {_MOVED[name]}.{name}")
+    raise AttributeError(f"module 'textgym.trainers.losses' has no attribute {name!r}")

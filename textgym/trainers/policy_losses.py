@@ -1,11 +1,13 @@
-"""The GRPO family's policy losses beyond PPO's clip: GSPO, GSPO-token and CISPO.
+"""The GRPO family's policy losses beyond PPO's clip: GSPO, GSPO-token and CISPO, on its core.
 
-Importing this module registers `gspo`, `gspo_token` and `cispo` (and, through
-`textgym.trainers.losses`, `ppo_clip`), so `available_policy_losses()` here lists every
-built-in. Like `textgym.trainers.losses.clipped_policy_loss` they are pure tensor functions of
-one micro-batch returning `(loss, detached_stats)`, reduced by `aggregate` (so micro-batch
-losses add up to the minibatch's), with the KL term in the loss and the rollout correction's
-importance weights composed the same way:
+Importing this module registers `gspo`, `gspo_token` and `cispo`, and (through
+`textgym.trainers.clipped_loss`) `ppo_clip`, so `available_policy_losses()` here lists every
+built-in. They are pure tensor functions of one micro-batch returning `(loss,
+detached_stats)`, reduced by `aggregate` (so micro-batch losses add up to the minibatch's),
+built on one clipped core (`textgym.trainers.clipped_loss`): `clipped_surrogate` (the clipped
+term on a token's or a sequence's ratio, dual-clip, the importance weights), `add_kl_term`,
+`clip_fractions` and `kl_stats`; GSPO is PPO's clip on the sequence ratio, and CISPO, which
+does not clip the surrogate, shares the KL term and its statistics. The loss per token:
 
     ℓ_{i,t} = w_{i,t} · pg_{i,t} + β · KL_est(π_θ‖π_ref)_{i,t}
 
@@ -19,50 +21,14 @@ from __future__ import annotations
 
 import torch
 
+from textgym.trainers.clipped_loss import add_kl_term, clip_fractions, clipped_surrogate, kl_stats
 from textgym.trainers.losses import (
     RATIO_LOG_CAP,
     Aggregation,
     KLEstimator,
     aggregate,
-    k3,
-    kl_estimate,
 )
 from textgym.trainers.registry import PolicyLossInputs, register_policy_loss, registered_policy_losses
-
-
-def _add_kl(
-    pg: torch.Tensor,
-    logprobs: torch.Tensor,
-    ref_logprobs: torch.Tensor | None,
-    kl_coef: float,
-    estimator: KLEstimator,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """`(pg + β·KL_est, KL_est)` per token, or `(pg, None)` when β = 0.
-
-    Raises:
-        ValueError: if `kl_coef > 0` and `ref_logprobs` is None.
-    """
-    if kl_coef <= 0:
-        return pg, None
-    if ref_logprobs is None:
-        raise ValueError("kl_coef > 0 needs ref_logprobs")
-    kl = kl_estimate(logprobs, ref_logprobs, estimator)
-    return pg + kl_coef * kl, kl
-
-
-def _common_stats(
-    log_ratio: torch.Tensor,
-    mask: torch.Tensor,
-    kl: torch.Tensor | None,
-    estimator: KLEstimator,
-) -> dict[str, float]:
-    """`kl/old_approx` (k3 of KL(π_old‖π_θ)) and, with a KL term, `kl/ref`: masked token means."""
-    n = mask.sum().clamp(min=1.0)
-    stats = {"kl/old_approx": float((k3(log_ratio).clamp(min=0.0) * mask).sum() / n)}
-    if kl is not None:
-        kl_metric = kl.clamp(min=0.0) if estimator == "k3" else kl  # k3 may round a few ulps below 0
-        stats["kl/ref"] = float((kl_metric * mask).sum() / n)
-    return stats
 
 
 def sequence_log_ratio(
@@ -119,7 +85,7 @@ def gspo_loss(
 
     Per token the loss is `−min(w·Â, clip(w)·Â)` (w = s_i broadcast over the sequence, or
     s_{i,t}), then dual-clip, the importance weights and the KL term as in
-    `textgym.trainers.losses.clipped_policy_loss`, reduced by `aggregate`. The paper's
+    `textgym.trainers.clipped_loss.clipped_policy_loss`, reduced by `aggregate`. The paper's
     objective is `seq_mean_token_mean` (each sequence weighs 1/B); `token_mean` and
     `seq_mean_token_sum_norm` weigh sequence i by its length |y_i| instead (TRL does the same
     for its `dapo`/`bnpo`/`dr_grpo` loss types, with a warning). The sequence log-ratio is
@@ -166,19 +132,8 @@ def gspo_loss(
     token = logprobs - logprobs.detach()
     log_w = log_s.detach()[:, None] + token if token_level else log_s[:, None]
     w = torch.exp(log_w)
-    pg = -torch.minimum(w * adv, w.clamp(1.0 - clip_low, 1.0 + clip_high) * adv)
-    pg = pg.expand_as(logprobs)  # [B, L]
-    adv = adv.expand_as(logprobs)
-    dual = None
-    if dual_clip is not None:
-        if dual_clip <= 1.0:
-            raise ValueError(f"dual_clip must be > 1, got {dual_clip}")
-        capped = torch.minimum(pg, -dual_clip * adv)
-        dual = (adv < 0) & (capped < pg)
-        pg = torch.where(adv < 0, capped, pg)
-    if is_weights is not None:
-        pg = pg * is_weights.detach()
-    per_token, kl = _add_kl(pg, logprobs, ref_logprobs, kl_coef, kl_estimator)
+    pg, adv, dual = clipped_surrogate(w, adv, logprobs, clip_low, clip_high, dual_clip, is_weights)
+    per_token, kl = add_kl_term(pg, logprobs, ref_logprobs, kl_coef, kl_estimator)
 
     def agg(x: torch.Tensor) -> torch.Tensor:
         return aggregate(x, mask, aggregation, num_seqs=num_seqs, num_tokens=num_tokens, norm_len=norm_len)
@@ -187,19 +142,14 @@ def gspo_loss(
     with torch.no_grad():
         n = mask.sum().clamp(min=1.0)
         s = log_s.exp()[:, None].expand_as(logprobs)
-        low = ((s < 1.0 - clip_low) & (adv < 0)).float()
-        high = ((s > 1.0 + clip_high) & (adv > 0)).float()
         rows = mask.sum(-1) > 0
         stats = {
             "loss/policy": float(agg(pg)),
-            "clip/frac_low": float((low * mask).sum() / n),
-            "clip/frac_high": float((high * mask).sum() / n),
-            "clip/frac": float(((low + high) * mask).sum() / n),
-            "clip/frac_dual": 0.0 if dual is None else float((dual.float() * mask).sum() / n),
+            **clip_fractions(s, adv, mask, clip_low, clip_high, dual),
             "ratio/seq_mean": float((s * mask).sum() / n),
             "ratio/seq_max": float(log_s[rows].exp().max()) if rows.any() else 1.0,
             "ratio/seq_min": float(log_s[rows].exp().min()) if rows.any() else 1.0,
-            **_common_stats(logprobs - old_logprobs, mask, kl, kl_estimator),
+            **kl_stats(logprobs - old_logprobs, mask, kl, kl_estimator),
         }
     return loss, stats
 
@@ -276,7 +226,7 @@ def cispo_loss(
     pg = -weight * adv * logprobs  # [B, L]
     if is_weights is not None:
         pg = pg * is_weights.detach()
-    per_token, kl = _add_kl(pg, logprobs, ref_logprobs, kl_coef, kl_estimator)
+    per_token, kl = add_kl_term(pg, logprobs, ref_logprobs, kl_coef, kl_estimator)
 
     def agg(x: torch.Tensor) -> torch.Tensor:
         return aggregate(x, mask, aggregation, num_seqs=num_seqs, num_tokens=num_tokens, norm_len=norm_len)
@@ -294,7 +244,7 @@ def cispo_loss(
             "ratio/mean": float((ratio * mask).sum() / n),
             "ratio/max": float(ratio.masked_fill(mask == 0, 0.0).max()) if mask.any() else 1.0,
             "cispo/weight_mean": float((weight * mask).sum() / n),
-            **_common_stats(log_ratio, mask, kl, kl_estimator),
+            **kl_stats(log_ratio, mask, kl, kl_estimator),
         }
     return loss, stats
 

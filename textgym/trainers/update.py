@@ -8,7 +8,7 @@ iteration needs (π_old recomputed by the trainer, π_ref of the reference).
 
 The loss is the one the config's `policy_loss` names in the registry
 (`textgym.trainers.registry.register_policy_loss`); the default, "ppo_clip"
-(`textgym.trainers.losses.clipped_policy_loss`), is PPO's clipped surrogate (Schulman et al.
+(`textgym.trainers.clipped_loss.clipped_policy_loss`), is PPO's clipped surrogate (Schulman et al.
 2017, arXiv:1707.06347, eq. 7) with the options of the GRPO family; "gspo", "gspo_token" and
 "cispo" are in `textgym.trainers.policy_losses`.
 """
