@@ -193,7 +193,7 @@ def test_rollout_k3_metric_is_never_negative(tiny_model_dir, tmp_path):
 def test_tis_on_the_transformers_backend(tiny_model_dir, tmp_path, monkeypatch, tis):
     """`rollout.tis: true` recomputes π_old with the trainer's forward and weights the loss by
     min(π_old/π_rollout, C); false or null (the default) recomputes nothing."""
-    import textgym.trainers.losses as losses  # the update's default policy loss, ppo_clip, calls it
+    import textgym.trainers.clipped_loss as losses  # the update's default policy loss, ppo_clip, calls it
     from textgym.trainers.logprobs import sequence_logprobs
 
     seed_everything(0)
