@@ -45,7 +45,7 @@ def synthetic_batch(B: int, P: int, L: int, vocab: int, device: str = "cpu"):
     """A RolloutBatch of random token ids (every row full length)."""
     import torch
 
-    from textgym.trainers.batch import RolloutBatch
+    from textgym.training.batch import RolloutBatch
 
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(3, vocab, (B, P + L), generator=g)
@@ -79,11 +79,11 @@ def child(args: argparse.Namespace) -> dict[str, float | str]:
 
     import torch
 
+    from textgym.algorithms.clipped_loss import clipped_policy_loss
     from textgym.config import LoraSettings
     from textgym.models import load_model
-    from textgym.trainers.clipped_loss import clipped_policy_loss
-    from textgym.trainers.logprobs import sequence_logprobs
-    from textgym.trainers.lora import apply_lora, reference_of
+    from textgym.training.logprobs import sequence_logprobs
+    from textgym.training.lora import apply_lora, reference_of
 
     dev = args.device
     cuda = dev.startswith("cuda")
@@ -98,7 +98,7 @@ def child(args: argparse.Namespace) -> dict[str, float | str]:
     if args.what in ("memory-grpo", "memory-ppo", "train"):
         reference = copy.deepcopy(policy).eval().requires_grad_(False)
     if args.what == "memory-ppo":
-        from textgym.trainers.ppo import build_critic, sequence_values
+        from textgym.trainers.rl.ppo import build_critic, sequence_values
 
         critic = build_critic(policy)
         reward_model = copy.deepcopy(critic).eval().requires_grad_(False)

@@ -34,8 +34,8 @@ def warm_model(out: Path) -> Path:
     from textgym.config import SFTConfig
     from textgym.model_init import init_model
     from textgym.models import load_model
-    from textgym.trainers.seeding import seed_everything
     from textgym.trainers.sft import SFTTrainer
+    from textgym.training.seeding import seed_everything
 
     seed_everything(0)
     init_model("tiny", out / "init")
@@ -55,8 +55,8 @@ def warm_model(out: Path) -> Path:
 def bench_textgym(model_dir: Path, steps: int, warmup: int, work: Path) -> tuple[list[float], float]:
     from textgym.config import GRPOConfig
     from textgym.models import load_model
-    from textgym.trainers.grpo import GRPOTrainer
-    from textgym.trainers.seeding import seed_everything
+    from textgym.trainers.rl.grpo import GRPOTrainer
+    from textgym.training.seeding import seed_everything
 
     seed_everything(0)
     model, tok = load_model(model_dir)

@@ -32,8 +32,8 @@ def run_one(
     """Train one GRPO run and return its per-step metrics."""
     from textgym.config import GRPOConfig
     from textgym.models import load_model
-    from textgym.trainers.grpo import GRPOTrainer
-    from textgym.trainers.seeding import seed_everything
+    from textgym.trainers.rl.grpo import GRPOTrainer
+    from textgym.training.seeding import seed_everything
 
     seed_everything(0)
     model, tok = load_model(model_dir)

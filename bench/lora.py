@@ -5,7 +5,7 @@ the same locally built Qwen2-config model (a textgym preset, float32, random ini
 
 - `full`: the policy trains every weight; the reference is a frozen deep copy (β > 0), and
   AdamW keeps two fp32 moments per weight.
-- `lora`: the policy gets LoRA adapters (`textgym.trainers.lora.apply_lora`, r and α as
+- `lora`: the policy gets LoRA adapters (`textgym.training.lora.apply_lora`, r and α as
   given, all linear layers); the reference is the same module with adapters disabled.
 
 Each process builds its models and optimizer, then runs `--steps` GRPO-style updates on a
@@ -71,11 +71,11 @@ def child(args: argparse.Namespace) -> None:
     import transformers  # noqa: F401  (its import is part of the baseline, not of the models)
     from gpu import synthetic_batch  # bench/gpu.py, beside this script
 
+    from textgym.algorithms.clipped_loss import clipped_policy_loss
     from textgym.config import LoraSettings
     from textgym.models import load_model
-    from textgym.trainers.clipped_loss import clipped_policy_loss
-    from textgym.trainers.logprobs import sequence_logprobs
-    from textgym.trainers.lora import apply_lora, reference_of
+    from textgym.training.logprobs import sequence_logprobs
+    from textgym.training.lora import apply_lora, reference_of
 
     torch.set_num_threads(args.threads)
     base_mb = _status_mb("VmRSS")

@@ -48,8 +48,8 @@ def child(args: argparse.Namespace) -> None:
     base = _status_mb("VmRSS")
     from textgym.config import GRPOConfig, ParallelConfig
     from textgym.models import load_model
-    from textgym.trainers.batch import RolloutBatch
-    from textgym.trainers.grpo import GRPOTrainer
+    from textgym.trainers.rl.grpo import GRPOTrainer
+    from textgym.training.batch import RolloutBatch
 
     B, P, L = args.rows, args.prompt_len, args.response_len
     policy, tok = load_model(args.model)

@@ -17,7 +17,7 @@ on the same batch (token ids drawn once by the parent and saved for the children
   has them from sampling, so the bench fills `batch.old_logprobs` with textgym's own
   `_trainer_logprobs` pass before each step, outside the timed update (its time is printed
   apart). Advantages: one fixed group-normalised vector (mean 0), the same on both sides.
-  textgym: `textgym.trainers.grpo.GRPOTrainer(...).update(batch, advantages)` (it computes
+  textgym: `textgym.trainers.rl.grpo.GRPOTrainer(...).update(batch, advantages)` (it computes
   the reference log-probs itself, `kl_placement: loss`), config `loss_aggregation:
   token_mean`, `kl_estimator: k3`, `epochs: 1`, minibatch = the whole batch. TRL:
   `trl.GRPOTrainer` with `loss_type="dapo"` (its token mean over the whole generation batch),
@@ -210,7 +210,7 @@ def _textgym_child(args: argparse.Namespace, data: dict[str, Any], base_mb: floa
     from textgym.agents.trajectory import Trajectory
     from textgym.config import GRPOConfig, ParallelConfig, PreferenceConfig, SFTConfig
     from textgym.models import load_model
-    from textgym.trainers.batch import RolloutBatch
+    from textgym.training.batch import RolloutBatch
 
     gc = args.gradient_checkpointing == "on"
     parallel = ParallelConfig(mixed_precision=args.precision, gradient_checkpointing=gc)
@@ -225,7 +225,7 @@ def _textgym_child(args: argparse.Namespace, data: dict[str, Any], base_mb: floa
     meter = _Meter(base_mb, args.device)
     extra: dict[str, Any] = {}
     if args.row == "grpo":
-        from textgym.trainers.grpo import GRPOTrainer
+        from textgym.trainers.rl.grpo import GRPOTrainer
 
         ids = data["grpo_ids"]
         B = ids.shape[0]
@@ -302,7 +302,7 @@ def _textgym_child(args: argparse.Namespace, data: dict[str, Any], base_mb: floa
             m = trainer.train_step()
             meter.stop(m["loss/sft"])
     else:
-        from textgym.trainers.preference import PreferenceTrainer
+        from textgym.trainers.preference.offline import PreferenceTrainer
 
         prompts, chosen, rejected = data["dpo_prompt"], data["dpo_chosen"], data["dpo_rejected"]
         n = prompts.shape[0]
@@ -516,8 +516,8 @@ def child(args: argparse.Namespace) -> None:
     else:
         import pyarrow  # noqa: F401
 
-        import textgym.trainers.grpo
-        import textgym.trainers.preference
+        import textgym.trainers.preference.offline
+        import textgym.trainers.rl.grpo
         import textgym.trainers.sft  # noqa: F401
     torch.set_num_threads(args.threads)
     # On a GPU nothing is allocated yet: the peak counts weights, gradients, AdamW and activations.

@@ -3,7 +3,7 @@
     python examples/minimal_grpo.py --steps 20
     python examples/minimal_grpo.py --model runs/quickstart/sft/final --steps 100
 
-This is the loop `textgym.trainers.grpo.GRPOTrainer` runs with its default options
+This is the loop `textgym.trainers.rl.grpo.GRPOTrainer` runs with its default options
 (`advantage_estimator: grpo`, `scale_rewards: group`, `loss_aggregation: seq_mean_token_mean`,
 `kl_coef: 0`, one epoch, one minibatch), without checkpoints, resuming, LoRA, several
 processes, vLLM or the DAPO options; `tests/test_examples.py` checks that the first step's loss
@@ -41,10 +41,10 @@ import torch
 
 import textgym.envs  # noqa: F401  (registers the textgym/... environment ids)
 from textgym.agents import LLMAgent, SamplingParams, Trajectory, rollout
+from textgym.algorithms.advantages import group_advantages
+from textgym.algorithms.clipped_loss import clipped_policy_loss
 from textgym.model_init import init_model
 from textgym.models import load_model
-from textgym.trainers.advantages import group_advantages
-from textgym.trainers.clipped_loss import clipped_policy_loss
 
 
 @dataclass

@@ -136,8 +136,8 @@ def warm_model_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactor
     kernels round differently."""
     from textgym.config import SFTConfig
     from textgym.models import load_model
-    from textgym.trainers.seeding import seed_everything
     from textgym.trainers.sft import SFTTrainer
+    from textgym.training.seeding import seed_everything
 
     seed_everything(0)
     model, tok = load_model(tiny_model_dir)
@@ -268,8 +268,8 @@ def check_exact_sampling(generate: Any, model: Any, tokenizer: Any, eos_ids: lis
     truncated distribution renormalised (`truncated_logprobs`), to 1e-4.
     """
     from textgym.agents import SamplingParams
-    from textgym.trainers.batch import RolloutBatch
-    from textgym.trainers.logprobs import sequence_logprobs
+    from textgym.training.batch import RolloutBatch
+    from textgym.training.logprobs import sequence_logprobs
 
     prompt = list(
         tokenizer.apply_chat_template(

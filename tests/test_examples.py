@@ -15,8 +15,8 @@ import torch
 
 from textgym.config import GRPOConfig
 from textgym.models import load_model
-from textgym.trainers.grpo import GRPOTrainer
-from textgym.trainers.seeding import seed_everything
+from textgym.trainers.rl.grpo import GRPOTrainer
+from textgym.training.seeding import seed_everything
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "minimal_grpo.py"

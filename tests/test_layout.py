@@ -112,9 +112,8 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 def test_the_import_graph_reader_resolves_relative_and_from_imports():
     graph = import_graph()
     assert "textgym.envs" in graph["textgym"]
-    assert "textgym.trainers.losses" in graph["textgym.trainers.grpo"] or any(
-        t.startswith("textgym.trainers.") for t in graph["textgym.trainers.grpo"]
-    )
+    assert "textgym.algorithms.registry" in graph["textgym.trainers.rl.grpo"]  # a `from a.b import c`
+    assert "textgym.algorithms.policy_losses" in graph["textgym.trainers.rl.update"]  # `from a import module`
 
 
 def test_the_cycle_finder_reports_the_cycle_it_finds():
@@ -147,6 +146,48 @@ def test_agents_do_not_import_the_trainers():
     }
     offenders = {m: t for m, t in offenders.items() if t}
     assert not offenders, f"rollouts import the trainers: {offenders}"
+
+
+def _imports_of(prefix: str, graph: dict[str, set[str]], forbidden: str) -> dict[str, list[str]]:
+    """Modules under `prefix` that import a module under `forbidden` (both dotted package names)."""
+
+    def under(module: str, package: str) -> bool:
+        return module == package or module.startswith(package + ".")
+
+    found = {
+        module: sorted(t for t in targets if under(t, forbidden))
+        for module, targets in graph.items()
+        if under(module, prefix)
+    }
+    return {m: t for m, t in found.items() if t}
+
+
+def test_the_algorithms_import_nothing_from_the_rest_of_textgym():
+    """`textgym.algorithms` is pure tensor maths: torch in, torch out, no config, no model, no env."""
+    graph = import_graph()
+    outside = {
+        module: sorted(t for t in targets if not t.startswith("textgym.algorithms") and t != "textgym")
+        for module, targets in graph.items()
+        if module.startswith("textgym.algorithms")
+    }
+    outside = {m: t for m, t in outside.items() if t}
+    assert not outside, f"textgym.algorithms imports the rest of textgym: {outside}"
+    assert (
+        "textgym.algorithms.aggregate" in graph["textgym.algorithms.auxiliary"]
+    )  # the reader sees its edges
+
+
+def test_the_training_machinery_never_imports_the_trainers():
+    """`textgym.training` (batching, log-probs, checkpoints, rollout sources) serves every trainer."""
+    offenders = _imports_of("textgym.training", import_graph(), "textgym.trainers")
+    assert not offenders, f"textgym.training imports the trainers: {offenders}"
+    fake = {
+        "textgym.training.x": {"textgym.trainers.rl.grpo"},
+        "textgym.trainers.sft": {"textgym.training.x"},
+    }
+    assert _imports_of("textgym.training", fake, "textgym.trainers") == {
+        "textgym.training.x": ["textgym.trainers.rl.grpo"]
+    }
 
 
 def _reexports(path: Path) -> list[str]:
@@ -205,6 +246,53 @@ def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
 def test_no_import_cycle_between_packages():
     cycle = find_cycle(package_graph(import_graph()))
     assert cycle is None, "packages import each other: " + " -> ".join(cycle or [])
+
+
+LAYERS: list[set[str]] = [
+    {"textgym.__main__"},
+    {"textgym.cli"},
+    {"textgym.pipeline", "textgym.serve"},
+    {"textgym.stages"},
+    {"textgym.trainers"},
+    {"textgym.training", "textgym.evaluation"},
+    {"textgym.offline"},
+    {"textgym.agents", "textgym.config", "textgym.model_init"},
+    {"textgym.envs"},
+    {"textgym.tools", "textgym.verifiers"},
+    {"textgym.tracking"},
+    {
+        "textgym.algorithms",
+        "textgym.sandbox",
+        "textgym.distributed",
+        "textgym.models",
+        "textgym.types",
+        "textgym._lazy",
+        "textgym._moved",
+    },
+]
+"""The floors of docs/design.md's "The house", top to bottom: a package imports only floors below its own."""
+
+
+def _upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    floor = {package: i for i, packages in enumerate(LAYERS) for package in packages}
+    bad = []
+    for package, targets in package_graph(graph).items():
+        for target in targets:
+            if target in floor and package in floor and floor[target] <= floor[package]:
+                bad.append(f"{package} -> {target}")
+    return sorted(bad)
+
+
+def test_every_package_is_on_one_floor_of_the_house_and_imports_only_go_down():
+    graph = import_graph()
+    placed = {package for packages in LAYERS for package in packages}
+    unplaced = sorted(set(package_graph(graph)) - placed)
+    assert not unplaced, f"packages on no floor of LAYERS (add them, and to docs/design.md): {unplaced}"
+    assert not _upward_imports(graph), f"imports that go up or sideways: {_upward_imports(graph)}"
+    # the checker sees a sideways edge (training and evaluation share a floor)
+    assert _upward_imports({"textgym.training.x": {"textgym.evaluation.y"}}) == [
+        "textgym.training -> textgym.evaluation"
+    ]
 
 
 def test_an_old_module_path_fails_with_an_error_naming_the_new_place():

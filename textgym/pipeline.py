@@ -2,7 +2,7 @@
 
     runs/<name>/config.yaml      the resolved config
     runs/<name>/model_init/      the preset model, when the run builds one
-    runs/<name>/sft/, grpo/, ppo/, dpo/, online_dpo/  stage directories (see textgym.trainers.checkpoint)
+    runs/<name>/sft/, grpo/, ppo/, dpo/, online_dpo/  stage directories (see textgym.training.checkpoint)
     runs/<name>/eval_before.json, eval_after.json
     runs/<name>/summary.json     accuracy_before, accuracy_after, n_eval, wall_time_s, peak_rss_mb,
                                  sft_target (steps, probe accuracy, reached) when SFT has a target, ...
@@ -40,7 +40,7 @@ from textgym.evaluation.core import EvalResult, evaluate
 from textgym.evaluation.envcheck import preflight_envs
 from textgym.model_init import init_model
 from textgym.models import load_model
-from textgym.trainers.seeding import seed_everything
+from textgym.training.seeding import seed_everything
 
 
 def preflight(cfg: RunConfig) -> None:
@@ -56,26 +56,26 @@ def preflight(cfg: RunConfig) -> None:
         )
     validate_runtime(cfg)
     if cfg.grpo is not None:
-        from textgym.trainers.advantages import available_advantages
+        from textgym.algorithms.advantages import available_advantages
 
         names = available_advantages()
         if cfg.grpo.advantage_estimator not in names:
             raise ConfigError(
                 f"grpo.advantage_estimator: unknown estimator {cfg.grpo.advantage_estimator!r}; registered: "
-                f"{', '.join(names)} (add one with @textgym.trainers.registry.register_advantage)"
+                f"{', '.join(names)} (add one with @textgym.algorithms.registry.register_advantage)"
             )
     for stage_name, stage in (("grpo", cfg.grpo), ("ppo", cfg.ppo)):
         if stage is not None:
-            from textgym.trainers.policy_losses import available_policy_losses
+            from textgym.algorithms.policy_losses import available_policy_losses
 
             losses = available_policy_losses()
             if stage.policy_loss not in losses:
                 raise ConfigError(
                     f"{stage_name}.policy_loss: unknown policy loss {stage.policy_loss!r}; registered: "
-                    f"{', '.join(losses)} (add one with @textgym.trainers.registry.register_policy_loss)"
+                    f"{', '.join(losses)} (add one with @textgym.algorithms.registry.register_policy_loss)"
                 )
             if stage.rollout.servers:  # reachable, with --weight-sync, one model (vocab: at the stage)
-                from textgym.trainers.remote_rollouts import check_servers
+                from textgym.training.sources.remote import check_servers
 
                 r = stage.rollout
                 try:
@@ -105,7 +105,7 @@ def preflight(cfg: RunConfig) -> None:
         if field not in ("grpo.env", "ppo.env"):
             raise ConfigError(f"{field}.judge: only the grpo and ppo stages' envs take a judge reward term")
     for field, judge in judged:
-        from textgym.trainers.judge_reward import check_judge
+        from textgym.training.judge_reward import check_judge
 
         check_judge(judge, f"{field}.judge")
     if cfg.rft:
@@ -229,8 +229,8 @@ def run(
         ConfigError: on a bad config, or an existing run directory without `resume`/`overwrite`.
     """
     from textgym.stages.preference import preference_rounds
-    from textgym.trainers.grpo import GRPOTrainer
-    from textgym.trainers.ppo import PPOTrainer
+    from textgym.trainers.rl.grpo import GRPOTrainer
+    from textgym.trainers.rl.ppo import PPOTrainer
     from textgym.trainers.sft import SFTTrainer
 
     world = distributed.init(cfg.device)
@@ -334,7 +334,7 @@ def run(
     # 2d. Online DPO: each step samples pairs from the current policy; evaluated before and after.
     odpo = cfg.online_dpo
     if odpo is not None:
-        from textgym.trainers.online_dpo import OnlineDPOTrainer, models_in_memory
+        from textgym.trainers.preference.online import OnlineDPOTrainer, models_in_memory
 
         ecfg, eval_fn = cfg.eval, None
         if ecfg is not None:
@@ -392,7 +392,7 @@ def run_reward_model(
         ValueError, OSError: from reading the pairs or training (see `train_reward_model`).
     """
     from textgym.offline import read_pairs
-    from textgym.trainers.reward_model import train_reward_model
+    from textgym.trainers.reward.bradley_terry import train_reward_model
 
     rm = cfg.reward_model
     if rm is None:

@@ -12,8 +12,8 @@ from conftest import (
 
 import textgym  # noqa: F401
 from textgym.agents import LLMAgent, SamplingParams, rollout
-from textgym.trainers.batch import RolloutBatch
-from textgym.trainers.logprobs import sequence_logprobs
+from textgym.training.batch import RolloutBatch
+from textgym.training.logprobs import sequence_logprobs
 
 
 @pytest.fixture(params=["bpe", "byte"])
@@ -149,7 +149,7 @@ def test_act_returns_text(tiny_model_dir):
 
 
 def test_shared_prompt_forward_equals_the_plain_forward(tiny_model_dir):
-    from textgym.trainers.logprobs import shared_prompt_rows
+    from textgym.training.logprobs import shared_prompt_rows
 
     torch.manual_seed(0)
     agent = LLMAgent.from_pretrained(tiny_model_dir)
@@ -380,7 +380,7 @@ def test_decoding_method_fields_of_the_folder_do_not_apply(tiny_model_dir, tmp_p
 def test_lora_policy_samples_exactly_the_params(hostile_model_dir):
     from textgym.config import LoraSettings
     from textgym.models import load_model
-    from textgym.trainers.lora import apply_lora
+    from textgym.training.lora import apply_lora
 
     torch.manual_seed(0)
     model, tok = load_model(hostile_model_dir)

@@ -22,10 +22,10 @@ from textgym.agents.rollout import rollout
 from textgym.config import PPOConfig
 from textgym.evaluation.core import EvalResult
 from textgym.models import load_model, load_tokenizer
-from textgym.trainers.batch import RolloutBatch
-from textgym.trainers.ppo import PPOTrainer
-from textgym.trainers.rollouts import rollout_metrics
-from textgym.trainers.seeding import seed_everything
+from textgym.trainers.rl.ppo import PPOTrainer
+from textgym.training.batch import RolloutBatch
+from textgym.training.rollout_metrics import rollout_metrics
+from textgym.training.seeding import seed_everything
 
 WRONG = ["crane", "slate", "pious", "dough", "mirth", "wacky"]
 PARAMS = SamplingParams(temperature=1.0, max_new_tokens=8)

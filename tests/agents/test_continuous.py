@@ -241,8 +241,8 @@ def test_grpo_trainer_takes_rollout_mode_continuous(tiny_model_dir, tmp_path):
 
     from textgym.config import GRPOConfig
     from textgym.models import load_model
-    from textgym.trainers.grpo import GRPOTrainer
-    from textgym.trainers.seeding import seed_everything
+    from textgym.trainers.rl.grpo import GRPOTrainer
+    from textgym.training.seeding import seed_everything
 
     records = {}
     for mode in ("lockstep", "continuous"):
@@ -296,7 +296,7 @@ def test_an_episode_continues_across_a_weight_push_its_tokens_tagged(tiny_model_
     episode (as when a push lands), each turn's tokens carry the version that sampled them, the
     trajectory's `policy_version` is the oldest, and the batch counts as mixed."""
     from textgym.serve import build_app
-    from textgym.trainers.async_rollouts import staleness_metrics
+    from textgym.training.sources.async_producer import staleness_metrics
 
     app = build_app(tiny_model_dir, "tiny")
     batcher = app.state.batcher

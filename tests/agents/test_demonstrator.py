@@ -56,7 +56,7 @@ def test_oracle_episodes_are_token_faithful_multi_turn_trajectories(tiny_model_d
         spans.append(cur)
         assert [tok.decode(s) for s in spans] == [m["content"] + tok.eos_token for m in t.messages[1::2]]
         assert torch.all(t.logprobs == 0)
-    from textgym.trainers.rollouts import rollout_metrics
+    from textgym.training.rollout_metrics import rollout_metrics
 
     m = rollout_metrics(trajs)
     assert (m["rollout/turns_mean"], m["rollout/tool_results_mean"], m["rollout/accuracy"]) == (2.0, 1.0, 1.0)
@@ -82,7 +82,7 @@ def test_an_episode_that_opens_mid_game_trains_only_the_policy_turns(tiny_model_
         assert t.turns == len(played) >= 1 and t.response_length == sum(
             len(tok(m["content"], add_special_tokens=False)["input_ids"]) + 1 for m in played
         )
-    from textgym.trainers.rollouts import rollout_metrics
+    from textgym.training.rollout_metrics import rollout_metrics
 
     m = rollout_metrics(trajs)
     assert (
@@ -262,8 +262,8 @@ def test_sft_on_inline_demonstrations_learns_the_tool_turns(tiny_model_dir, tmp_
     """`sft.demonstrations` collects the oracle's episodes into the stage folder (reused on
     resume) and SFT on them lowers the loss of the assistant turns."""
     from textgym.config import SFTConfig
-    from textgym.trainers.seeding import seed_everything
     from textgym.trainers.sft import SFTTrainer
+    from textgym.training.seeding import seed_everything
 
     cfg = SFTConfig.model_validate(
         {"env": {"id": "textgym/ToolMath-v0", "kwargs": TOOLMATH}, "steps": 30, "batch_size": 16,

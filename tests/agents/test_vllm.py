@@ -19,9 +19,9 @@ from textgym.agents import LLMAgent, SamplingParams, rollout
 from textgym.agents.vllm_backend import vllm_available
 from textgym.config import GRPOConfig
 from textgym.models import load_model
-from textgym.trainers.batch import RolloutBatch
-from textgym.trainers.grpo import GRPOTrainer
-from textgym.trainers.logprobs import sequence_logprobs
+from textgym.trainers.rl.grpo import GRPOTrainer
+from textgym.training.batch import RolloutBatch
+from textgym.training.logprobs import sequence_logprobs
 
 pytestmark = pytest.mark.vllm
 
@@ -166,7 +166,7 @@ def test_an_engine_leaves_torch_threads_to_the_trainer(vllm_agent):
 
 def test_ppo_trains_with_vllm_rollouts_and_bf16_mismatch_is_measured(warm_model_dir, tmp_path):
     from textgym.config import PPOConfig
-    from textgym.trainers.ppo import PPOTrainer
+    from textgym.trainers.rl.ppo import PPOTrainer
 
     model, tok = load_model(warm_model_dir)
     cfg = PPOConfig.model_validate(

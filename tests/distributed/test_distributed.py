@@ -428,7 +428,7 @@ def two_rank_world(monkeypatch):
 def test_a_batch_that_does_not_split_over_the_ranks_is_a_config_error(
     two_rank_world, tiny_model_dir, tmp_path
 ):
-    from textgym.trainers.grpo import GRPOTrainer
+    from textgym.trainers.rl.grpo import GRPOTrainer
     from textgym.trainers.sft import SFTTrainer
 
     model, tok = load_model(tiny_model_dir)
@@ -534,8 +534,8 @@ def test_gradient_checkpointing_gives_the_same_gradients(tiny_model_dir):
     group's prompt; against the shared-prompt default the gradients then differ by rounding.
     """
     from textgym.agents.trajectory import Trajectory
-    from textgym.trainers.batch import RolloutBatch
-    from textgym.trainers.logprobs import sequence_logprobs
+    from textgym.training.batch import RolloutBatch
+    from textgym.training.logprobs import sequence_logprobs
 
     def batch() -> RolloutBatch:
         g = torch.Generator().manual_seed(0)
@@ -569,7 +569,7 @@ def test_gradient_checkpointing_gives_the_same_gradients(tiny_model_dir):
 
 def test_memory_report_counts_parameters_gradients_and_adam_state(tiny_model_dir):
     from textgym.config import OptimConfig
-    from textgym.trainers.optim import build_optimizer
+    from textgym.training.optim import build_optimizer
 
     model, _ = load_model(tiny_model_dir)
     optimizer, _ = build_optimizer(model, OptimConfig(), 10)

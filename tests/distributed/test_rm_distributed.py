@@ -29,8 +29,8 @@ from test_distributed import params as weights
 from textgym import distributed
 from textgym.config import OptimConfig, RewardModelConfig
 from textgym.offline import PAIR_SCHEMA, UNPAIRED_SCHEMA, write_pairs
-from textgym.trainers.batch import rank_micro_batches
-from textgym.trainers.reward_model import train_reward_model
+from textgym.trainers.reward.bradley_terry import train_reward_model
+from textgym.training.batch import rank_micro_batches
 
 STEP_KEYS = ("loss/rm", "loss/bt", "loss/lm", "grad_norm", "rewards/margin", "rewards/accuracy")
 

@@ -51,8 +51,8 @@ from textgym.config import ConfigError, GRPOConfig
 from textgym.distributed.transfer import checksum
 from textgym.models import load_model
 from textgym.serve.weights import DELAY_ENV
-from textgym.trainers.grpo import GRPOTrainer
-from textgym.trainers.remote_rollouts import check_servers
+from textgym.trainers.rl.grpo import GRPOTrainer
+from textgym.training.sources.remote import check_servers
 
 pytestmark = pytest.mark.multiproc
 

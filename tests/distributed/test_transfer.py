@@ -141,7 +141,7 @@ def test_the_group_checks_its_arguments():
 def test_the_payload_of_a_lora_policy_is_its_adapter_factors(tiny_model_dir):
     from textgym.config.base import LoraSettings
     from textgym.models import load_model
-    from textgym.trainers.lora import apply_lora
+    from textgym.training.lora import apply_lora
 
     model = apply_lora(load_model(tiny_model_dir)[0], LoraSettings(r=4, alpha=8))
     named, layers, aliases = payload(model)

@@ -70,7 +70,7 @@ def test_best_of_n_majority_and_pass_at_n_by_hand():
 def prm_dir(tiny_model_dir, tmp_path_factory):
     """A PRM trained for one epoch on worked solutions and left-to-right slips (any PRM folder will do)."""
     from textgym.config import PRMConfig
-    from textgym.trainers.prm import train_prm
+    from textgym.trainers.reward.prm import train_prm
 
     rows = []
     for i, t in enumerate(ArithmeticTasks("train", "+*", 1, 3, 25, worked_steps=True)[:16]):

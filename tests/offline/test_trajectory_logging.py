@@ -15,7 +15,7 @@ def test_grpo_logs_its_rollouts_and_a_resume_keeps_the_store_consistent(warm_mod
     import shutil
 
     from textgym.config import GRPOConfig
-    from textgym.trainers.grpo import GRPOTrainer
+    from textgym.trainers.rl.grpo import GRPOTrainer
 
     cfg = GRPOConfig.model_validate(
         {"env": WARM_ENV, "steps": 3, "prompts_per_step": 4, "group_size": 2, "checkpoint_every": 2,

@@ -120,7 +120,7 @@ def test_a_push_leaves_every_server_bitwise_equal_to_the_trainer(pair, tiny_mode
 
 def test_a_lora_policy_sends_its_adapters_only(pair, tiny_model_dir):
     from textgym.config.base import LoraSettings
-    from textgym.trainers.lora import apply_lora
+    from textgym.training.lora import apply_lora
 
     base, tokenizer = load_model(tiny_model_dir)
     model = apply_lora(base, LoraSettings(r=4, alpha=8))

@@ -54,7 +54,7 @@ def vllm_url(tiny_model_dir) -> Iterator[str]:
 
 def test_a_vllm_server_generates_with_the_pushed_weights(vllm_url, tiny_model_dir):
     from textgym.config.base import LoraSettings
-    from textgym.trainers.lora import apply_lora
+    from textgym.training.lora import apply_lora
 
     model, tokenizer = load_model(tiny_model_dir)
     model.eval()

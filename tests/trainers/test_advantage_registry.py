@@ -6,20 +6,20 @@ import pytest
 import torch
 from conftest import WARM_ENV as ENV
 
-from textgym.config import ConfigError, GRPOConfig, RunConfig
-from textgym.models import load_model
-from textgym.pipeline import preflight
-from textgym.trainers import registry
-from textgym.trainers.advantages import (
+from textgym.algorithms import registry
+from textgym.algorithms.advantages import (
     available_advantages,
     discounted_returns,
     group_advantages,
     rloo_advantages,
     whiten,
 )
-from textgym.trainers.grpo import GRPOTrainer
-from textgym.trainers.registry import AdvantageInputs, get_advantage, register_advantage
-from textgym.trainers.seeding import seed_everything
+from textgym.algorithms.registry import AdvantageInputs, get_advantage, register_advantage
+from textgym.config import ConfigError, GRPOConfig, RunConfig
+from textgym.models import load_model
+from textgym.pipeline import preflight
+from textgym.trainers.rl.grpo import GRPOTrainer
+from textgym.training.seeding import seed_everything
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from textgym.trainers.advantages import (
+from textgym.algorithms.advantages import (
     discounted_returns,
     explained_variance,
     gae,
@@ -17,9 +17,10 @@ from textgym.trainers.advantages import (
     turn_end_value_targets,
     whiten,
 )
-from textgym.trainers.clipped_loss import clipped_policy_loss
-from textgym.trainers.kl_control import AdaptiveKLController, FixedKLController
-from textgym.trainers.losses import kl_estimate, value_loss
+from textgym.algorithms.auxiliary import value_loss
+from textgym.algorithms.clipped_loss import clipped_policy_loss
+from textgym.algorithms.kl import kl_estimate
+from textgym.algorithms.kl_control import AdaptiveKLController, FixedKLController
 
 TOL = 1e-6
 

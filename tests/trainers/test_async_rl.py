@@ -1,4 +1,4 @@
-"""Async RL with a staleness bound (`rollout.max_staleness`, `textgym.trainers.async_rollouts`):
+"""Async RL with a staleness bound (`rollout.max_staleness`, `textgym.training.sources.async_producer`):
 k = 0 is the synchronous trainer bit for bit; k = 1 runs one batch ahead, tags every trajectory with
 the version that sampled it (in the trajectory store too), and keeps the bound across kill -9."""
 
@@ -22,9 +22,9 @@ from conftest import watch_pending_jobs
 
 from textgym.config import GRPOConfig
 from textgym.models import load_model
-from textgym.trainers.async_rollouts import StalenessError
-from textgym.trainers.grpo import GRPOTrainer
-from textgym.trainers.seeding import seed_everything
+from textgym.trainers.rl.grpo import GRPOTrainer
+from textgym.training.seeding import seed_everything
+from textgym.training.sources.async_producer import StalenessError
 
 SIGNAL_SEED = 1
 """As in test_grpo.py: a seed whose first steps have a learning signal on the warm model."""
@@ -104,7 +104,7 @@ def test_k1_first_batch_equals_a_seeded_synchronous_batch(warm_model_dir, tmp_pa
 
 def test_decoupled_correction_drops_tokens_above_the_cap(warm_model_dir, tmp_path, monkeypatch):
     """`off_policy_correction: decoupled` weights by π_prox/π_behav, 0 above the cap (AReaL eq. 5)."""
-    import textgym.trainers.on_policy as on_policy
+    import textgym.trainers.rl.on_policy as on_policy
 
     seed_everything(0)
     model, tok = load_model(warm_model_dir)
@@ -158,7 +158,7 @@ def test_several_ranks_are_refused():
     from types import SimpleNamespace
 
     from textgym.config.base import ConfigError
-    from textgym.trainers.async_rollouts import AsyncRollouts
+    from textgym.training.sources.async_producer import AsyncRollouts
 
     trainer = SimpleNamespace(
         name="grpo", cfg=grpo_cfg(rollout={"max_staleness": 1}), world=SimpleNamespace(size=2), engine=None
@@ -174,8 +174,8 @@ RUN = textwrap.dedent(
     import torch
     from textgym.config import GRPOConfig
     from textgym.models import load_model
-    from textgym.trainers.seeding import seed_everything
-    from textgym.trainers.grpo import GRPOTrainer
+    from textgym.training.seeding import seed_everything
+    from textgym.trainers.rl.grpo import GRPOTrainer
 
     torch.set_num_threads(1)
     model_dir, stage, resume = sys.argv[1], sys.argv[2], sys.argv[3] == "1"

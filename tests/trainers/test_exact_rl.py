@@ -24,12 +24,12 @@ from textgym.agents.rollout import rollout
 from textgym.agents.sampling import truncation_mask
 from textgym.config import ConfigError, GRPOConfig, PPOConfig, load_config
 from textgym.models import disable_dropout, load_model, load_tokenizer
-from textgym.trainers.batch import RolloutBatch
-from textgym.trainers.grpo import GRPOTrainer
-from textgym.trainers.logprobs import _full_logits_logprobs, sequence_logprobs
-from textgym.trainers.ppo import PPOTrainer, build_critic, sequence_values, value_head
-from textgym.trainers.rollouts import rollout_metrics
-from textgym.trainers.seeding import seed_everything
+from textgym.trainers.rl.grpo import GRPOTrainer
+from textgym.trainers.rl.ppo import PPOTrainer, build_critic, sequence_values, value_head
+from textgym.training.batch import RolloutBatch
+from textgym.training.logprobs import _full_logits_logprobs, sequence_logprobs
+from textgym.training.rollout_metrics import rollout_metrics
+from textgym.training.seeding import seed_everything
 
 CUTS = [(20, 0.9), (5, 1.0), (0, 0.5)]  # (top_k, top_p)
 
@@ -198,7 +198,7 @@ def test_policy_ratio_is_exactly_one_with_a_dropout_model(gpt2_dropout_dir, tmp_
 
 def test_the_critic_and_lora_adapters_have_no_dropout(gpt2_dropout_dir):
     from textgym.config import LoraSettings
-    from textgym.trainers.lora import apply_lora
+    from textgym.training.lora import apply_lora
 
     policy, tok = load_model(gpt2_dropout_dir)
     critic = build_critic(policy).train()

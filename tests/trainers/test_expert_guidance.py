@@ -13,10 +13,10 @@ from textgym.agents.rollout import rollout
 from textgym.agents.sampling import SamplingParams
 from textgym.config import GRPOConfig
 from textgym.models import load_model
-from textgym.trainers.batch import RolloutBatch
-from textgym.trainers.grpo import GRPOTrainer
-from textgym.trainers.logprobs import sequence_logprobs
-from textgym.trainers.seeding import seed_everything
+from textgym.trainers.rl.grpo import GRPOTrainer
+from textgym.training.batch import RolloutBatch
+from textgym.training.logprobs import sequence_logprobs
+from textgym.training.seeding import seed_everything
 
 GAME = {"id": "textgym/GuessNumber-v0", "kwargs": {"high": 20, "max_guesses": 5, "max_episode_steps": 5}}
 

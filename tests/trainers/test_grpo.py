@@ -12,13 +12,13 @@ import torch
 from conftest import WARM_ENV as ENV
 
 from textgym.agents import SamplingParams, rollout
+from textgym.algorithms.advantages import group_advantages
 from textgym.config import GRPOConfig
 from textgym.models import load_model
-from textgym.trainers.advantages import group_advantages
-from textgym.trainers.batch import RolloutBatch
-from textgym.trainers.checkpoint import latest_checkpoint
-from textgym.trainers.grpo import GRPOTrainer
-from textgym.trainers.seeding import seed_everything
+from textgym.trainers.rl.grpo import GRPOTrainer
+from textgym.training.batch import RolloutBatch
+from textgym.training.checkpoint import latest_checkpoint
+from textgym.training.seeding import seed_everything
 
 SIGNAL_SEED = 1
 """Seed of the tests that need a step with a learning signal: at T = 1 the warm model is right on
@@ -193,8 +193,8 @@ def test_rollout_k3_metric_is_never_negative(tiny_model_dir, tmp_path):
 def test_tis_on_the_transformers_backend(tiny_model_dir, tmp_path, monkeypatch, tis):
     """`rollout.tis: true` recomputes π_old with the trainer's forward and weights the loss by
     min(π_old/π_rollout, C); false or null (the default) recomputes nothing."""
-    import textgym.trainers.clipped_loss as losses  # the update's default policy loss, ppo_clip, calls it
-    from textgym.trainers.logprobs import sequence_logprobs
+    import textgym.algorithms.clipped_loss as losses  # the update's default policy loss, ppo_clip, calls it
+    from textgym.training.logprobs import sequence_logprobs
 
     seed_everything(0)
     model, tok = load_model(tiny_model_dir)

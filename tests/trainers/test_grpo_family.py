@@ -12,8 +12,8 @@ from conftest import WARM_ENV as ENV
 from textgym.agents import Trajectory
 from textgym.config import GRPOConfig
 from textgym.models import load_model
-from textgym.trainers.grpo import GRPOTrainer, group_accuracy
-from textgym.trainers.seeding import seed_everything
+from textgym.trainers.rl.grpo import GRPOTrainer, group_accuracy
+from textgym.training.seeding import seed_everything
 
 SAMPLING = {"temperature": 1.0, "max_new_tokens": 8}
 

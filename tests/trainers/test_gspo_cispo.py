@@ -22,15 +22,15 @@ import pytest
 import torch
 from conftest import WARM_ENV as ENV
 
+from textgym.algorithms import registry
+from textgym.algorithms.clipped_loss import clipped_policy_loss
+from textgym.algorithms.policy_losses import available_policy_losses, cispo_loss, gspo_loss
+from textgym.algorithms.registry import AdvantageInputs, PolicyLossInputs, get_policy_loss, register_advantage
 from textgym.config import ConfigError, GRPOConfig, PPOConfig, load_config
 from textgym.models import load_model
-from textgym.trainers import registry
-from textgym.trainers.batch import RolloutBatch
-from textgym.trainers.clipped_loss import clipped_policy_loss
-from textgym.trainers.grpo import GRPOTrainer
-from textgym.trainers.policy_losses import available_policy_losses, cispo_loss, gspo_loss
-from textgym.trainers.registry import AdvantageInputs, PolicyLossInputs, get_policy_loss, register_advantage
-from textgym.trainers.seeding import seed_everything
+from textgym.trainers.rl.grpo import GRPOTrainer
+from textgym.training.batch import RolloutBatch
+from textgym.training.seeding import seed_everything
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 

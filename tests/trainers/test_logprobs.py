@@ -9,8 +9,8 @@ import torch
 from transformers import AutoModelForCausalLM, Qwen2Config
 
 from textgym.agents.trajectory import Trajectory
-from textgym.trainers.batch import RolloutBatch
-from textgym.trainers.logprobs import _full_logits_logprobs, head_logprobs, pack_rows, sequence_logprobs
+from textgym.training.batch import RolloutBatch
+from textgym.training.logprobs import _full_logits_logprobs, head_logprobs, pack_rows, sequence_logprobs
 
 V = 997  # a prime, so that no chunk size divides the tokens evenly
 
@@ -140,7 +140,7 @@ def test_chunks_keep_only_one_chunk_of_logits_for_backward():
 def test_lora_model_takes_the_chunked_path_with_adapter_gradients():
     """A peft model's decoder and head are reached through the wrapper; adapters get gradients."""
     from textgym.config.base import LoraSettings
-    from textgym.trainers.lora import apply_lora
+    from textgym.training.lora import apply_lora
 
     batch = _batch(True)
     base = _model()
@@ -159,8 +159,8 @@ def test_lora_model_takes_the_chunked_path_with_adapter_gradients():
 def test_the_chunked_path_is_taken_for_hf_and_peft_models():
     """Qwen2 and its peft wrapper qualify; a model that soft-caps its logits does not."""
     from textgym.config.base import LoraSettings
-    from textgym.trainers.logprobs import chunked_head_supported
-    from textgym.trainers.lora import apply_lora
+    from textgym.training.logprobs import chunked_head_supported
+    from textgym.training.lora import apply_lora
 
     model = _model()
     assert chunked_head_supported(model)

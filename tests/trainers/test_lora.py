@@ -12,13 +12,13 @@ from conftest import WARM_ENV as ENV
 from textgym.agents.weight_sync import is_lora, merged_state_dict
 from textgym.config import GRPOConfig, LoraSettings, PPOConfig
 from textgym.models import load_model
-from textgym.trainers.batch import RolloutBatch
-from textgym.trainers.checkpoint import latest_checkpoint
-from textgym.trainers.grpo import GRPOTrainer
-from textgym.trainers.logprobs import sequence_logprobs
-from textgym.trainers.lora import apply_lora, reference_of
-from textgym.trainers.ppo import PPOTrainer
-from textgym.trainers.seeding import seed_everything
+from textgym.trainers.rl.grpo import GRPOTrainer
+from textgym.trainers.rl.ppo import PPOTrainer
+from textgym.training.batch import RolloutBatch
+from textgym.training.checkpoint import latest_checkpoint
+from textgym.training.logprobs import sequence_logprobs
+from textgym.training.lora import apply_lora, reference_of
+from textgym.training.seeding import seed_everything
 
 SAMPLING = {"temperature": 1.0, "max_new_tokens": 8}
 LORA = {"r": 4, "alpha": 8}
@@ -70,7 +70,7 @@ def test_adapters_start_at_the_base_model_and_only_they_train(warm_model_dir):
 
 
 def test_merged_weights_equal_peft_merge_and_give_the_same_function(warm_model_dir, tmp_path):
-    from textgym.trainers.lora import save_merged
+    from textgym.training.lora import save_merged
 
     base, tok = load_model(warm_model_dir)
     policy = apply_lora(base, LoraSettings(**LORA))

@@ -7,10 +7,13 @@ import statistics
 import pytest
 import torch
 
+from textgym.algorithms.advantages import group_advantages, token_level_rewards
+from textgym.algorithms.aggregate import aggregate
+from textgym.algorithms.auxiliary import entropy_from_logits, sft_loss
+from textgym.algorithms.clipped_loss import clipped_policy_loss
+from textgym.algorithms.correction import rollout_correction
+from textgym.algorithms.kl import kl_estimate
 from textgym.evaluation import pass_at_k
-from textgym.trainers.advantages import group_advantages, token_level_rewards
-from textgym.trainers.clipped_loss import clipped_policy_loss
-from textgym.trainers.losses import aggregate, entropy_from_logits, kl_estimate, rollout_correction, sft_loss
 
 TOL = 1e-6
 

@@ -17,11 +17,11 @@ from textgym.agents import LLMAgent, SamplingParams, rollout
 from textgym.agents.sampling import derive_seed
 from textgym.config import ConfigError, OnlineDPOConfig, load_config, validate_runtime
 from textgym.models import load_model
-from textgym.trainers.checkpoint import latest_checkpoint
-from textgym.trainers.env_factory import make_env
-from textgym.trainers.online_dpo import OnlineDPOTrainer
-from textgym.trainers.online_dpo_pairs import best_vs_worst
-from textgym.trainers.seeding import seed_everything
+from textgym.trainers.preference.online import OnlineDPOTrainer
+from textgym.trainers.preference.online_pairs import best_vs_worst
+from textgym.training.checkpoint import latest_checkpoint
+from textgym.training.envs import make_env
+from textgym.training.seeding import seed_everything
 
 SEED = 1
 """Seed of the tests that need pairs. The warm model is right on ~8 % of its T = 1 samples of
@@ -138,7 +138,7 @@ def _tiny_reward_model(model_dir, out) -> None:
     """A Bradley–Terry reward model trained (one epoch) on synthetic pairs of the tiny model's tokens."""
     from textgym.config import OptimConfig, RewardModelConfig
     from textgym.offline import PAIR_SCHEMA
-    from textgym.trainers.reward_model import train_reward_model
+    from textgym.trainers.reward.bradley_terry import train_reward_model
 
     rows = [
         {"env_id": "e", "task_id": f"t/{i}", "prompt_ids": [5 + i % 23, 9], "chosen_ids": [30 + i % 5, 40, 2],
@@ -151,7 +151,7 @@ def _tiny_reward_model(model_dir, out) -> None:
 
 
 def test_the_reward_model_scores_the_pairs(tiny_model_dir, tmp_path):
-    from textgym.trainers.online_dpo import models_in_memory
+    from textgym.trainers.preference.online import models_in_memory
     from textgym.verifiers.reward_model import RewardModelVerifier
 
     _tiny_reward_model(tiny_model_dir, tmp_path / "rm")
@@ -226,7 +226,7 @@ def test_micro_batches_give_the_gradient_of_the_whole_step(warm_model_dir, tmp_p
 def test_lora_reference_is_the_policy_with_its_adapters_off(warm_model_dir, tmp_path):
     """With LoRA no reference copy is kept: at the start (B = 0) the loss is log 2 and the KL 0;
     a second update on the same pairs has moved the adapters, and the adapters-off log-probs with them not."""
-    from textgym.trainers.online_dpo import models_in_memory
+    from textgym.trainers.preference.online import models_in_memory
 
     seed_everything(SEED)
     model, tok = load_model(warm_model_dir)

@@ -12,11 +12,11 @@ from textgym.agents.trajectory import Trajectory
 from textgym.config import ConfigError, GRPOConfig, PreferenceConfig, SFTConfig
 from textgym.models import load_model
 from textgym.offline import PAIR_SCHEMA
-from textgym.trainers.batch import RolloutBatch, no_token_budget_under_torchrun, token_budget_micro_batches
-from textgym.trainers.grpo import GRPOTrainer
-from textgym.trainers.logprobs import sequence_logprobs
-from textgym.trainers.preference import PreferenceTrainer
+from textgym.trainers.preference.offline import PreferenceTrainer
+from textgym.trainers.rl.grpo import GRPOTrainer
 from textgym.trainers.sft import SFTTrainer
+from textgym.training.batch import RolloutBatch, no_token_budget_under_torchrun, token_budget_micro_batches
+from textgym.training.logprobs import sequence_logprobs
 
 # (micro_batch_size, micro_batch_tokens, packing) against the whole batch in one padded pass
 LAYOUTS = [(None, 40, True), (None, 40, False), (None, 10**6, True)]

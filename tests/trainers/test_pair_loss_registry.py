@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from textgym.trainers.preference_losses import (
+from textgym.algorithms.preference_losses import (
     PAIR_LOSSES,
     PairLossInputs,
     dpo_loss,

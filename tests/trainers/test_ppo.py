@@ -11,13 +11,13 @@ from conftest import ECHO_ENV_ID
 from conftest import WARM_ENV as ENV
 
 from textgym.agents import Trajectory
+from textgym.algorithms.advantages import explained_variance
 from textgym.config import PPOConfig
 from textgym.models import load_model
-from textgym.trainers.advantages import explained_variance
-from textgym.trainers.batch import RolloutBatch
-from textgym.trainers.checkpoint import latest_checkpoint
-from textgym.trainers.ppo import PPOTrainer, sequence_values
-from textgym.trainers.seeding import seed_everything
+from textgym.trainers.rl.ppo import PPOTrainer, sequence_values
+from textgym.training.batch import RolloutBatch
+from textgym.training.checkpoint import latest_checkpoint
+from textgym.training.seeding import seed_everything
 
 SAMPLING = {"temperature": 1.0, "max_new_tokens": 8}
 

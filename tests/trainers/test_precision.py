@@ -1,4 +1,4 @@
-"""Compute precision on one device (`textgym.trainers.precision`): bf16 autocast over fp32 weights.
+"""Compute precision on one device (`textgym.training.precision`): bf16 autocast over fp32 weights.
 
 On this CPU (bf16 autocast runs oneDNN's bf16 matmuls) a bf16 step of the tiny model must run
 its Linear layers in bf16, keep parameters, gradients and AdamW state in fp32, and land close to
@@ -21,16 +21,16 @@ from conftest import WARM_ENV as ENV
 from textgym import distributed
 from textgym.config import ConfigError, GRPOConfig, ParallelConfig, load_config
 from textgym.models import load_model
-from textgym.trainers import precision
-from textgym.trainers.grpo import GRPOTrainer
-from textgym.trainers.precision import (
+from textgym.trainers.rl.grpo import GRPOTrainer
+from textgym.training import precision
+from textgym.training.precision import (
     compute_autocast,
     compute_dtype,
     resolve_compute_dtype,
     set_precision,
     set_tf32,
 )
-from textgym.trainers.seeding import seed_everything
+from textgym.training.seeding import seed_everything
 
 
 def grpo_cfg(**over):
@@ -194,14 +194,14 @@ def _sft_losses(model_dir, tmp_path, mixed_precision, steps=2, patch=None):
 
 def test_fp32_sft_is_bit_identical_to_the_code_without_precision(tiny_model_dir, tmp_path, monkeypatch):
     """`mixed_precision: fp32` enters no autocast: two steps equal, bit for bit, those of a run
-    whose `set_precision` is a no-op (the trainers before `textgym.trainers.precision`)."""
+    whose `set_precision` is a no-op (the trainers before `textgym.training.precision`)."""
     losses, model, seen = _sft_losses(tiny_model_dir, tmp_path, "fp32")
     assert seen == {(torch.float32, False)}
 
     @contextlib.contextmanager
     def no_precision():
         with pytest.MonkeyPatch.context() as mp:
-            mp.setattr("textgym.trainers.placement.set_precision", lambda *a, **k: None)
+            mp.setattr("textgym.training.placement.set_precision", lambda *a, **k: None)
             yield
 
     losses0, model0, seen0 = _sft_losses(tiny_model_dir, tmp_path / "none", "bf16", patch=no_precision())
@@ -233,7 +233,7 @@ def _mismatch(model_dir, tmp_path, mixed_precision, sampler_fp32=False):
     trainer = GRPOTrainer(cfg, model, tok, tmp_path / f"{mixed_precision}{sampler_fp32}", parallel=parallel)
     with pytest.MonkeyPatch.context() as mp:
         if sampler_fp32:  # the rollouts in fp32 while the trainer computes π_old in bf16
-            mp.setattr("textgym.trainers.on_policy.compute_autocast", lambda m: contextlib.nullcontext())
+            mp.setattr("textgym.trainers.rl.on_policy.compute_autocast", lambda m: contextlib.nullcontext())
         return trainer.train_step()
 
 
@@ -258,7 +258,7 @@ def test_sampling_under_the_trainers_precision_keeps_the_mismatch_small(tiny_mod
 def test_the_critic_computes_in_bf16_and_returns_fp32_values(tiny_model_dir):
     from test_grpo import _batch_and_advantages
 
-    from textgym.trainers.ppo import build_critic, sequence_values
+    from textgym.trainers.rl.ppo import build_critic, sequence_values
 
     model, tok = load_model(tiny_model_dir)
     batch, _ = _batch_and_advantages(model, tok, n_tasks=1, group=4)
@@ -281,7 +281,7 @@ def test_a_bf16_reward_model_step(tiny_model_dir, tmp_path):
     from test_reward_model import _synthetic_pairs
 
     from textgym.config import OptimConfig, RewardModelConfig
-    from textgym.trainers.reward_model import RewardModelTrainer
+    from textgym.trainers.reward.bradley_terry import RewardModelTrainer
 
     cfg = RewardModelConfig(epochs=1, batch_size=8, eval_fraction=0.25, optim=OptimConfig(lr=1e-3))
     trainer = RewardModelTrainer(
@@ -311,7 +311,7 @@ def test_a_bf16_reward_model_step(tiny_model_dir, tmp_path):
 )
 def test_the_vllm_engine_dtype_follows_bf16_compute(monkeypatch, mixed_precision, dtype, expected):
     from textgym.agents.vllm_backend import VLLMBackend
-    from textgym.trainers.engine import build_engine
+    from textgym.training.sources.vllm_engine import build_engine
 
     got = {}
     monkeypatch.setattr(VLLMBackend, "for_policy", classmethod(lambda cls, *a, **kw: got.update(kw)))

@@ -16,7 +16,7 @@ from textgym.config import PreferenceConfig, load_config
 from textgym.models import load_model
 from textgym.offline import UNPAIRED_SCHEMA, build_pairs, collect_rollouts, read_pairs, write_pairs
 from textgym.offline.store import read_trajectories
-from textgym.trainers.preference import PreferenceTrainer
+from textgym.trainers.preference.offline import PreferenceTrainer
 
 
 @pytest.fixture(scope="module")

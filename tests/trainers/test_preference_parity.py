@@ -14,7 +14,7 @@ import types
 import pytest
 import torch
 
-from textgym.trainers.preference_losses import dpo_loss, ipo_loss, kto_loss, orpo_loss, simpo_loss
+from textgym.algorithms.preference_losses import dpo_loss, ipo_loss, kto_loss, orpo_loss, simpo_loss
 
 trl_dpo = pytest.importorskip("trl.trainer.dpo_trainer")
 trl_kto = pytest.importorskip("trl.trainer.kto_trainer")

@@ -15,7 +15,7 @@ import textgym  # noqa: F401
 from textgym.config import EnvConfig, OptimConfig, PRMConfig
 from textgym.envs.arithmetic import ArithmeticTasks, check_steps, evaluate, parse_expression
 from textgym.offline.prm_labels import Answer, env_judge, mc_step_labels
-from textgym.trainers.prm import PRMTrainer, step_bce, train_prm
+from textgym.trainers.reward.prm import PRMTrainer, step_bce, train_prm
 from textgym.verifiers.prm import PRMVerifier, aggregate_scores, encode_steps
 from textgym.verifiers.steps import split_steps
 
@@ -175,7 +175,7 @@ def test_step_accuracy_improves_on_a_small_set(tiny_model_dir, tmp_path):
 
 
 def test_the_env_wrapper_puts_the_prms_step_scores_in_info(trained_prm):
-    from textgym.trainers.env_factory import make_env
+    from textgym.training.envs import make_env
 
     out, _ = trained_prm
     env = make_env(

@@ -13,11 +13,11 @@ from conftest import ScriptedBackend
 import textgym  # noqa: F401
 from textgym.agents import LLMAgent, SamplingParams, Trajectory
 from textgym.agents.rollout import rollout
+from textgym.algorithms.advantages import group_advantages, process_advantages
+from textgym.algorithms.registry import AdvantageInputs, get_advantage
 from textgym.envs.base import SingleTurnEnv
 from textgym.models import load_tokenizer
-from textgym.trainers.advantages import group_advantages, process_advantages
-from textgym.trainers.batch import RolloutBatch
-from textgym.trainers.registry import AdvantageInputs, get_advantage
+from textgym.training.batch import RolloutBatch
 from textgym.types import Task
 from textgym.verifiers.base import Rubric, RubricTerm, Score
 from textgym.verifiers.steps import step_token_indices
@@ -181,7 +181,7 @@ def test_ppo_gae_runs_over_step_rewards(tiny_model_dir, tmp_path):
     """The critic says V ≡ 0.25; γ = 1, λ = 0.9; r = [0, 0.5, 0, 1 + 1] (steps at 1 and 3, outcome 1)."""
     from textgym.config import PPOConfig
     from textgym.models import load_model
-    from textgym.trainers.ppo import PPOTrainer
+    from textgym.trainers.rl.ppo import PPOTrainer
 
     model, tok = load_model(tiny_model_dir)
     cfg = PPOConfig.model_validate(
@@ -217,8 +217,8 @@ def test_ppo_gae_runs_over_step_rewards(tiny_model_dir, tmp_path):
 def test_a_training_step_on_worked_steps_consumes_the_step_rewards(tiny_model_dir, tmp_path, algo):
     from textgym.config import GRPOConfig, PPOConfig
     from textgym.models import load_model
-    from textgym.trainers.grpo import GRPOTrainer
-    from textgym.trainers.ppo import PPOTrainer
+    from textgym.trainers.rl.grpo import GRPOTrainer
+    from textgym.trainers.rl.ppo import PPOTrainer
 
     model, tok = load_model(tiny_model_dir)
     base = {

@@ -17,7 +17,7 @@ from textgym.agents.sampling import SamplingParams
 from textgym.config import ConfigError
 from textgym.config.online_dpo import OnlineDPOConfig
 from textgym.config.rl import RolloutEngineConfig
-from textgym.trainers.remote_rollouts import check_servers
+from textgym.training.sources.remote import check_servers
 
 ENV = {"id": "textgym/Arithmetic-v0"}
 

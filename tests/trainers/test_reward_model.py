@@ -36,8 +36,8 @@ def _synthetic_pairs(n: int = 96) -> pa.Table:
 @pytest.mark.learning
 def test_reward_model_learns_a_separable_preference_and_scores_in_an_env(tiny_model_dir, tmp_path):
     from textgym.config import EnvConfig, OptimConfig, RewardModelConfig, validate_runtime
-    from textgym.trainers.env_factory import make_env
-    from textgym.trainers.reward_model import train_reward_model
+    from textgym.trainers.reward.bradley_terry import train_reward_model
+    from textgym.training.envs import make_env
     from textgym.types import Task
     from textgym.verifiers.reward_model import RewardModelVerifier
 
@@ -62,8 +62,8 @@ def test_reward_model_learns_a_separable_preference_and_scores_in_an_env(tiny_mo
 
 def chosen_nll(rm, head, rows, starts, masks) -> float:
     """Token-mean NLL of the response tokens under the reward model's regulariser (`RewardNet`)."""
-    from textgym.trainers.reward_model import _pad
-    from textgym.trainers.reward_model_forward import RewardNet, nll_targets
+    from textgym.trainers.reward.bradley_terry import _pad
+    from textgym.trainers.reward.bradley_terry_forward import RewardNet, nll_targets
 
     ids, attention = _pad(rows, 0)
     targets = nll_targets(rows, starts, masks, ids.shape[1])
@@ -77,7 +77,7 @@ def test_reward_model_lm_regulariser_equals_the_causal_lm_loss(tiny_model_dir, t
     response tokens."""
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
-    from textgym.trainers.reward_model import _output_embeddings
+    from textgym.trainers.reward.bradley_terry import _output_embeddings
 
     folder = tiny_model_dir
     if not tied:
@@ -108,7 +108,7 @@ def test_reward_model_lm_regulariser_teaches_the_backbone_the_chosen_responses(t
     from transformers import AutoModelForSequenceClassification
 
     from textgym.config import OptimConfig, RewardModelConfig
-    from textgym.trainers.reward_model import _output_embeddings, train_reward_model
+    from textgym.trainers.reward.bradley_terry import _output_embeddings, train_reward_model
 
     pairs = _synthetic_pairs()
     rows = [

@@ -13,8 +13,8 @@ from transformers import AutoModelForSequenceClassification
 from textgym import distributed
 from textgym.config import ConfigError, OptimConfig, RewardModelConfig
 from textgym.offline import PAIR_SCHEMA
-from textgym.trainers.reward_model import RewardModelTrainer
-from textgym.trainers.reward_model_forward import (
+from textgym.trainers.reward.bradley_terry import RewardModelTrainer
+from textgym.trainers.reward.bradley_terry_forward import (
     RewardNet,
     nll_targets,
     pack_sequences,

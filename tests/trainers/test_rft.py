@@ -20,8 +20,8 @@ from textgym.offline import read_trajectories
 from textgym.offline.rejection import read_jsonl, select_responses
 from textgym.pipeline import run
 from textgym.stages.rft import collect_round
-from textgym.trainers.seeding import seed_everything
 from textgym.trainers.sft import SFTExample, SFTTrainer
+from textgym.training.seeding import seed_everything
 
 
 def _data(tmp_path, model_dir, **rft):

@@ -15,10 +15,10 @@ from judge_fakes import FakeJudge, block
 
 from textgym.config import ConfigError, GRPOConfig, PPOConfig, validate_runtime
 from textgym.models import load_model
-from textgym.trainers.grpo import GRPOTrainer
-from textgym.trainers.judge_reward import conversation_prompt
-from textgym.trainers.ppo import PPOTrainer
-from textgym.trainers.seeding import seed_everything
+from textgym.trainers.rl.grpo import GRPOTrainer
+from textgym.trainers.rl.ppo import PPOTrainer
+from textgym.training.judge_reward import conversation_prompt
+from textgym.training.seeding import seed_everything
 from textgym.verifiers.judge_client import JudgeError
 from textgym.verifiers.judge_prompts import neutralise
 

@@ -12,9 +12,9 @@ from conftest import WARM_ENV as ENV
 from textgym.agents import SamplingParams, rollout
 from textgym.config import SFTConfig
 from textgym.models import load_model
-from textgym.trainers.checkpoint import latest_checkpoint
-from textgym.trainers.seeding import seed_everything
 from textgym.trainers.sft import SFTTrainer
+from textgym.training.checkpoint import latest_checkpoint
+from textgym.training.seeding import seed_everything
 
 
 @pytest.mark.learning

@@ -13,7 +13,7 @@ import types
 import pytest
 import torch
 
-from textgym.trainers.clipped_loss import clipped_policy_loss
+from textgym.algorithms.clipped_loss import clipped_policy_loss
 
 trl_grpo = pytest.importorskip("trl.trainer.grpo_trainer")
 

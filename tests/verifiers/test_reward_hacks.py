@@ -256,7 +256,7 @@ def test_hack_shares_count_the_rewarded_responses_that_game_a_lenient_verifier()
 
 def test_a_training_step_logs_the_hack_shares_and_warns():
     from textgym.agents.trajectory import Trajectory
-    from textgym.trainers.rollouts import hack_warning, rollout_metrics
+    from textgym.training.rollout_metrics import hack_warning, rollout_metrics
 
     def traj(answer, reward):
         import torch

@@ -95,7 +95,7 @@ def truncation_mask(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) ->
     """The tokens that top-k, then top-p (nucleus) sampling keeps: [..., V] bool, or None when both are off.
 
     The one definition the samplers (`truncate_logits`) and the trainer's log-probs
-    (`textgym.trainers.logprobs`) share, so that the policy the trainer differentiates is
+    (`textgym.training.logprobs`) share, so that the policy the trainer differentiates is
     the distribution that was sampled. Order and ties as in Hugging Face's `TopKLogitsWarper`
     then `TopPLogitsWarper` and vLLM's `apply_top_k_top_p`:
     - top-k (Fan et al. 2018, arXiv:1805.04833, §5.4) keeps every token whose logit is ≥ the

@@ -1,7 +1,7 @@
 """The typed record of a rollout: one `Trajectory` per episode.
 
 The padded training tensors built from trajectories (`RolloutBatch`) live with the trainers
-(`textgym.trainers.batch`): rollouts do not know how they are trained on.
+(`textgym.training.batch`): rollouts do not know how they are trained on.
 
 Token-level arrays of a `Trajectory` are aligned with `token_ids`: index *t* describes
 token *t*. Prompt and environment tokens have `loss_mask == 0`; tokens the policy

@@ -1,10 +1,10 @@
 """Weights for the rollout engine: what a live policy sends to an in-process vLLM engine.
 
 A plain policy sends its own `state_dict()`. A LoRA policy (a `peft.PeftModel`, see
-`textgym.trainers.lora`) is served merged: W + (α / r)·B A under the base model's parameter
+`textgym.training.lora`) is served merged: W + (α / r)·B A under the base model's parameter
 names (Hu et al. 2021, arXiv:2106.09685, eq. 3), computed without touching the module. These
 helpers live beside the engine so that the rollout side never imports the trainers;
-`textgym.trainers.lora` re-exports them.
+`textgym.training.lora` re-exports them.
 """
 
 from __future__ import annotations

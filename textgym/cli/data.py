@@ -68,7 +68,7 @@ def rollouts_collect_cmd(
     from textgym.agents import SamplingParams
     from textgym.offline import collect_rollouts
     from textgym.offline.store import TrajectoryStoreError
-    from textgym.trainers.seeding import seed_everything
+    from textgym.training.seeding import seed_everything
 
     if agent not in ("policy", "oracle"):
         fail(f"--agent must be 'policy' or 'oracle', got {agent!r}")

@@ -121,7 +121,7 @@ class EnvConfig(_Strict):
     reward). See `textgym.envs.process_reward.ProcessRewardWrapper`."""
 
     # Building the env (with the reward-model wrapper) is runtime work:
-    # `textgym.trainers.env_factory.make_env`. That `reward_model` holds a trained model is
+    # `textgym.training.envs.make_env`. That `reward_model` holds a trained model is
     # checked by `validate_runtime`.
 
     @field_validator("id")
@@ -194,7 +194,7 @@ class ParallelConfig(_Strict):
     A run started by `torchrun --nproc-per-node N -m textgym train CONFIG` shards every
     trained model with FSDP2 over the N processes (`textgym.distributed`); started as
     `python -m textgym train`, it trains on one device. `mixed_precision` and `tf32` apply
-    to both (`textgym.trainers.precision`; docs/training/precision.md).
+    to both (`textgym.training.precision`; docs/training/precision.md).
     """
 
     mixed_precision: Literal["auto", "bf16", "fp32"] = "auto"

@@ -19,7 +19,7 @@ class OnlineDPOConfig(_Batching):
     response of each task (prompts whose scores differ by less than `margin` are skipped) and
     takes one optimizer step of a DPO-family loss against the reference (the stage's start
     model). Preset: `configs/online_dpo_arithmetic.yaml`. Trainer:
-    `textgym.trainers.online_dpo.OnlineDPOTrainer`.
+    `textgym.trainers.preference.online.OnlineDPOTrainer`.
     """
 
     env: EnvConfig
@@ -34,7 +34,7 @@ class OnlineDPOConfig(_Batching):
     reward_model_device: str = "cpu"
     """Where the reward model runs."""
     loss: Literal["dpo", "ipo", "simpo", "orpo"] = "dpo"
-    """The objective on each step's pairs (`textgym.trainers.preference_losses`); DPO and IPO
+    """The objective on each step's pairs (`textgym.algorithms.preference_losses`); DPO and IPO
     compare with the reference, SimPO and ORPO need none (no reference is kept)."""
     beta: float = Field(None, gt=0.0)  # type: ignore[assignment]  # null: set per loss (_beta_of_the_loss)
     """β (DPO, SimPO) or τ (IPO). Unset (null): 0.1 for DPO and IPO, 2.0 for SimPO, as the

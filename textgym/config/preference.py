@@ -55,7 +55,7 @@ class PreferenceConfig(_Batching):
     env: EnvConfig
     """Where rollouts are collected."""
     loss: Literal["dpo", "ipo", "kto", "simpo", "orpo"] = "dpo"
-    """The objective (`textgym.trainers.preference`)."""
+    """The objective (`textgym.trainers.preference.offline`)."""
     rounds: int = Field(1, ge=1)
     """collect → pair → train rounds."""
     collect: CollectConfig = Field(default_factory=CollectConfig)

@@ -10,7 +10,7 @@ from textgym.config.base import EnvConfig, LoraSettings, OptimConfig, SamplingCo
 
 
 class OverlongPenaltyConfig(_Strict):
-    """DAPO's soft overlong punishment (see `textgym.trainers.advantages.overlong_penalty`)."""
+    """DAPO's soft overlong punishment (see `textgym.algorithms.advantages.overlong_penalty`)."""
 
     max_len: int = Field(..., ge=1)
     """L_max: responses this long (tokens) or longer get −1·factor."""
@@ -69,7 +69,7 @@ class RolloutEngineConfig(_Strict):
     """k of async RL: a rollout sampled by policy version v (the number of optimizer updates its
     weights had seen) trains versions up to v + k. 0 is the synchronous trainer exactly. k >= 1
     generates the next batches in a background thread with a copy of the policy while the
-    trainer updates (`textgym.trainers.async_rollouts`), TIS on unless `tis` says otherwise.
+    trainer updates (`textgym.training.sources.async_producer`), TIS on unless `tis` says otherwise.
     Transformers backend, one process, no dynamic sampling (docs/training/async.md)."""
     vllm: VLLMEngineConfig = Field(default_factory=VLLMEngineConfig)
     """Engine settings for backend "vllm"."""
@@ -95,7 +95,7 @@ class RolloutEngineConfig(_Strict):
     "http://10.0.0.5:8000") that generate the rollouts instead of the trainer; empty: generate
     in-process. Requests are spread over them (fewest in flight first), each with its own seed;
     the trainer pushes its weights to them before the first rollout and after every update
-    (`textgym.trainers.remote_rollouts`, docs/training/rollout-servers.md). Under torchrun
+    (`textgym.training.sources.remote`, docs/training/rollout-servers.md). Under torchrun
     every rank generates its share through them and rank 0 alone pushes."""
     sync_timeout_s: float = Field(300.0, gt=0.0)
     """Seconds that joining the sync group, and then each whole weight push, may take before
@@ -194,7 +194,7 @@ class _PolicyGradientConfig(_Batching):
     loss_aggregation: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"] = (
         "seq_mean_token_mean"
     )
-    """How per-token losses are reduced (see `textgym.trainers.losses.aggregate`)."""
+    """How per-token losses are reduced (see `textgym.algorithms.aggregate.aggregate`)."""
     policy_loss: str = Field("ppo_clip", min_length=1)
     """A registered policy loss: PPO's clipped surrogate ("ppo_clip", with `clip_low`,
     `clip_high`, `dual_clip`); GSPO's sequence-level ratio ("gspo", Zheng et al. 2025, with
@@ -202,9 +202,9 @@ class _PolicyGradientConfig(_Batching):
     variant for per-token advantages ("gspo_token"); CISPO's clipped importance weight on
     REINFORCE ("cispo", MiniMax 2025, with `cispo_clip_low`, `cispo_clip_high`, and
     `loss_aggregation: token_mean` as in the paper); or one registered with
-    `@textgym.trainers.registry.register_policy_loss(name)`; the name is checked against the
+    `@textgym.algorithms.registry.register_policy_loss(name)`; the name is checked against the
     registry before work starts (`textgym.pipeline.preflight`). A built-in refuses the clip
-    options it does not use (see `textgym.trainers.policy_losses`)."""
+    options it does not use (see `textgym.algorithms.policy_losses`)."""
     cispo_clip_low: float | None = Field(None, ge=0.0, lt=1.0)
     """ε_low^IS of `policy_loss: cispo`: its importance weight is clipped below at
     1 − cispo_clip_low; null: no lower bound (MiniMax-M1's setting)."""
@@ -215,7 +215,7 @@ class _PolicyGradientConfig(_Batching):
     kl_coef: float = Field(0.0, ge=0.0)
     """β of the KL-to-reference term; 0 skips loading the reference model."""
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"
-    """KL estimator (see `textgym.trainers.losses.kl_estimate`)."""
+    """KL estimator (see `textgym.algorithms.kl.kl_estimate`)."""
     kl_placement: Literal["loss", "reward"] = "loss"
     """Where β·KL goes: differentiated in the loss (GRPO) or subtracted from the reward (RLHF PPO,
     REINFORCE++, no gradient through it). Gold standard: k1 in the reward; k1 in the loss has zero
@@ -341,7 +341,7 @@ class GRPOConfig(_PolicyGradientConfig):
     returns normalised over the batch ("reinforce_pp", whose KL belongs in the reward), process
     supervision ("grpo_process": each reward event normalised over its group, with
     `reward_source` "steps" or "both"; its KL belongs in the loss), or one
-    registered with `@textgym.trainers.registry.register_advantage(name)`; the name is checked
+    registered with `@textgym.algorithms.registry.register_advantage(name)`; the name is checked
     against the registry before work starts (`textgym.pipeline.preflight`)."""
     scale_rewards: Literal["group", "batch", "none"] = "group"
     """GRPO advantage scaling: per-group std (GRPO), batch std, or none (Dr. GRPO)."""

@@ -4,7 +4,7 @@ A schema validates the same everywhere, so a config can be written and checked o
 a GPU machine. What depends on the machine is checked here: that a reward-model folder holds a
 trained model, that vLLM is installed when an RL stage generates with it, and that a judge's
 rubric file and API-key variable exist (`env.judge`). `textgym.pipeline`
-calls `validate_runtime` before a run starts and `textgym.trainers.env_factory.make_env` before
+calls `validate_runtime` before a run starts and `textgym.training.envs.make_env` before
 it builds an env, so the errors are as clear (and as early) as when the schemas checked them.
 """
 

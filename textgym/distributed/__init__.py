@@ -25,7 +25,7 @@ pair up. `full_params(model)` all-gathers every unit once and keeps the full wei
 each rank while the block runs (rollouts, evaluation), after which the shards are
 restored; inside it a forward makes no collective call.
 
-Checkpoints stay in the single-process format (`textgym.trainers.checkpoint`): `model_state`
+Checkpoints stay in the single-process format (`textgym.training.checkpoint`): `model_state`
 and `optimizer_state` gather full, unsharded state dicts (torch.distributed.checkpoint's
 `get_*_state_dict(..., full_state_dict=True, cpu_offload=True)`) on rank 0, which writes
 them; `load_model_state` / `load_optimizer_state` take such a state on rank 0 and

@@ -66,7 +66,7 @@ def all_gather_tensor(x: torch.Tensor) -> torch.Tensor:
 def all_reduce_sum(x: torch.Tensor) -> torch.Tensor:
     """Element-wise sum of `x` over ranks (a new tensor on `x`'s device; `x` itself in a world of one).
 
-    This is the `reduce` hook of `textgym.trainers.advantages` (whitening and explained
+    This is the `reduce` hook of `textgym.algorithms.advantages` (whitening and explained
     variance over the global batch).
     """
     if not world().active or world().size == 1:

@@ -6,7 +6,7 @@
   (preference pairs or unpaired rows) and the pair files the preference and reward-model
   trainers read
 - `prm_labels`: step labels for process reward models (Math-Shepherd's rollout estimates,
-  an LLM judge's verdicts), which `textgym.trainers.prm` trains on
+  an LLM judge's verdicts), which `textgym.trainers.reward.prm` trains on
 - `rejection`: the rejection-sampling filter over a store
 
 Every public name of `store` and `pairs` is re-exported here (`from textgym.offline import build_pairs`

@@ -15,7 +15,7 @@ from textgym.agents.llm_agent import LLMAgent
 from textgym.agents.sampling import SamplingParams
 from textgym.config import RunConfig
 from textgym.models import load_model
-from textgym.trainers.seeding import seed_everything
+from textgym.training.seeding import seed_everything
 
 
 def preference_rounds(
@@ -35,7 +35,7 @@ def preference_rounds(
     Returns:
         (the last round's final model folder, one dict of counts per round trained now).
     """
-    from textgym.trainers.preference import PreferenceTrainer
+    from textgym.trainers.preference.offline import PreferenceTrainer
 
     pc = cfg.dpo
     assert pc is not None

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from textgym.config import ConfigError, PRMConfig, RunConfig, validate_runtime
-from textgym.trainers.seeding import seed_everything
+from textgym.training.seeding import seed_everything
 
 
 def _stage(cfg: RunConfig) -> PRMConfig:
@@ -93,7 +93,7 @@ def run_prm_train(cfg: RunConfig, echo: Callable[[str], None] = print) -> dict[s
         FileNotFoundError: when the labels file does not exist.
         ValueError: if no training answer has a step.
     """
-    from textgym.trainers.prm import read_labels, train_prm
+    from textgym.trainers.reward.prm import read_labels, train_prm
 
     prm = _stage(cfg)
     model_dir = prm.model or (prm.label.policy if prm.label is not None else None) or cfg.model.path

@@ -38,8 +38,8 @@ from textgym.agents.sampling import SamplingParams
 from textgym.config import ConfigError, RunConfig, SFTConfig
 from textgym.config.rft import RFTConfig
 from textgym.models import load_model
-from textgym.trainers.seeding import seed_everything
 from textgym.trainers.sft import SFTExample
+from textgym.training.seeding import seed_everything
 
 
 def preflight_rft(rc: RFTConfig) -> None:

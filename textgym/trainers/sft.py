@@ -44,29 +44,29 @@ from textgym.agents.llm_agent import LLMAgent
 from textgym.agents.rollout import rollout
 from textgym.agents.sampling import SamplingParams
 from textgym.agents.trajectory import Trajectory, episode_correct
+from textgym.algorithms.auxiliary import sft_loss
 from textgym.config import ConfigError, ParallelConfig, SFTConfig
 from textgym.envs.registry import make as make_text_env
 from textgym.tracking import metrics_logger
-from textgym.trainers.batch import (
+from textgym.training.batch import (
     RolloutBatch,
     no_token_budget_under_torchrun,
     row_lengths,
     token_budget_micro_batches,
 )
-from textgym.trainers.checkpoint import (
+from textgym.training.checkpoint import (
     latest_checkpoint,
     load_checkpoint,
     save_checkpoint,
     save_final,
     save_lora_final,
 )
-from textgym.trainers.env_factory import make_env
-from textgym.trainers.logprobs import sequence_logprobs
-from textgym.trainers.loop import run_loop
-from textgym.trainers.losses import sft_loss
-from textgym.trainers.optim import build_optimizer
-from textgym.trainers.placement import shard
-from textgym.trainers.sampler import TaskSampler
+from textgym.training.envs import make_env
+from textgym.training.logprobs import sequence_logprobs
+from textgym.training.loop import run_loop
+from textgym.training.optim import build_optimizer
+from textgym.training.placement import shard
+from textgym.training.sampler import TaskSampler
 
 
 @dataclass(frozen=True)
@@ -172,7 +172,7 @@ class SFTTrainer:
         self.stage_dir.mkdir(parents=True, exist_ok=True)
         self.device = next(model.parameters()).device
         if cfg.lora is not None:
-            from textgym.trainers.lora import apply_lora
+            from textgym.training.lora import apply_lora
 
             model = apply_lora(model, cfg.lora, seed=seed)
         if parallel.gradient_checkpointing:

@@ -367,7 +367,7 @@ def hack_signals(completion: str, question: str) -> dict[str, bool]:
     `many_answers`: more than `MANY_ANSWERS` of them; `restates`: the final answer is the
     question's own text (rule 4 of the module docstring, at least 3 characters, not a
     number literal). A trainer logs their shares among the rewarded responses
-    (`textgym.trainers.rollouts.rollout_metrics`): a verifier that pays for these is being
+    (`textgym.training.rollout_metrics.rollout_metrics`): a verifier that pays for these is being
     gamed.
 
     Examples:

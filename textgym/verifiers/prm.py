@@ -1,7 +1,7 @@
 """A process reward model (PRM) as a verifier: a score per step of a completion, and one for the whole.
 
 The model is a one-label `AutoModelForTokenClassification` (the policy's body with a scalar
-head per token) trained by `textgym prm train` (`textgym.trainers.prm`). A completion's steps are
+head per token) trained by `textgym prm train` (`textgym.trainers.reward.prm`). A completion's steps are
 its non-empty lines (`textgym.verifiers.steps.split_steps`, or an env's `info["step_ends"]`);
 the PRM's score for step k is `σ(head(h_t))` at the token t that holds the step's last character
 (`step_token_indices`, the rule the rollout places step rewards by), read from one forward pass

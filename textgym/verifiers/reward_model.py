@@ -1,7 +1,7 @@
 """A verifier that scores completions with a trained reward model (`textgym rm train`).
 
 The model is a one-label `AutoModelForSequenceClassification` whose score is read at the last
-non-padding token of `prompt + response` (see `textgym.trainers.reward_model` for how it is
+non-padding token of `prompt + response` (see `textgym.trainers.reward.bradley_terry` for how it is
 trained). The padding and scoring helpers here are shared with the trainer.
 """
 

@@ -1,0 +1,156 @@
+"""What an on-policy trainer does with a step's trajectories before the update.
+
+Statistics of the batch (`rollout_metrics`), DAPO's overlong penalty added to the rewards
+(`apply_overlong_penalty`), and the trajectory store's shards of the training rollouts
+(`log_trajectories`, `prune_trajectories`).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from textgym import distributed
+from textgym.agents.trajectory import EPISODE_COUNTS, TRUNCATION_CAUSES, Trajectory
+from textgym.algorithms.advantages import overlong_penalty
+from textgym.verifiers.answer_rule import hack_signs, shares_of
+
+
+def chunks(idx: torch.Tensor, size: int) -> list[torch.Tensor]:
+    """Split a 1-D index tensor into consecutive pieces of `size` (the last may be shorter)."""
+    return [idx[i : i + size] for i in range(0, len(idx), size)]
+
+
+HACK_WARN_FRAC = 0.25
+"""A step whose rewarded responses show a hack sign (`hack/*_frac`) at least this often says so."""
+
+
+def hack_warning(metrics: dict[str, float], threshold: float = HACK_WARN_FRAC) -> str:
+    """A note naming each `hack/*_frac` at or above `threshold` (for the progress line), or ""."""
+    high = {k: v for k, v in metrics.items() if k.startswith("hack/") and v >= threshold}
+    if not high:
+        return ""
+    return "  reward hacking? " + ", ".join(f"{k[5:-5]} {v:.2f}" for k, v in sorted(high.items()))
+
+
+def rollout_metrics(trajs: list[Trajectory], gather: bool = True) -> dict[str, float]:
+    """Reward, accuracy, reward terms, length, turn and reward-hacking statistics of a rollout batch.
+
+    Multi-turn: `rollout/turns_mean` is the agent's turns per episode (`Trajectory.turns`, its
+    tool-calling turns included; assistant messages an env opened with are not counted) and
+    `rollout/tool_results_mean` the tool messages it got back per episode (one per call
+    answered, errors included); both are 1 and 0 for single-turn envs.
+    `rollout/reward_per_turn_mean` is the mean of each episode's return over its turns;
+    `rollout/tool_calls_mean`, `rollout/tool_errors_mean` and `rollout/invalid_actions_mean`
+    are per-episode counts (`Trajectory.counts`); `rollout/truncated_<cause>_frac` splits
+    `rollout/truncated_frac` by cause: `time_limit`, `max_turns`, `context`.
+
+    With `gather` (and several ranks), over every rank's trajectories: their rewards, lengths
+    and terms are gathered first, so the statistics are those of the global batch, the hack
+    shares (`answer_rule.hack_shares`) included: each rank's episodes' signs are gathered.
+    """
+    rows = [
+        (t.reward, t.response_length, t.finish_reason, t.reward_terms, t.truncated,
+         hack_signs(t.reward, t.reward_terms, t.messages),
+         t.turns,
+         sum(m.get("role") == "tool" for m in t.messages),
+         t.truncation, dict(t.counts))
+        for t in trajs
+    ]  # fmt: skip
+    if gather:
+        rows = distributed.all_gather_list(rows)
+    rewards = torch.tensor([r[0] for r in rows])
+    lengths = torch.tensor([float(r[1]) for r in rows])
+    m = {
+        "rollout/reward_mean": float(rewards.mean()),
+        "rollout/reward_std": float(rewards.std()) if len(rows) > 1 else 0.0,
+        "rollout/response_length_mean": float(lengths.mean()),
+        "rollout/response_length_max": float(lengths.max()),
+        "rollout/overlong_frac": sum(r[2] == "length" for r in rows) / len(rows),
+        # episodes cut by the env's time limit or by the rollout's `max_turns` cap (default 16):
+        # a multi-turn env that never ends shows here as 1.0
+        "rollout/truncated_frac": sum(bool(r[4]) for r in rows) / len(rows),
+        "rollout/turns_mean": sum(r[6] for r in rows) / len(rows),
+        "rollout/tool_results_mean": sum(r[7] for r in rows) / len(rows),
+        "rollout/reward_per_turn_mean": sum(r[0] / max(1, r[6]) for r in rows) / len(rows),
+    }
+    for cause in TRUNCATION_CAUSES:
+        m[f"rollout/truncated_{cause}_frac"] = sum(r[8] == cause for r in rows) / len(rows)
+    for key in EPISODE_COUNTS:
+        m[f"rollout/{key}_mean"] = sum(r[9].get(key, 0) for r in rows) / len(rows)
+    terms: dict[str, list[float]] = defaultdict(list)
+    for r in rows:
+        for k, v in r[3].items():
+            terms[k].append(v)
+    for k, vs in terms.items():
+        m[f"rollout/{k.split('/', 1)[1]}_mean"] = sum(vs) / len(vs)
+    if "reward/correct" in terms:
+        m["rollout/accuracy"] = sum(v >= 1.0 for v in terms["reward/correct"]) / len(terms["reward/correct"])
+    m.update(shares_of([r[5] for r in rows]))
+    return m
+
+
+def apply_overlong_penalty(trajs: list[Trajectory], max_len: int, cache_len: int, factor: float) -> None:
+    """Add DAPO's soft overlong penalty (`advantages.overlong_penalty`) to each trajectory in place.
+
+    The penalty goes into `reward`, into the last policy token's `token_rewards` (so per-token
+    returns see it) and into `reward_terms["reward/overlong"]`.
+    """
+    lengths = torch.tensor([t.response_length for t in trajs])
+    pens = factor * overlong_penalty(lengths, max_len, cache_len)
+    for t, p in zip(trajs, pens.tolist(), strict=True):
+        t.reward += p
+        t.reward_terms["reward/overlong"] = p
+        pos = t.loss_mask.nonzero()
+        if len(pos):
+            t.token_rewards[int(pos[-1])] += p
+
+
+def log_trajectories(
+    trajectory_dir: Path,
+    trajs: list[Trajectory],
+    *,
+    step: int,
+    group_size: int,
+    env_kwargs: dict[str, Any],
+    policy: str,
+    policy_versions: list[int] | None = None,
+) -> None:
+    """Append a step's rollouts (the global batch) to the store as one shard named by the step.
+
+    Args:
+        trajectory_dir: the stage's `trajectories/` folder.
+        trajs: the step's trajectories, `group_size` consecutive samples per task.
+        step: the trainer's version that trains on them (the shard is `step-<step + 1>`).
+        group_size: samples per task (a row's `sample` is its index in its group).
+        env_kwargs: the env's constructor arguments, recorded with each row.
+        policy: what produced them (the stage folder).
+        policy_versions: each row's `policy_version`, the version that sampled it (its
+            `Trajectory.policy_version`: up to `max_staleness` below `step` in an async run);
+            None: `step` for every row (a synchronous trainer).
+    """
+    from textgym.offline.store import TrajectoryWriter, trajectory_row
+
+    with TrajectoryWriter(trajectory_dir, prefix=f"step-{step + 1:06d}") as w:
+        w.append(
+            trajectory_row(
+                t,
+                env_kwargs=env_kwargs,
+                sample=j % group_size,
+                policy=policy,
+                policy_version=step if policy_versions is None else policy_versions[j],
+                source="train",
+            )
+            for j, t in enumerate(trajs)
+        )
+
+
+def prune_trajectories(trajectory_dir: Path, step: int) -> None:
+    """Delete the store's shards past `step` (a resumed run), as `metrics.jsonl` drops its records."""
+    if trajectory_dir.is_dir():
+        for shard in trajectory_dir.glob("step-*.parquet"):
+            if int(shard.name.split("-")[1]) > step:
+                shard.unlink()
