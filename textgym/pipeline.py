@@ -28,18 +28,18 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 
 from textgym import distributed
-from textgym.agents.llm_agent import LLMAgent
-from textgym.agents.sampling import SamplingParams
-from textgym.config import ConfigError, EnvConfig, EvalConfig, RunConfig, validate_runtime
+from textgym.config import ConfigError, EnvConfig, RunConfig, validate_runtime
 from textgym.envs.registry import make as make_env
 from textgym.envs.registry import task_count
-from textgym.evaluation.core import EvalResult, evaluate
 from textgym.evaluation.envcheck import preflight_envs
 from textgym.model_init import init_model
-from textgym.models import load_model
+
+# each stage module registers its stage on import
+from textgym.stages import online_dpo, preference, rft, rl, sft  # noqa: F401
+from textgym.stages.evaluate import cached_eval, comparison
+from textgym.stages.registry import StageContext, enabled_stages, write_yaml
 from textgym.training.seeding import seed_everything
 
 
@@ -55,46 +55,11 @@ def preflight(cfg: RunConfig) -> None:
             "or `textgym prm label/train CONFIG`"
         )
     validate_runtime(cfg)
-    if cfg.grpo is not None:
-        from textgym.algorithms.advantages import available_advantages
-
-        names = available_advantages()
-        if cfg.grpo.advantage_estimator not in names:
-            raise ConfigError(
-                f"grpo.advantage_estimator: unknown estimator {cfg.grpo.advantage_estimator!r}; registered: "
-                f"{', '.join(names)} (add one with @textgym.algorithms.registry.register_advantage)"
-            )
-    for stage_name, stage in (("grpo", cfg.grpo), ("ppo", cfg.ppo)):
-        if stage is not None:
-            from textgym.algorithms.policy_losses import available_policy_losses
-
-            losses = available_policy_losses()
-            if stage.policy_loss not in losses:
-                raise ConfigError(
-                    f"{stage_name}.policy_loss: unknown policy loss {stage.policy_loss!r}; registered: "
-                    f"{', '.join(losses)} (add one with @textgym.algorithms.registry.register_policy_loss)"
-                )
-            if stage.rollout.servers:  # reachable, with --weight-sync, one model (vocab: at the stage)
-                from textgym.training.sources.remote import check_servers
-
-                r = stage.rollout
-                try:
-                    check_servers(r.servers, model=r.server_model, timeout_s=r.sync_http_timeout_s)
-                except ConfigError as e:
-                    raise ConfigError(f"{stage_name}.{e}") from None
-    envs: list[tuple[str, EnvConfig]] = []
-    if cfg.sft:
-        envs.append(("sft.env", cfg.sft.env))
-    if cfg.grpo:
-        envs.append(("grpo.env", cfg.grpo.env))
-    if cfg.ppo:
-        envs.append(("ppo.env", cfg.ppo.env))
-    if cfg.dpo:
-        envs.append(("dpo.env", cfg.dpo.env))
-    if cfg.rft:
-        envs.append(("rft.env", cfg.rft.env))
-    if cfg.online_dpo:
-        envs.append(("online_dpo.env", cfg.online_dpo.env))
+    stages = enabled_stages(cfg)
+    for stage in stages:
+        if stage.check is not None:
+            stage.check(cfg)
+    envs: list[tuple[str, EnvConfig]] = [(f"{s.name}.env", getattr(cfg, s.name).env) for s in stages]
     if cfg.eval:
         envs.append(("eval.env", cfg.eval.env))
     # SFT on demonstrations or a trajectory store needs no gold solutions from its env
@@ -108,10 +73,6 @@ def preflight(cfg: RunConfig) -> None:
         from textgym.training.judge_reward import check_judge
 
         check_judge(judge, f"{field}.judge")
-    if cfg.rft:
-        from textgym.stages.rft import preflight_rft
-
-        preflight_rft(cfg.rft)
     if cfg.eval:
         n_tasks = task_count(make_env(cfg.eval.env.id, **cfg.eval.env.kwargs))
         if cfg.eval.n > n_tasks:
@@ -125,45 +86,6 @@ def preflight(cfg: RunConfig) -> None:
         raise ConfigError(f"device: {cfg.device!r} requested but CUDA is not available")
 
 
-def evaluate_model(model: Any, tokenizer: Any, cfg: EvalConfig) -> EvalResult:
-    """Evaluate an in-memory model with `cfg` (the first `cfg.n` tasks, `cfg.samples` each)."""
-    agent = LLMAgent(model, tokenizer, batch_size=cfg.batch_size)
-    params = SamplingParams(**cfg.sampling.model_dump())
-    return evaluate(
-        agent,
-        cfg.env.id,
-        cfg.env.kwargs,
-        n=cfg.n,
-        samples=cfg.samples,
-        params=params,
-        batch_size=cfg.batch_size,
-    )
-
-
-def _cached_eval(
-    path: Path, model_path: Path, cfg: EvalConfig, device: torch.device, resume: bool
-) -> dict[str, Any]:
-    """Evaluate the model saved at `model_path`, reusing `path` when resuming the same model.
-
-    Distributed, rank 0 evaluates and every rank gets the result.
-    """
-    return distributed.on_main(lambda: _eval_saved(path, model_path, cfg, device, resume))
-
-
-def _eval_saved(
-    path: Path, model_path: Path, cfg: EvalConfig, device: torch.device, resume: bool
-) -> dict[str, Any]:
-    if resume and path.is_file():
-        cached = json.loads(path.read_text(encoding="utf-8"))
-        if cached.get("model") == str(model_path):
-            return dict(cached)
-    model, tok = load_model(model_path, device=device)
-    res = evaluate_model(model, tok, cfg).summary()
-    res["model"] = str(model_path)
-    path.write_text(json.dumps(res, indent=2), encoding="utf-8")
-    return res
-
-
 def _prepare_run_dir(cfg: RunConfig, resume: bool, overwrite: bool) -> Path:
     run_dir = cfg.run_dir
     if run_dir.exists() and any(run_dir.iterdir()) and not resume:
@@ -173,12 +95,8 @@ def _prepare_run_dir(cfg: RunConfig, resume: bool, overwrite: bool) -> Path:
             )
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    _write_yaml(run_dir / "config.yaml", cfg)
+    write_yaml(run_dir / "config.yaml", cfg)
     return run_dir
-
-
-def _write_yaml(path: Path, cfg: Any) -> None:
-    path.write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False), encoding="utf-8")
 
 
 def _start_model(cfg: RunConfig, run_dir: Path, echo: Callable[[str], None]) -> Path:
@@ -192,47 +110,20 @@ def _start_model(cfg: RunConfig, run_dir: Path, echo: Callable[[str], None]) -> 
     return model_path
 
 
-def _run_stage(
-    name: str,
-    stage_cfg: Any,
-    run_dir: Path,
-    model_path: Path,
-    device: torch.device,
-    resume: bool,
-    echo: Callable[[str], None],
-    build: Callable[[Any, Any, Path], Any],
-    dtype: str = "float32",
-) -> tuple[Path, float | None]:
-    """Train one stage from `model_path` in `dtype`; return its final folder and seconds (None if skipped)."""
-    stage_dir = run_dir / name
-    if resume and (stage_dir / "final" / "config.json").is_file():
-        echo(f"{name}: finished earlier, skipped")
-        return stage_dir / "final", None
-    t = time.perf_counter()
-    model, tok = load_model(model_path, getattr(torch, dtype), device)
-    if distributed.is_main():
-        stage_dir.mkdir(parents=True, exist_ok=True)
-        _write_yaml(stage_dir / "config.yaml", stage_cfg)
-    distributed.barrier()
-    final: Path = build(model, tok, stage_dir).train(echo)
-    return final, time.perf_counter() - t
-
-
 def run(
     cfg: RunConfig, *, resume: bool = False, overwrite: bool = False, echo: Callable[[str], None] = print
 ) -> dict[str, Any]:
     """Run the configured stages and return the summary (also written to summary.json).
 
-    Under torchrun, every rank calls this and gets the summary; only rank 0 echoes.
+    The enabled stages (`textgym.stages.registry.enabled_stages`) run in order, each from the
+    model the previous one left. With `eval:` set, the model entering each stage that asks for
+    it is evaluated (`eval_before.json`: the last such evaluation is the run's "before"), and so
+    is the final model (`eval_after.json`). Under torchrun, every rank calls this and gets the
+    summary; only rank 0 echoes.
 
     Raises:
         ConfigError: on a bad config, or an existing run directory without `resume`/`overwrite`.
     """
-    from textgym.stages.preference import preference_rounds
-    from textgym.trainers.rl.grpo import GRPOTrainer
-    from textgym.trainers.rl.ppo import PPOTrainer
-    from textgym.trainers.sft import SFTTrainer
-
     world = distributed.init(cfg.device)
     if not world.is_main:
         echo = _silent
@@ -245,125 +136,27 @@ def run(
     seed_everything(distributed.rank_seed(cfg.seed))
     if world.size > 1:
         echo(f"{world.size} ranks ({world.backend}); models sharded with FSDP2")
-    # 0. Start model.
     model_path = distributed.on_main(lambda: _start_model(cfg, run_dir, echo))
-    stage_times: dict[str, float] = {}
-    summary_extra: dict[str, Any] = {}
+    ctx = StageContext(cfg, run_dir, device, resume, echo)
+    summary: dict[str, Any] = {"name": cfg.name, "final_model": "", "stage_times_s": {}}
+    extra: dict[str, Any] = {}
     before: dict[str, Any] | None = None
-
-    # 1. SFT warm start (evaluated before it when it is the only stage).
-    if cfg.sft is not None:
-        sft_cfg = cfg.sft
-        only_stage = cfg.rl is None and cfg.dpo is None and cfg.rft is None and cfg.online_dpo is None
-        if cfg.eval is not None and only_stage:
-            before = _cached_eval(run_dir / "eval_before.json", model_path, cfg.eval, device, resume)
-        seed_everything(distributed.rank_seed(cfg.seed))
-        model_path, secs = _run_stage(
-            "sft", sft_cfg, run_dir, model_path, device, resume, echo,
-            lambda m, t, d: SFTTrainer(
-                sft_cfg, m, t, d, seed=cfg.seed, resume=resume, parallel=cfg.parallel, log_with=cfg.log_with
-            ), cfg.model.dtype,
-        )  # fmt: skip
-        if secs is not None:
-            stage_times["sft"] = secs
-        target = run_dir / "sft" / "target.json"
-        if sft_cfg.target is not None and target.is_file():
-            summary_extra["sft_target"] = json.loads(target.read_text(encoding="utf-8"))
-
-    # 2. The RL stage (GRPO family or PPO), evaluated before and after.
-    rl_cfg = cfg.rl
-    if rl_cfg is not None:
-        stage = "grpo" if cfg.grpo is not None else "ppo"
-        eval_cfg = cfg.eval
-        periodic: Callable[[Any, Any], dict[str, float]] | None = None
-        if eval_cfg is not None:
-            before = _cached_eval(run_dir / "eval_before.json", model_path, eval_cfg, device, resume)
-            echo(f"eval before {stage}: accuracy {before['accuracy']:.3f} on {before['n']} tasks")
-            if rl_cfg.eval_every:
-
-                def periodic(m: Any, t: Any) -> dict[str, float]:
-                    r = evaluate_model(m, t, eval_cfg)
-                    return {"eval/accuracy": r.accuracy, "eval/mean_reward": r.mean_reward}
-
-        trainer_cls = GRPOTrainer if stage == "grpo" else PPOTrainer
-
-        def build(m: Any, t: Any, d: Path) -> Any:
-            return trainer_cls(
-                rl_cfg,
-                m,
-                t,
-                d,
-                seed=cfg.seed,
-                resume=resume,
-                eval_fn=periodic,
-                parallel=cfg.parallel,
-                log_with=cfg.log_with,
-            )
-
-        seed_everything(distributed.rank_seed(cfg.seed + 1))
-        dtype = cfg.model.dtype
-        model_path, secs = _run_stage(stage, rl_cfg, run_dir, model_path, device, resume, echo, build, dtype)
-        if secs is not None:
-            stage_times[stage] = secs
-        summary_extra["models_in_memory"] = _models_in_memory(cfg)
-
-    # 2b. The offline preference stage (DPO family): rounds of collect → pair → train.
-    if cfg.dpo is not None:
-        if cfg.eval is not None:
-            before = _cached_eval(run_dir / "eval_before.json", model_path, cfg.eval, device, resume)
-            echo(f"eval before dpo: accuracy {before['accuracy']:.3f} on {before['n']} tasks")
-        t = time.perf_counter()
-        model_path, rounds = preference_rounds(cfg, run_dir, model_path, device, resume, echo)
-        stage_times["dpo"] = time.perf_counter() - t
-        summary_extra["dpo_rounds"] = rounds
-        summary_extra["models_in_memory"] = ["policy"]
-
-    # 2c. Rejection-sampling fine-tuning: rounds of sample → keep the verified → SFT.
-    if cfg.rft is not None:
-        from textgym.stages.rft import rft_rounds
-
-        if cfg.eval is not None:
-            before = _cached_eval(run_dir / "eval_before.json", model_path, cfg.eval, device, resume)
-            echo(f"eval before rft: accuracy {before['accuracy']:.3f} on {before['n']} tasks")
-        t = time.perf_counter()
-        model_path, rounds = rft_rounds(cfg, run_dir, model_path, device, resume, echo)
-        stage_times["rft"] = time.perf_counter() - t
-        summary_extra["rft_rounds"] = rounds
-        summary_extra["models_in_memory"] = ["policy"]
-
-    # 2d. Online DPO: each step samples pairs from the current policy; evaluated before and after.
-    odpo = cfg.online_dpo
-    if odpo is not None:
-        from textgym.trainers.preference.online import OnlineDPOTrainer, models_in_memory
-
-        ecfg, eval_fn = cfg.eval, None
-        if ecfg is not None:
-            before = _cached_eval(run_dir / "eval_before.json", model_path, ecfg, device, resume)
-            echo(f"eval before online_dpo: accuracy {before['accuracy']:.3f} on {before['n']} tasks")
-
-            def eval_fn(m: Any, t: Any) -> dict[str, float]:
-                r = evaluate_model(m, t, ecfg)
-                return {"eval/accuracy": r.accuracy, "eval/mean_reward": r.mean_reward}
-
-        seed_everything(distributed.rank_seed(cfg.seed + 1))
-        model_path, secs = _run_stage(
-            "online_dpo", odpo, run_dir, model_path, device, resume, echo,
-            lambda m, t, d: OnlineDPOTrainer(
-                odpo, m, t, d, seed=cfg.seed, resume=resume, eval_fn=eval_fn, parallel=cfg.parallel,
-                log_with=cfg.log_with,
-            ), cfg.model.dtype,
-        )  # fmt: skip
-        stage_times.update({} if secs is None else {"online_dpo": secs})
-        summary_extra["models_in_memory"] = models_in_memory(odpo)
-
-    # 3. Evaluate the result and summarise.
-    summary: dict[str, Any] = {"name": cfg.name, "final_model": str(model_path), "stage_times_s": stage_times}
+    for stage in enabled_stages(cfg):
+        if cfg.eval is not None and stage.evaluate_before(cfg):
+            before = cached_eval(run_dir / "eval_before.json", model_path, cfg.eval, device, resume)
+            echo(f"eval before {stage.name}: accuracy {before['accuracy']:.3f} on {before['n']} tasks")
+        result = stage.run(ctx, model_path)
+        model_path = result.model_path
+        if result.seconds is not None:
+            summary["stage_times_s"][stage.name] = result.seconds
+        extra.update(result.summary)
+    summary["final_model"] = str(model_path)
     if cfg.eval is not None:
         assert before is not None
-        after = _cached_eval(run_dir / "eval_after.json", model_path, cfg.eval, device, resume)
-        summary.update(_comparison(cfg.eval, before, after))
+        after = cached_eval(run_dir / "eval_after.json", model_path, cfg.eval, device, resume)
+        summary.update(comparison(cfg.eval, before, after))
     summary["wall_time_s"] = time.perf_counter() - start
-    summary.update(summary_extra)
+    summary.update(extra)
     summary["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     if torch.cuda.is_available():
         summary["peak_cuda_mb"] = torch.cuda.max_memory_allocated() / 2**20
@@ -424,31 +217,3 @@ def run_reward_model(
 
 def _silent(line: str) -> None:
     """The echo of ranks other than 0."""
-
-
-def _models_in_memory(cfg: RunConfig) -> list[str]:
-    """Which models the RL stage holds: policy, reference (β > 0), critic (PPO)."""
-    rl = cfg.rl
-    models = ["policy"]
-    if rl is not None and rl.kl_coef > 0:
-        # With LoRA the reference is the policy with its adapters disabled: no second model.
-        models.append("reference" if rl.lora is None else "reference (policy, adapters off)")
-    if cfg.ppo is not None:
-        models.append("critic")
-    return models
-
-
-def _comparison(cfg: EvalConfig, before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "eval_env": cfg.env.id,
-        "eval_env_kwargs": cfg.env.kwargs,
-        "n_eval": cfg.n,
-        "samples": cfg.samples,
-        "decoding": cfg.sampling.model_dump(),
-        "accuracy_before": before["accuracy"],
-        "accuracy_after": after["accuracy"],
-        "mean_reward_before": before["mean_reward"],
-        "mean_reward_after": after["mean_reward"],
-        "pass_at_before": before["pass_at"],
-        "pass_at_after": after["pass_at"],
-    }

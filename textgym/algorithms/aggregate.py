@@ -7,6 +7,8 @@ accumulation) produce exactly the gradient of the whole minibatch.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
 from typing import Literal
 
 import torch
@@ -55,3 +57,21 @@ def aggregate(
     if mode == "seq_mean_token_sum_norm":
         return masked.sum() / ((num_seqs if num_seqs is not None else B) * (norm_len or L))
     raise ValueError(f"unknown loss aggregation {mode!r}")
+
+
+def aggregator(
+    mask: torch.Tensor,
+    mode: Aggregation = "seq_mean_token_mean",
+    *,
+    num_seqs: float | None = None,
+    num_tokens: float | None = None,
+    norm_len: int | None = None,
+) -> Callable[[torch.Tensor], torch.Tensor]:
+    """`aggregate` with everything but the values fixed: a loss reduces its terms the same way.
+
+    Returns:
+        `values [B, L] -> scalar`, `aggregate(values, mask, mode, num_seqs=..., ...)`.
+    """
+    return partial(
+        aggregate, mask=mask, mode=mode, num_seqs=num_seqs, num_tokens=num_tokens, norm_len=norm_len
+    )

@@ -12,9 +12,11 @@ Shapes: B = sequences, L = response columns, `mask` [B, L] with 1.0 on policy to
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
-from textgym.algorithms.aggregate import Aggregation, aggregate
+from textgym.algorithms.aggregate import Aggregation, aggregator
 from textgym.algorithms.kl import KLEstimator, k3, kl_estimate
 from textgym.algorithms.registry import PolicyLossInputs, register_policy_loss
 
@@ -97,8 +99,7 @@ def clipped_policy_loss(
     pg, adv, dual = clipped_surrogate(ratio, adv, logprobs, clip_low, clip_high, dual_clip, is_weights)
     per_token, kl = add_kl_term(pg, logprobs, ref_logprobs, kl_coef, kl_estimator)
 
-    def agg(x: torch.Tensor) -> torch.Tensor:
-        return aggregate(x, mask, aggregation, num_seqs=num_seqs, num_tokens=num_tokens, norm_len=norm_len)
+    agg = aggregator(mask, aggregation, num_seqs=num_seqs, num_tokens=num_tokens, norm_len=norm_len)
 
     loss = agg(per_token)
     with torch.no_grad():
@@ -221,6 +222,26 @@ def kl_stats(
     return stats
 
 
+def config_kwargs(x: PolicyLossInputs) -> dict[str, Any]:
+    """The keyword arguments every registered policy loss takes from its inputs and stage config.
+
+    `aggregation` (`loss_aggregation`), `ref_logprobs`, `kl_coef`, `kl_estimator`, `num_seqs`,
+    `num_tokens`, `norm_len` (the sampling's `max_new_tokens`) and `is_weights`; the clip
+    settings differ per loss and are passed by each.
+    """
+    c = x.config
+    return {
+        "aggregation": c.loss_aggregation,
+        "ref_logprobs": x.ref_logprobs,
+        "kl_coef": x.kl_coef,
+        "kl_estimator": c.kl_estimator,
+        "num_seqs": x.num_seqs,
+        "num_tokens": x.num_tokens,
+        "norm_len": c.sampling.max_new_tokens,
+        "is_weights": x.is_weights,
+    }
+
+
 @register_policy_loss("ppo_clip")
 def ppo_clip_loss(x: PolicyLossInputs) -> tuple[torch.Tensor, dict[str, float]]:
     """PPO's clipped surrogate (`clipped_policy_loss`) with the stage config's settings.
@@ -237,12 +258,5 @@ def ppo_clip_loss(x: PolicyLossInputs) -> tuple[torch.Tensor, dict[str, float]]:
         clip_low=c.clip_low,
         clip_high=c.clip_high,
         dual_clip=c.dual_clip,
-        aggregation=c.loss_aggregation,
-        ref_logprobs=x.ref_logprobs,
-        kl_coef=x.kl_coef,
-        kl_estimator=c.kl_estimator,
-        num_seqs=x.num_seqs,
-        num_tokens=x.num_tokens,
-        norm_len=c.sampling.max_new_tokens,
-        is_weights=x.is_weights,
+        **config_kwargs(x),
     )

@@ -21,12 +21,13 @@ from __future__ import annotations
 
 import torch
 
-from textgym.algorithms.aggregate import Aggregation, aggregate
+from textgym.algorithms.aggregate import Aggregation, aggregator
 from textgym.algorithms.clipped_loss import (
     RATIO_LOG_CAP,
     add_kl_term,
     clip_fractions,
     clipped_surrogate,
+    config_kwargs,
     kl_stats,
 )
 from textgym.algorithms.kl import KLEstimator
@@ -137,8 +138,7 @@ def gspo_loss(
     pg, adv, dual = clipped_surrogate(w, adv, logprobs, clip_low, clip_high, dual_clip, is_weights)
     per_token, kl = add_kl_term(pg, logprobs, ref_logprobs, kl_coef, kl_estimator)
 
-    def agg(x: torch.Tensor) -> torch.Tensor:
-        return aggregate(x, mask, aggregation, num_seqs=num_seqs, num_tokens=num_tokens, norm_len=norm_len)
+    agg = aggregator(mask, aggregation, num_seqs=num_seqs, num_tokens=num_tokens, norm_len=norm_len)
 
     loss = agg(per_token)
     with torch.no_grad():
@@ -230,8 +230,7 @@ def cispo_loss(
         pg = pg * is_weights.detach()
     per_token, kl = add_kl_term(pg, logprobs, ref_logprobs, kl_coef, kl_estimator)
 
-    def agg(x: torch.Tensor) -> torch.Tensor:
-        return aggregate(x, mask, aggregation, num_seqs=num_seqs, num_tokens=num_tokens, norm_len=norm_len)
+    agg = aggregator(mask, aggregation, num_seqs=num_seqs, num_tokens=num_tokens, norm_len=norm_len)
 
     loss = agg(per_token)
     with torch.no_grad():
@@ -263,14 +262,7 @@ def _gspo_from_config(x: PolicyLossInputs, token_level: bool) -> tuple[torch.Ten
         clip_high=c.clip_high,
         token_level=token_level,
         dual_clip=c.dual_clip,
-        aggregation=c.loss_aggregation,
-        ref_logprobs=x.ref_logprobs,
-        kl_coef=x.kl_coef,
-        kl_estimator=c.kl_estimator,
-        num_seqs=x.num_seqs,
-        num_tokens=x.num_tokens,
-        norm_len=c.sampling.max_new_tokens,
-        is_weights=x.is_weights,
+        **config_kwargs(x),
     )
 
 
@@ -309,14 +301,7 @@ def cispo_policy_loss(x: PolicyLossInputs) -> tuple[torch.Tensor, dict[str, floa
         x.mask,
         clip_low=c.cispo_clip_low,
         clip_high=c.cispo_clip_high,
-        aggregation=c.loss_aggregation,
-        ref_logprobs=x.ref_logprobs,
-        kl_coef=x.kl_coef,
-        kl_estimator=c.kl_estimator,
-        num_seqs=x.num_seqs,
-        num_tokens=x.num_tokens,
-        norm_len=c.sampling.max_new_tokens,
-        is_weights=x.is_weights,
+        **config_kwargs(x),
     )
 
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -123,44 +124,9 @@ def check_env(
         )
     )
     n = max(1, min(n, n_tasks))
-
-    # gymnasium's own checker, on the env as its author wrote it
-    try:
-        import warnings
-
-        from gymnasium.utils.env_checker import check_env as gym_check_env
-
-        fresh = make(env_id, **kwargs)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            gym_check_env(fresh.unwrapped, skip_render_check=True)
-        fresh.close()
-        results.append(CheckResult("gymnasium", "ok", "gymnasium.utils.env_checker.check_env passed"))
-    except Exception as e:
-        results.append(CheckResult("gymnasium", "fail", f"{type(e).__name__}: {e}"))
-
-    # determinism: the same task index (and the same seed) pose the same observation
-    try:
-        a, b = make(env_id, **kwargs), make(env_id, **kwargs)
-        same_index = a.reset(options={"task_index": n - 1})[0] == b.reset(options={"task_index": n - 1})[0]
-        same_seed = a.reset(seed=123)[0] == b.reset(seed=123)[0]
-        a.close()
-        b.close()
-        ok = same_index and same_seed
-        results.append(
-            CheckResult(
-                "determinism",
-                "ok" if ok else "fail",
-                "same task index and same seed pose the same observation"
-                if ok
-                else f"same task index -> same observation: {same_index}; same seed: {same_seed}",
-            )
-        )
-    except Exception as e:
-        results.append(CheckResult("determinism", "fail", f"{type(e).__name__}: {e}"))
-
+    results.append(_gymnasium_check(env_id, kwargs))
+    results.append(_determinism_check(env_id, kwargs, n))
     cap = limit + 1 if limit else DEFAULT_TURN_LIMIT
-    term = accuracy_term(env)
     seen_terms: set[str] = set()
     timing = {"seconds": 0.0, "calls": 0}  # resets and steps of the played episodes
 
@@ -172,51 +138,111 @@ def check_env(
         seen_terms.update(episode["terms"])
         return episode
 
-    # the oracle
-    oracle_eps: list[dict[str, Any]] = []
-    if _has(env, "oracle_action"):
-        try:
-            oracle_eps = [play(OracleAgent(), i) for i in range(n)]
-            acc = sum(episode_correct(e["terms"], e["reward"]) for e in oracle_eps) / n
-            mean = sum(e["reward"] for e in oracle_eps) / n
-            results.append(
-                CheckResult(
-                    "oracle",
-                    "ok" if acc == 1.0 else "fail",
-                    f"accuracy {acc:.2f}, mean return {mean:.3f} on tasks 0..{n - 1}"
-                    + ("" if acc == 1.0 else " (the oracle must solve every task)"),
-                )
-            )
-        except (NotImplementedError, LookupError) as e:
-            results.append(CheckResult("oracle", "skip", f"no oracle for these tasks: {e}"))
-        except Exception as e:
-            results.append(CheckResult("oracle", "fail", f"{type(e).__name__}: {e}"))
-    else:
-        results.append(CheckResult("oracle", "skip", "the env defines no oracle_action"))
+    oracle_eps, oracle = _oracle_check(env, n, play)
+    random_eps, random = _random_check(n, play)
+    results += [oracle, random, _bad_actions_check(env)]
+    played = oracle_eps + random_eps
+    if played:
+        results.append(_episode_end_check(played, limit, cap))
+    results.append(_accuracy_check(accuracy_term(env), seen_terms))
+    results.append(_solutions_check(env, sft))
+    results.append(_hack_check(env_id, kwargs, n) if hacks else CheckResult("hacks", "skip", "not asked for"))
+    results.append(
+        CheckResult(
+            "timing",
+            "ok",
+            f"{timing['seconds'] / max(timing['calls'], 1) * 1e3:.1f} ms per reset or step over "
+            f"{len(played)} episode(s) ({int(timing['calls']) - len(played)} steps)",
+        )
+    )
+    env.close()
+    return results
 
-    # the random agent
-    random_eps: list[dict[str, Any]] = []
+
+Play = Callable[[Any, int], dict[str, Any]]
+"""`play(agent, task_index)`: one episode's summary (`play_episode`), timed and its terms noted."""
+
+
+def _gymnasium_check(env_id: str, kwargs: dict[str, Any]) -> CheckResult:
+    """Gymnasium's own checker, on the env as its author wrote it."""
     try:
-        agent = RandomAgent(0)
-        random_eps = [play(agent, i) for i in range(n)]
-        acc = sum(episode_correct(e["terms"], e["reward"]) for e in random_eps) / n
-        everything = acc == 1.0 and n >= 3
-        results.append(
-            CheckResult(
-                "random",
-                "fail" if everything else "ok",
-                f"accuracy {acc:.2f}, mean return {sum(e['reward'] for e in random_eps) / n:.3f}"
-                + (
-                    " (a random agent solves every task: does the verifier accept anything?)"
-                    if everything
-                    else ""
-                ),
-            )
+        import warnings
+
+        from gymnasium.utils.env_checker import check_env as gym_check_env
+
+        fresh = make(env_id, **kwargs)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            gym_check_env(fresh.unwrapped, skip_render_check=True)
+        fresh.close()
+        return CheckResult("gymnasium", "ok", "gymnasium.utils.env_checker.check_env passed")
+    except Exception as e:
+        return CheckResult("gymnasium", "fail", f"{type(e).__name__}: {e}")
+
+
+def _determinism_check(env_id: str, kwargs: dict[str, Any], n: int) -> CheckResult:
+    """The same task index (and the same seed) pose the same observation."""
+    try:
+        a, b = make(env_id, **kwargs), make(env_id, **kwargs)
+        same_index = a.reset(options={"task_index": n - 1})[0] == b.reset(options={"task_index": n - 1})[0]
+        same_seed = a.reset(seed=123)[0] == b.reset(seed=123)[0]
+        a.close()
+        b.close()
+        ok = same_index and same_seed
+        return CheckResult(
+            "determinism",
+            "ok" if ok else "fail",
+            "same task index and same seed pose the same observation"
+            if ok
+            else f"same task index -> same observation: {same_index}; same seed: {same_seed}",
         )
     except Exception as e:
-        results.append(CheckResult("random", "fail", f"{type(e).__name__}: {e}"))
+        return CheckResult("determinism", "fail", f"{type(e).__name__}: {e}")
 
-    # unusable actions are scored
+
+def _oracle_check(env: Any, n: int, play: Play) -> tuple[list[dict[str, Any]], CheckResult]:
+    """The oracle (`oracle_action`) solves every one of the first `n` tasks."""
+    if not _has(env, "oracle_action"):
+        return [], CheckResult("oracle", "skip", "the env defines no oracle_action")
+    try:
+        eps = [play(OracleAgent(), i) for i in range(n)]
+        acc = sum(episode_correct(e["terms"], e["reward"]) for e in eps) / n
+        mean = sum(e["reward"] for e in eps) / n
+        return eps, CheckResult(
+            "oracle",
+            "ok" if acc == 1.0 else "fail",
+            f"accuracy {acc:.2f}, mean return {mean:.3f} on tasks 0..{n - 1}"
+            + ("" if acc == 1.0 else " (the oracle must solve every task)"),
+        )
+    except (NotImplementedError, LookupError) as e:
+        return [], CheckResult("oracle", "skip", f"no oracle for these tasks: {e}")
+    except Exception as e:
+        return [], CheckResult("oracle", "fail", f"{type(e).__name__}: {e}")
+
+
+def _random_check(n: int, play: Play) -> tuple[list[dict[str, Any]], CheckResult]:
+    """A random agent does not solve every task (else the verifier may accept anything)."""
+    try:
+        agent = RandomAgent(0)
+        eps = [play(agent, i) for i in range(n)]
+        acc = sum(episode_correct(e["terms"], e["reward"]) for e in eps) / n
+        everything = acc == 1.0 and n >= 3
+        return eps, CheckResult(
+            "random",
+            "fail" if everything else "ok",
+            f"accuracy {acc:.2f}, mean return {sum(e['reward'] for e in eps) / n:.3f}"
+            + (
+                " (a random agent solves every task: does the verifier accept anything?)"
+                if everything
+                else ""
+            ),
+        )
+    except Exception as e:
+        return [], CheckResult("random", "fail", f"{type(e).__name__}: {e}")
+
+
+def _bad_actions_check(env: Any) -> CheckResult:
+    """Unusable actions (empty, blank, junk, injected, over-long) are scored, never raised on."""
     problems: list[str] = []
     max_chars = getattr(env.unwrapped, "max_action_chars", 100_000)
     for label, action in (*JUNK_ACTIONS, ("over-long", "x" * (int(max_chars) + 10))):
@@ -229,86 +255,59 @@ def check_env(
             problems.append(f"{label}: raised {e.__cause__!r}")
         except Exception as e:
             problems.append(f"{label}: raised {e!r}")
-    results.append(
-        CheckResult(
-            "bad actions",
-            "fail" if problems else "ok",
-            "; ".join(problems)
-            if problems
-            else "empty, blank, junk, injected and over-long actions are scored",
-        )
+    return CheckResult(
+        "bad actions",
+        "fail" if problems else "ok",
+        "; ".join(problems) if problems else "empty, blank, junk, injected and over-long actions are scored",
     )
 
-    # episodes end within the limit
-    played = oracle_eps + random_eps
-    if played:
-        longest = max(e["turns"] for e in played)
-        unended = [e for e in played if not (e["terminated"] or e["truncated"]) or e["turns"] >= cap]
-        if limit is None and any(e["turns"] >= DEFAULT_TURN_LIMIT for e in played):
-            status, detail = (
-                "fail",
-                (
-                    f"an episode ran {DEFAULT_TURN_LIMIT} turns without ending and no limit is declared: "
-                    "register the id with max_episode_steps=N"
-                ),
-            )
-        elif unended:
-            status, detail = "fail", f"an episode did not end within the limit of {limit} turns"
-        else:
-            status, detail = "ok", f"longest episode {longest} turn(s)" + (f" of {limit}" if limit else "")
-        results.append(CheckResult("episode end", status, detail))
 
-    # accuracy is measurable
+def _episode_end_check(played: list[dict[str, Any]], limit: int | None, cap: int) -> CheckResult:
+    """Every played episode ended within the declared turn limit (or one must be declared)."""
+    longest = max(e["turns"] for e in played)
+    unended = [e for e in played if not (e["terminated"] or e["truncated"]) or e["turns"] >= cap]
+    if limit is None and any(e["turns"] >= DEFAULT_TURN_LIMIT for e in played):
+        return CheckResult(
+            "episode end",
+            "fail",
+            f"an episode ran {DEFAULT_TURN_LIMIT} turns without ending and no limit is declared: "
+            "register the id with max_episode_steps=N",
+        )
+    if unended:
+        return CheckResult("episode end", "fail", f"an episode did not end within the limit of {limit} turns")
+    return CheckResult(
+        "episode end", "ok", f"longest episode {longest} turn(s)" + (f" of {limit}" if limit else "")
+    )
+
+
+def _accuracy_check(term: str, seen_terms: set[str]) -> CheckResult:
+    """Accuracy is measurable: the env reports its accuracy term (or `correct`) in `info`."""
     key = f"reward/{term}"
     if key in seen_terms or "reward/correct" in seen_terms:
-        results.append(
-            CheckResult("accuracy", "ok", f"accuracy reads `{key}` (terms seen: {sorted(seen_terms)})")
-        )
-    else:
-        results.append(
-            CheckResult(
-                "accuracy",
-                "warn",
-                f"no `{key}` in info (terms seen: {sorted(seen_terms) or 'none'}); valid Gymnasium, and "
-                "accuracy falls back to an episode return >= 1 counting as solved (partial credit never "
-                "does); report a `correct` term, set the env's `accuracy_term`, or put "
-                "info['is_success'] in the last step's info to make it exact",
-            )
-        )
+        return CheckResult("accuracy", "ok", f"accuracy reads `{key}` (terms seen: {sorted(seen_terms)})")
+    return CheckResult(
+        "accuracy",
+        "warn",
+        f"no `{key}` in info (terms seen: {sorted(seen_terms) or 'none'}); valid Gymnasium, and "
+        "accuracy falls back to an episode return >= 1 counting as solved (partial credit never "
+        "does); report a `correct` term, set the env's `accuracy_term`, or put "
+        "info['is_success'] in the last step's info to make it exact",
+    )
 
-    # gold solutions
+
+def _solutions_check(env: Any, sft: bool) -> CheckResult:
+    """The tasks carry gold solutions (an `sft:` stage needs them; else only reported)."""
     try:
-        tasks = env.tasks
-        first = tasks[0]
-        has_solution = getattr(first, "solution", None) is not None
+        has_solution = getattr(env.tasks[0], "solution", None) is not None
     except Exception:
         has_solution = False
     if has_solution:
-        results.append(CheckResult("solutions", "ok", "tasks carry gold solutions (SFT can train on them)"))
-    else:
-        results.append(
-            CheckResult(
-                "solutions",
-                "fail" if sft else "skip",
-                "tasks have no gold `solution`: an sft: stage cannot train on this env",
-            )
-        )
-
-    if hacks:
-        results.append(_hack_check(env_id, kwargs, n))
-    else:
-        results.append(CheckResult("hacks", "skip", "not asked for"))
-
-    results.append(
-        CheckResult(
-            "timing",
-            "ok",
-            f"{timing['seconds'] / max(timing['calls'], 1) * 1e3:.1f} ms per reset or step over "
-            f"{len(played)} episode(s) ({int(timing['calls']) - len(played)} steps)",
-        )
+        return CheckResult("solutions", "ok", "tasks carry gold solutions (SFT can train on them)")
+    return CheckResult(
+        "solutions",
+        "fail" if sft else "skip",
+        "tasks have no gold `solution`: an sft: stage cannot train on this env",
     )
-    env.close()
-    return results
 
 
 def _hack_check(env_id: str, kwargs: dict[str, Any], n: int) -> CheckResult:

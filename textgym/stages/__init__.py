@@ -1,4 +1,10 @@
-"""Stages of `textgym train` that are more than one trainer: rounds of rollouts and training.
+"""The stages of `textgym train`, one module each, registered in run order (`registry`).
 
-`textgym.pipeline.run` calls them in order; each module holds one stage's loop.
+- `registry`: `register_stage`, `enabled_stages`, `StageContext`, `StageResult`, `train_stage`
+- `evaluate`: the run's evaluations (before a stage, after the last, periodic)
+- `sft`, `rl` (`grpo` / `ppo`), `preference` (`dpo`), `rft`, `online_dpo`: the stages
+- `process_reward`: the PRM's label and train commands (`textgym prm`), outside `textgym train`
+
+`textgym.pipeline.run` imports the stage modules (which registers them) and loops over the
+enabled ones.
 """

@@ -15,6 +15,7 @@ from textgym.agents.llm_agent import LLMAgent
 from textgym.agents.sampling import SamplingParams
 from textgym.config import RunConfig
 from textgym.models import load_model
+from textgym.stages.registry import StageContext, StageResult, register_stage
 from textgym.training.seeding import seed_everything
 
 
@@ -134,3 +135,11 @@ def collect_round(
         "undesirable": stats.undesirable,
     }
     return pairs, unpaired, counts
+
+
+@register_stage("dpo", order=20)
+def dpo_stage(ctx: StageContext, model_path: Path) -> StageResult:
+    """The DPO family's rounds (`preference_rounds`); the summary gets `dpo_rounds`."""
+    t = time.perf_counter()
+    final, rounds = preference_rounds(ctx.cfg, ctx.run_dir, model_path, ctx.device, ctx.resume, ctx.echo)
+    return StageResult(final, time.perf_counter() - t, {"dpo_rounds": rounds, "models_in_memory": ["policy"]})

@@ -38,6 +38,7 @@ from textgym.agents.sampling import SamplingParams
 from textgym.config import ConfigError, RunConfig, SFTConfig
 from textgym.config.rft import RFTConfig
 from textgym.models import load_model
+from textgym.stages.registry import StageContext, StageResult, register_stage
 from textgym.trainers.sft import SFTExample
 from textgym.training.seeding import seed_everything
 
@@ -251,3 +252,16 @@ def collect_round(
         f"{len(sel.rows)} samples of {sel.prompts_kept} prompts{star}"
     )
     return records, counts
+
+
+def _check_rft(cfg: RunConfig) -> None:
+    assert cfg.rft is not None
+    preflight_rft(cfg.rft)
+
+
+@register_stage("rft", order=30, check=_check_rft)
+def rft_stage(ctx: StageContext, model_path: Path) -> StageResult:
+    """Rejection-sampling fine-tuning's rounds (`rft_rounds`); the summary gets `rft_rounds`."""
+    t = time.perf_counter()
+    final, rounds = rft_rounds(ctx.cfg, ctx.run_dir, model_path, ctx.device, ctx.resume, ctx.echo)
+    return StageResult(final, time.perf_counter() - t, {"rft_rounds": rounds, "models_in_memory": ["policy"]})

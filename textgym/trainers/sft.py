@@ -47,7 +47,6 @@ from textgym.agents.trajectory import Trajectory, episode_correct
 from textgym.algorithms.auxiliary import sft_loss
 from textgym.config import ConfigError, ParallelConfig, SFTConfig
 from textgym.envs.registry import make as make_text_env
-from textgym.tracking import metrics_logger
 from textgym.training.batch import (
     RolloutBatch,
     no_token_budget_under_torchrun,
@@ -55,11 +54,7 @@ from textgym.training.batch import (
     token_budget_micro_batches,
 )
 from textgym.training.checkpoint import (
-    latest_checkpoint,
-    load_checkpoint,
     save_checkpoint,
-    save_final,
-    save_lora_final,
 )
 from textgym.training.envs import make_env
 from textgym.training.logprobs import sequence_logprobs
@@ -67,6 +62,13 @@ from textgym.training.loop import run_loop
 from textgym.training.optim import build_optimizer
 from textgym.training.placement import shard
 from textgym.training.sampler import TaskSampler
+from textgym.training.trainer import (
+    announce_memory,
+    prepare_policy,
+    resume_checkpoint,
+    save_final_model,
+    stage_logger,
+)
 
 
 @dataclass(frozen=True)
@@ -171,12 +173,13 @@ class SFTTrainer:
         no_token_budget_under_torchrun(cfg.micro_batch_tokens, W)
         self.stage_dir.mkdir(parents=True, exist_ok=True)
         self.device = next(model.parameters()).device
-        if cfg.lora is not None:
-            from textgym.training.lora import apply_lora
-
-            model = apply_lora(model, cfg.lora, seed=seed)
-        if parallel.gradient_checkpointing:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model = prepare_policy(
+            model,
+            cfg.lora,
+            seed=seed,
+            gradient_checkpointing=parallel.gradient_checkpointing,
+            dropout_off=False,
+        )
         self.model = model = shard(model, parallel, self.device)  # precision, then FSDP2 under torchrun
         self.env = make_text_env(cfg.env.id, **cfg.env.kwargs)
         tasks = self.env.tasks
@@ -200,13 +203,10 @@ class SFTTrainer:
         self.optimizer, self.scheduler = build_optimizer(model, cfg.optim, cfg.steps)
         self.memory = distributed.memory_report({"policy": (model, self.optimizer)})
         self.step = 0
-        ckpt = latest_checkpoint(self.stage_dir) if resume else None
-        if ckpt is not None:
-            state = load_checkpoint(ckpt, model, self.optimizer, self.scheduler)
+        state = resume_checkpoint(self.stage_dir, resume, model, self.optimizer, self.scheduler)
+        if state is not None:
             self.step, self.sampler.cursor = int(state["step"]), int(state["cursor"])
-        self.logger = metrics_logger(
-            self.stage_dir, resume_step=self.step if ckpt is not None else None, log_with=log_with, config=cfg
-        )
+        self.logger = stage_logger(self.stage_dir, state, log_with, cfg)
 
     def example(self, index: int) -> Trajectory:
         """The supervised sequence of task `index`: prompt (mask 0) + solution + end-of-turn (mask 1).
@@ -320,9 +320,7 @@ class SFTTrainer:
     def train(self, echo: Callable[[str], None] | None = None) -> Path:
         """Run until `cfg.steps` (5. log and checkpoint on the way); return the saved final model folder."""
         cfg = self.cfg
-        if echo is not None and distributed.is_main():
-            report = distributed.format_memory_report(self.memory)
-            echo(f"sft memory on each of {self.world.size} rank(s): {report}")
+        announce_memory("sft", self.memory, self.stage_dir, echo)
 
         def describe(m: dict[str, float]) -> str:
             probe = f"  probe accuracy {m['probe/accuracy']:.3f}" if "probe/accuracy" in m else ""
@@ -361,9 +359,7 @@ class SFTTrainer:
                     f"sft.target: probe accuracy {self.probe_accuracy} < {cfg.target.accuracy} after the "
                     f"whole budget of {cfg.steps} steps (the last checkpoint is in {self.stage_dir})"
                 )
-        if cfg.lora is not None:
-            return save_lora_final(self.stage_dir, self.model, self.tokenizer)
-        return save_final(self.stage_dir, self.model, self.tokenizer)
+        return save_final_model(self.stage_dir, self.model, self.tokenizer, lora=cfg.lora is not None)
 
 
 def store_examples(store: str | Path, min_reward: float | None = None) -> list[SFTExample]:

@@ -39,8 +39,6 @@ from textgym import distributed
 from textgym.agents.trajectory import Trajectory
 from textgym.algorithms.preference_losses import PairLossInputs, kto_loss, pair_loss
 from textgym.config import ParallelConfig, PreferenceConfig
-from textgym.models import disable_dropout
-from textgym.tracking import metrics_logger
 from textgym.training.batch import (
     RolloutBatch,
     no_token_budget_under_torchrun,
@@ -48,16 +46,19 @@ from textgym.training.batch import (
     token_budget_micro_batches,
 )
 from textgym.training.checkpoint import (
-    latest_checkpoint,
-    load_checkpoint,
     save_checkpoint,
-    save_final,
-    save_lora_final,
 )
 from textgym.training.logprobs import sequence_logprobs
 from textgym.training.loop import run_loop
 from textgym.training.optim import build_optimizer
 from textgym.training.placement import shard
+from textgym.training.trainer import (
+    announce_memory,
+    prepare_policy,
+    resume_checkpoint,
+    save_final_model,
+    stage_logger,
+)
 
 
 def _traj(prompt: list[int], response: list[int], mask: list[int], group: int) -> Trajectory:
@@ -175,17 +176,12 @@ class PreferenceTrainer:
         parallel = parallel or ParallelConfig()
         # Of the start model (before adapters or sharding) and the examples: what the cache is of.
         fingerprint = reference_fingerprint(self.examples, self.kto, model) if cfg.uses_reference else ""
-        if cfg.lora is not None:
-            from textgym.training.lora import apply_lora
-
-            # B = 0 at the start: the reference log-probs computed below are the base model's.
-            model = apply_lora(model, cfg.lora, seed=seed)
-            self.model = model
+        # LoRA's B = 0 at the start: the reference log-probs computed below are the base model's.
         # The implicit reward compares π (train mode) with π_ref (the same start weights, no
-        # grad): without dropout they agree at step 0 (`models.disable_dropout`).
-        disable_dropout(model)
-        if parallel.gradient_checkpointing:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        # grad): without dropout they agree at step 0.
+        model = prepare_policy(
+            model, cfg.lora, seed=seed, gradient_checkpointing=parallel.gradient_checkpointing
+        )
         self.model = model = shard(model, parallel, self.device)  # precision, then FSDP2 under torchrun
         self.split = distributed.is_sharded(model)  # every rank makes the same forward calls
         self.optimizer, self.scheduler = build_optimizer(model, cfg.optim, self.total_steps)
@@ -206,13 +202,10 @@ class PreferenceTrainer:
                     torch.save(self.reference, tmp)
                     tmp.replace(ref_path)
                     fp_path.write_text(json.dumps({"fingerprint": fingerprint}), encoding="utf-8")
-        ckpt = latest_checkpoint(self.stage_dir) if resume else None
-        if ckpt is not None:
-            state = load_checkpoint(ckpt, model, self.optimizer, self.scheduler)
+        state = resume_checkpoint(self.stage_dir, resume, model, self.optimizer, self.scheduler)
+        if state is not None:
             self.step = int(state["step"])
-        self.logger = metrics_logger(
-            self.stage_dir, resume_step=self.step if ckpt is not None else None, log_with=log_with, config=cfg
-        )
+        self.logger = stage_logger(self.stage_dir, state, log_with, cfg)
 
     # --- sequences and log-probs -------------------------------------------------------
     def _sequences(self, idx: list[int]) -> list[Trajectory]:
@@ -412,9 +405,7 @@ class PreferenceTrainer:
             acc = f"  pref-acc {m['rewards/accuracy']:.2f}" if "rewards/accuracy" in m else ""
             return f"loss {m[f'loss/{name}']:.4f}{acc}  {m['time/step_s']:.2f}s/step"
 
-        if echo is not None and distributed.is_main():
-            report = distributed.format_memory_report(self.memory)
-            echo(f"{name} memory on each of {self.world.size} rank(s): {report}")
+        announce_memory(name, self.memory, self.stage_dir, echo)
         run_loop(
             self,
             name=name,
@@ -425,6 +416,4 @@ class PreferenceTrainer:
             lines=10,
             describe=describe,
         )
-        if self.cfg.lora is not None:
-            return save_lora_final(self.stage_dir, self.model, self.tokenizer)
-        return save_final(self.stage_dir, self.model, self.tokenizer)
+        return save_final_model(self.stage_dir, self.model, self.tokenizer, lora=self.cfg.lora is not None)

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import json
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -49,16 +48,10 @@ from textgym.agents.sampling import SamplingParams, derive_seed
 from textgym.agents.trajectory import Trajectory
 from textgym.config import ConfigError, OnlineDPOConfig, ParallelConfig
 from textgym.envs.registry import task_count
-from textgym.models import disable_dropout
-from textgym.tracking import metrics_logger
 from textgym.trainers.preference.online_pairs import best_vs_worst, pair_losses
 from textgym.training.batch import RolloutBatch, rank_micro_batches, token_budget_micro_batches
 from textgym.training.checkpoint import (
-    latest_checkpoint,
-    load_checkpoint,
     save_checkpoint,
-    save_final,
-    save_lora_final,
 )
 from textgym.training.envs import make_env
 from textgym.training.logprobs import sequence_logprobs
@@ -74,6 +67,14 @@ from textgym.training.rollout_metrics import (
 )
 from textgym.training.sampler import TaskSampler
 from textgym.training.sources.vllm_engine import build_engine, sync_weights
+from textgym.training.trainer import (
+    announce_memory,
+    eval_every,
+    prepare_policy,
+    resume_checkpoint,
+    save_final_model,
+    stage_logger,
+)
 
 EvalFn = Callable[[PreTrainedModel, PreTrainedTokenizerBase], dict[str, float]]
 
@@ -142,13 +143,10 @@ class OnlineDPOTrainer:
         self.reference: Any = None
         if cfg.uses_reference and cfg.lora is None:
             self.reference = copy.deepcopy(model).eval().requires_grad_(False)
-        if cfg.lora is not None:
-            from textgym.training.lora import apply_lora
-
-            model = apply_lora(model, cfg.lora, seed=seed)
-        disable_dropout(model)  # π and π_ref compared across passes: no dropout (`models.disable_dropout`)
-        if self.parallel.gradient_checkpointing:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        # π and π_ref are compared across passes: dropout off
+        model = prepare_policy(
+            model, cfg.lora, seed=seed, gradient_checkpointing=self.parallel.gradient_checkpointing
+        )
         self.tokenizer, self.pad_id = tokenizer, int(tokenizer.pad_token_id)  # type: ignore[arg-type]
         # 2 the sampling side: one env (with the scorer) per response of this rank's tasks
         k = cfg.prompts_per_step // W * cfg.samples_per_prompt
@@ -172,17 +170,14 @@ class OnlineDPOTrainer:
             models["reward_model"] = (scorer, None)
         self.memory = distributed.memory_report(models)
         self.step = 0
-        ckpt = latest_checkpoint(self.stage_dir) if resume else None
-        if ckpt is not None:
-            state = load_checkpoint(ckpt, self.policy, self.optimizer, self.scheduler)
+        state = resume_checkpoint(self.stage_dir, resume, self.policy, self.optimizer, self.scheduler)
+        if state is not None:
             self.step, self.sampler.cursor = int(state["step"]), int(state["cursor"])
         # 4 the vLLM engine (fed the policy's weights), logging
         self.engine: Any = build_engine(cfg, model, tokenizer, self.agent.backend.eos_ids, seed)
         if self.engine is not None:
             self.agent = LLMAgent(model, tokenizer, backend=self.engine)
-        self.logger = metrics_logger(
-            self.stage_dir, resume_step=self.step if ckpt is not None else None, log_with=log_with, config=cfg
-        )
+        self.logger = stage_logger(self.stage_dir, state, log_with, cfg)
         self.trajectory_dir = self.stage_dir / "trajectories"
         if cfg.log_trajectories and distributed.is_main():
             prune_trajectories(self.trajectory_dir, self.step)
@@ -357,27 +352,13 @@ class OnlineDPOTrainer:
     def train(self, echo: Callable[[str], None] | None = None) -> Path:
         """Run until `cfg.steps`, logging and checkpointing; return the saved final model folder."""
         cfg = self.cfg
-
-        def periodic_eval(metrics: dict[str, float]) -> None:
-            if self.eval_fn is not None and cfg.eval_every and self.step % cfg.eval_every == 0:
-                eval_fn = self.eval_fn
-                with torch.no_grad(), distributed.full_params(self.policy):  # rank 0 evaluates alone
-                    metrics.update(distributed.on_main(lambda: eval_fn(self.policy, self.tokenizer)))
-
-        if distributed.is_main():
-            if echo is not None:
-                echo(f"{self.name} memory on each of {self.world.size} rank(s):")
-                for line in distributed.format_memory_report(self.memory).splitlines():
-                    echo(f"  {line}")
-            (self.stage_dir / "memory.json").write_text(json.dumps(self.memory, indent=2), encoding="utf-8")
+        announce_memory(self.name, self.memory, self.stage_dir, echo)
         run_loop(
             self, name=self.name, steps=cfg.steps, log_every=cfg.log_every, echo=echo,
-            checkpoint_every=cfg.checkpoint_every, after_step=periodic_eval, describe=self.describe,
+            checkpoint_every=cfg.checkpoint_every, after_step=eval_every(self, self.eval_fn, cfg.eval_every),
+            describe=self.describe,
         )  # fmt: skip
-        if cfg.lora is not None:
-            final = save_lora_final(self.stage_dir, self.policy, self.tokenizer)
-        else:
-            final = save_final(self.stage_dir, self.policy, self.tokenizer)
+        final = save_final_model(self.stage_dir, self.policy, self.tokenizer, lora=cfg.lora is not None)
         self.close()
         return final
 

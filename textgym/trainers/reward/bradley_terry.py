@@ -47,7 +47,6 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from textgym import distributed
 from textgym.config import ParallelConfig, RewardModelConfig
-from textgym.tracking import metrics_logger
 from textgym.trainers.reward.bradley_terry_forward import (
     RewardNet,
     _lm_positions,
@@ -61,10 +60,11 @@ from textgym.training.batch import (
     rank_micro_batches,
     token_budget_micro_batches,
 )
-from textgym.training.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from textgym.training.checkpoint import latest_checkpoint, save_checkpoint
 from textgym.training.optim import build_optimizer
 from textgym.training.placement import shard
 from textgym.training.precision import compute_autocast
+from textgym.training.trainer import announce_memory, resume_checkpoint, stage_logger
 from textgym.verifiers.reward_model import pad_rows
 
 __all__ = [
@@ -162,15 +162,14 @@ class RewardModelTrainer:
         self.memory = distributed.memory_report({"reward_model": (self.net, self.optimizer)})
         self.step, self.before, self.train_loss = 0, float("nan"), float("nan")
         self.resumed = False
-        ckpt = latest_checkpoint(self.out) if resume else None
-        distributed.on_main(lambda: self._prepare_out(clear=ckpt is None))
-        if ckpt is not None:
-            state = load_checkpoint(ckpt, self.net, self.optimizer, self.scheduler)
+        fresh = not resume or latest_checkpoint(self.out) is None
+        distributed.on_main(lambda: self._prepare_out(clear=fresh))
+        state = resume_checkpoint(self.out, resume, self.net, self.optimizer, self.scheduler)
+        if state is not None:
             self.step, self.resumed = int(state["step"]), True
             self.before, self.train_loss = float(state["heldout_accuracy_before"]), float(state["train_loss"])
-        self.logger = metrics_logger(
-            self.out, resume_step=self.step if ckpt is not None else None, log_with=log_with, config=cfg
-        )
+        self.logger = stage_logger(self.out, state, log_with, cfg)
+        self.figures: dict[str, Any] = {}
 
     def _prepare_out(self, clear: bool) -> None:
         """Create `out`; on a fresh start remove an earlier run's checkpoints and metrics there."""
@@ -312,15 +311,14 @@ class RewardModelTrainer:
             keep=self.cfg.keep_checkpoints,
         )
 
-    def train(self, echo: Callable[[str], None] | None = None) -> dict[str, Any]:
-        """Train for `epochs`, save the reward model to `out`; return the figures (`train_reward_model`)."""
-        cfg, main = self.cfg, distributed.is_main()
-        echo = echo if main else None
-        if echo is not None:
-            report = distributed.format_memory_report(self.memory)
-            echo(f"rm memory on each of {self.world.size} rank(s): {report}")
-        if main:
-            (self.out / "memory.json").write_text(json.dumps(self.memory, indent=2), encoding="utf-8")
+    def train(self, echo: Callable[[str], None] | None = None) -> Path:
+        """Train for `epochs`, save the reward model to `out` and return it; figures in `.figures`.
+
+        The figures are `train_reward_model`'s (also in `out/textgym.json`).
+        """
+        cfg = self.cfg
+        echo = echo if distributed.is_main() else None
+        announce_memory("rm", self.memory, self.out, echo)
         if not self.resumed:
             self.before = self.heldout_accuracy()
         after: float | None = None
@@ -352,7 +350,8 @@ class RewardModelTrainer:
         if self.world.size > 1:
             result["ranks"] = self.world.size
         self._save_final(result)
-        return result
+        self.figures = result
+        return self.out
 
     def _save_final(self, result: dict[str, Any]) -> None:
         """Write the reward model (full state dict, no LM head), tokenizer and `textgym.json` (collective)."""
@@ -394,4 +393,5 @@ def train_reward_model(
     trainer = RewardModelTrainer(
         pairs, model_dir, out, cfg, device=device, parallel=parallel, resume=resume, log_with=log_with
     )
-    return trainer.train(echo)
+    trainer.train(echo)
+    return trainer.figures

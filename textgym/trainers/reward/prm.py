@@ -150,6 +150,7 @@ class PRMTrainer:
         self.out.mkdir(parents=True, exist_ok=True)
         (self.out / "metrics.jsonl").unlink(missing_ok=True)
         self.logger = metrics_logger(self.out, resume_step=None, log_with=log_with, config=cfg)
+        self.figures: dict[str, Any] = {}
 
     def _logits(self, idx: list[int]) -> torch.Tensor:
         """[k, T] per-token logits of answers `idx` (right-padded)."""
@@ -225,8 +226,8 @@ class PRMTrainer:
         metrics["time/step_s"] = time.perf_counter() - t0
         return metrics
 
-    def train(self, echo: Callable[[str], None] | None = None) -> dict[str, Any]:
-        """Train for `epochs`, save the PRM to `out`; return the figures (`train_prm`)."""
+    def train(self, echo: Callable[[str], None] | None = None) -> Path:
+        """Train for `epochs`, save the PRM to `out` and return it; figures in `.figures` (`train_prm`'s)."""
         cfg = self.cfg
         before = self.evaluate()
         after, loss = before, float("nan")
@@ -270,7 +271,8 @@ class PRMTrainer:
         }
         save_model_folder(self.out, self.model, self.tokenizer)
         (self.out / "textgym.json").write_text(json.dumps(result, indent=2), encoding="utf-8")
-        return result
+        self.figures = result
+        return self.out
 
 
 def train_prm(
@@ -294,4 +296,6 @@ def train_prm(
     Raises:
         ValueError: if no training answer has a step.
     """
-    return PRMTrainer(rows, model_dir, out, cfg, device=device, log_with=log_with).train(echo)
+    trainer = PRMTrainer(rows, model_dir, out, cfg, device=device, log_with=log_with)
+    trainer.train(echo)
+    return trainer.figures

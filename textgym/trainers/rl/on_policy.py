@@ -42,7 +42,6 @@ optimizer in `training/optim.py`; metrics in `tracking.py`; the step loop in
 from __future__ import annotations
 
 import contextlib
-import json
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -61,16 +60,10 @@ from textgym.algorithms.correction import rollout_correction
 from textgym.algorithms.kl import kl_estimate
 from textgym.config import GRPOConfig, ParallelConfig, PPOConfig
 from textgym.envs.registry import task_count
-from textgym.models import disable_dropout
-from textgym.tracking import metrics_logger
 from textgym.trainers.rl.update import PolicyUpdate
 from textgym.training.batch import RolloutBatch, no_token_budget_under_torchrun
 from textgym.training.checkpoint import (
-    latest_checkpoint,
-    load_checkpoint,
     save_checkpoint,
-    save_final,
-    save_lora_final,
 )
 from textgym.training.envs import make_env
 from textgym.training.judge_reward import JudgeTerm
@@ -89,6 +82,14 @@ from textgym.training.sampler import TaskSampler
 from textgym.training.sources.async_producer import AsyncRollouts
 from textgym.training.sources.remote import build_remote
 from textgym.training.sources.vllm_engine import build_engine, sync_weights
+from textgym.training.trainer import (
+    announce_memory,
+    eval_every,
+    prepare_policy,
+    resume_checkpoint,
+    save_final_model,
+    stage_logger,
+)
 
 EvalFn = Callable[[PreTrainedModel, PreTrainedTokenizerBase], dict[str, float]]
 
@@ -135,15 +136,12 @@ class OnPolicyTrainer(PolicyUpdate):
         self.cfg, self.world = cfg, distributed.world()
         check_world(cfg, self.name, self.world.size)
         # 1 the policy (with fresh LoRA adapters when asked) and the run directory
-        if cfg.lora is not None:
-            from textgym.training.lora import apply_lora
-
-            model = apply_lora(model, cfg.lora, seed=seed)
         # π_old (eval mode) and π (train mode) are the same function of the weights only
         # without dropout: off in the policy, hence in its reference copy (and PPO's critic).
-        disable_dropout(model)
-        self.policy, self.tokenizer, self.stage_dir = model, tokenizer, Path(stage_dir)
         self.parallel = parallel or ParallelConfig()
+        gc = self.parallel.gradient_checkpointing
+        model = prepare_policy(model, cfg.lora, seed=seed, gradient_checkpointing=gc)
+        self.policy, self.tokenizer, self.stage_dir = model, tokenizer, Path(stage_dir)
         self.stage_dir.mkdir(parents=True, exist_ok=True)
         self.device = next(model.parameters()).device
         self.eval_fn = eval_fn
@@ -161,8 +159,6 @@ class OnPolicyTrainer(PolicyUpdate):
         self.minibatch_size = (cfg.minibatch_size or B) // W  # rows of a minibatch on this rank
         self.micro_batch_size = cfg.micro_batch_size or self.minibatch_size
         updates = cfg.steps * cfg.epochs * (B // (cfg.minibatch_size or B))
-        if self.parallel.gradient_checkpointing:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         # 3 the reference (a frozen copy of the start policy, or LoRA's adapters-off policy)
         self.reference: PreTrainedModel | None = build_reference(cfg, model, self.parallel)
         self.step = 0
@@ -178,11 +174,10 @@ class OnPolicyTrainer(PolicyUpdate):
         # 5 optimizer, memory report, resume
         self.optimizer, self.scheduler = build_optimizer(self.policy, cfg.optim, updates)
         self.memory = distributed.memory_report(self._models())
-        ckpt = latest_checkpoint(self.stage_dir) if resume else None
-        if ckpt is not None:
-            state = load_checkpoint(ckpt, self.policy, self.optimizer, self.scheduler)
+        state = resume_checkpoint(self.stage_dir, resume, self.policy, self.optimizer, self.scheduler)
+        if state is not None:
             self.step, self.sampler.cursor = int(state["step"]), int(state["cursor"])
-            self._load_extra(ckpt, state)
+            self._load_extra(Path(state["checkpoint_dir"]), state)
         # 6 the rollout engine (vLLM), fed the policy's weights
         self.engine: Any = build_engine(cfg, model, tokenizer, self.agent.backend.eos_ids, seed)
         if self.engine is not None:
@@ -195,9 +190,7 @@ class OnPolicyTrainer(PolicyUpdate):
         # 7 async RL (`rollout.max_staleness` > 0): a producer thread samples ahead with a copy
         self.async_rollouts = AsyncRollouts(self) if cfg.rollout.max_staleness > 0 else None
         # 8 logging: metrics and the trajectory store keep nothing past the step resumed from
-        self.logger = metrics_logger(
-            self.stage_dir, resume_step=self.step if ckpt is not None else None, log_with=log_with, config=cfg
-        )
+        self.logger = stage_logger(self.stage_dir, state, log_with, cfg)
         self.trajectory_dir = self.stage_dir / "trajectories"
         if cfg.log_trajectories and distributed.is_main():
             prune_trajectories(self.trajectory_dir, self.step)
@@ -444,19 +437,7 @@ class OnPolicyTrainer(PolicyUpdate):
     def train(self, echo: Callable[[str], None] | None = None) -> Path:
         """Run until `cfg.steps`, logging and checkpointing; return the saved final model folder."""
         cfg = self.cfg
-
-        def periodic_eval(metrics: dict[str, float]) -> None:
-            if self.eval_fn is not None and cfg.eval_every and self.step % cfg.eval_every == 0:
-                eval_fn = self.eval_fn
-                with torch.no_grad(), distributed.full_params(self.policy):  # rank 0 evaluates alone
-                    metrics.update(distributed.on_main(lambda: eval_fn(self.policy, self.tokenizer)))
-
-        if echo is not None and distributed.is_main():
-            echo(f"{self.name} memory on each of {self.world.size} rank(s):")
-            for line in distributed.format_memory_report(self.memory).splitlines():
-                echo(f"  {line}")
-        if distributed.is_main():
-            (self.stage_dir / "memory.json").write_text(json.dumps(self.memory, indent=2), encoding="utf-8")
+        announce_memory(self.name, self.memory, self.stage_dir, echo)
         run_loop(
             self,
             name=self.name,
@@ -464,13 +445,10 @@ class OnPolicyTrainer(PolicyUpdate):
             log_every=cfg.log_every,
             checkpoint_every=cfg.checkpoint_every,
             echo=echo,
-            after_step=periodic_eval,
+            after_step=eval_every(self, self.eval_fn, cfg.eval_every),
             describe=self.describe,
         )
-        if self.cfg.lora is not None:
-            final = save_lora_final(self.stage_dir, self.policy, self.tokenizer)
-        else:
-            final = save_final(self.stage_dir, self.policy, self.tokenizer)
+        final = save_final_model(self.stage_dir, self.policy, self.tokenizer, lora=cfg.lora is not None)
         self.close()
         return final
 
