@@ -307,3 +307,59 @@ def test_an_old_module_path_fails_with_an_error_naming_the_new_place():
         from textgym import store  # noqa: F401
     with pytest.raises(ModuleNotFoundError, match=r"No module named 'textgym\.nosuch'"):
         importlib.import_module("textgym.nosuch")
+
+
+MAX_FUNCTION_LINES = 80
+LONG_REASON = "# long: "
+
+
+def long_functions(source: str) -> list[tuple[str, int, int, bool]]:
+    """Functions over `MAX_FUNCTION_LINES` lines, `def` to end, docstring excluded: (name, line, length,
+    whether the line above the `def` or its first decorator is a `# long: <reason>` comment)."""
+    lines = source.splitlines()
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        n = node.end_lineno - node.lineno + 1  # type: ignore[operator]
+        first = node.body[0]
+        if (
+            isinstance(first, ast.Expr)
+            and isinstance(first.value, ast.Constant)
+            and isinstance(first.value.value, str)
+        ):
+            n -= first.end_lineno - first.lineno + 1  # type: ignore[operator]
+        if n > MAX_FUNCTION_LINES:
+            top = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+            above = lines[top - 2].strip() if top >= 2 else ""
+            found.append(
+                (
+                    node.name,
+                    node.lineno,
+                    n,
+                    above.startswith(LONG_REASON) and len(above) > len(LONG_REASON) + 10,
+                )
+            )
+    return found
+
+
+def test_no_function_is_over_80_lines_without_a_one_line_reason_above_it():
+    unexplained = {
+        f"{path.relative_to(PACKAGE_DIR.parent)}:{line} {name} ({n} lines)"
+        for path in PACKAGE_DIR.rglob("*.py")
+        for name, line, n, reasoned in long_functions(path.read_text())
+        if not reasoned
+    }
+    assert not unexplained, (
+        f"functions over {MAX_FUNCTION_LINES} lines (docstrings excluded) with no `{LONG_REASON}<why>` "
+        f"comment above them: {sorted(unexplained)}"
+    )
+
+
+def test_the_long_function_reader_counts_code_not_the_docstring_and_sees_the_reason():
+    body = "".join(f"    x{i} = {i}\n" for i in range(80))  # with the `def` line: 81
+    doc = '    """' + "\n" * 30 + '    """\n'
+    assert long_functions(f"def f():\n{doc}{body[: -len('    x79 = 79') - 1]}") == []  # 80 lines
+    assert long_functions(f"def f():\n{doc}{body}") == [("f", 1, 81, False)]
+    reasoned = f"# long: one table of the paper's steps\n@decorator\ndef f():\n{body}"
+    assert long_functions(reasoned) == [("f", 3, 81, True)]

@@ -88,6 +88,7 @@ def rollout_fn(mode: RolloutMode, batch_window_s: float = 0.0) -> Callable[..., 
     raise ValueError(f"unknown rollout mode {mode!r}; choose 'lockstep' or 'continuous'")
 
 
+# long: one scheduler loop (submit, wait, step, finish) whose state is shared by its threads
 def rollout_continuous(
     agent: LLMAgent,
     envs: Sequence[gym.Env],

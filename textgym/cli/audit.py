@@ -10,6 +10,7 @@ import typer
 from textgym.cli._common import EnvKwargs, fail, make_env, parse_kwargs
 
 
+# long: a typer command read top to bottom: 39 lines of options, then build the set, grade, report
 def audit_cmd(
     out: Annotated[Path, typer.Option(help="Folder for audit.md, audit.json and the set (items.jsonl).")],
     env: Annotated[

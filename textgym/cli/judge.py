@@ -69,6 +69,7 @@ def judge_rows(judge: Any, mode: str, items: list[Any]) -> list[dict[str, Any]]:
     return out
 
 
+# long: a typer command read top to bottom: 23 lines of options, then check, grade, write, summarise
 def verify_judge_cmd(
     endpoint: Annotated[str, typer.Option(help="Base URL of the judge's OpenAI-compatible server.")],
     model: Annotated[str, typer.Option(help="The served judge model's name.")],

@@ -138,6 +138,57 @@ def _load_episodes(path: Path, key: dict[str, Any]) -> dict[int, list[dict]]:
     return {i: rs for i, rs in done.items() if len(rs) == key["samples"]}
 
 
+def _episode_rows(key: dict[str, Any], trajs: list[Any], samples: int, wall: float) -> list[dict[str, Any]]:
+    """One episodes-file row per trajectory of a chunk.
+
+    Each row is `key`, then the task, sample, reward, correctness, reward terms, messages,
+    token and turn counts, and the trajectory's share of the chunk's `wall` seconds.
+    """
+    return [
+        key
+        | {
+            "task_index": t.task_index,
+            "task_id": t.task_id,
+            "sample": j % samples,
+            "reward": t.reward,
+            "correct": episode_correct(t.reward_terms, t.reward),
+            "terms": t.reward_terms,
+            "messages": t.messages,
+            "response_tokens": t.response_length,
+            "finish_reason": t.finish_reason,
+            "turns": t.turns,
+            **{k: int(t.counts.get(k, 0)) for k in EPISODE_COUNTS},
+            "truncation": t.truncation,
+            "wall_s": wall / len(trajs),
+        }
+        for j, t in enumerate(trajs)
+    ]
+
+
+def _write_chunk(
+    rows: list[dict[str, Any]],
+    trajs: list[Any],
+    path: Path | None,
+    trajectory_store: str | Path | None,
+    env_kwargs: dict[str, Any],
+    samples: int,
+    policy: str,
+) -> None:
+    """Append a finished chunk: its trajectories to the store (one shard), its rows to the episodes file."""
+    if trajectory_store is not None:
+        from textgym.offline.store import TrajectoryWriter, trajectory_row
+
+        with TrajectoryWriter(trajectory_store) as w:
+            w.append(
+                trajectory_row(t, env_kwargs=env_kwargs, sample=j % samples, policy=policy, source="eval")
+                for j, t in enumerate(trajs)
+            )
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a", encoding="utf-8") as f:
+            f.write("".join(json.dumps(r) + "\n" for r in rows))
+
+
 def evaluate(
     agent: LLMAgent,
     env_id: str,
@@ -207,49 +258,17 @@ def evaluate(
             wall = time.perf_counter() - start
             new_wall += wall
             new_tokens += sum(t.response_length for t in trajs)
-            rows: list[dict[str, Any]] = [
-                key
-                | {
-                    "task_index": t.task_index,
-                    "task_id": t.task_id,
-                    "sample": j % samples,
-                    "reward": t.reward,
-                    "correct": episode_correct(t.reward_terms, t.reward),
-                    "terms": t.reward_terms,
-                    "messages": t.messages,
-                    "response_tokens": t.response_length,
-                    "finish_reason": t.finish_reason,
-                    "turns": t.turns,
-                    **{k: int(t.counts.get(k, 0)) for k in EPISODE_COUNTS},
-                    "truncation": t.truncation,
-                    "wall_s": wall / len(trajs),
-                }
-                for j, t in enumerate(trajs)
-            ]
+            rows = _episode_rows(key, trajs, samples, wall)
             for r in rows:
                 records.setdefault(int(r["task_index"]), []).append(r)
-            if trajectory_store is not None:
-                from textgym.offline.store import TrajectoryWriter, trajectory_row
-
-                with TrajectoryWriter(trajectory_store) as w:
-                    w.append(
-                        trajectory_row(
-                            t, env_kwargs=env_kwargs, sample=j % samples, policy=policy, source="eval"
-                        )
-                        for j, t in enumerate(trajs)
-                    )
-            if path is not None:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                with path.open("a", encoding="utf-8") as f:
-                    f.write("".join(json.dumps(r) + "\n" for r in rows))
+            _write_chunk(rows, trajs, path, trajectory_store, env_kwargs, samples, policy)
     finally:
         for env in envs:
             env.close()
     ordered = [sorted(records[i], key=lambda r: int(r["sample"])) for i in range(n)]
     flat = [r for rs in ordered for r in rs]
     per_task = [[int(r["correct"]) for r in rs] for rs in ordered]
-    ks = sorted({1, samples})
-    tokens = sum(int(r["response_tokens"]) for r in flat)
+    ks, tokens = sorted({1, samples}), sum(int(r["response_tokens"]) for r in flat)
     wall_total = sum(float(r["wall_s"]) for r in flat)
     return EvalResult(
         env_id=env_id,

@@ -173,6 +173,7 @@ class PairStats:
     undesirable: int
 
 
+# long: one pass over the problems that pairs, dedups, subsamples and counts together
 def build_pairs(
     table: pa.Table,
     *,

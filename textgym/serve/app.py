@@ -124,8 +124,6 @@ def build_app(
         ImportError: for the vllm backend when vLLM is not installed.
     """
     backend, tokenizer, model = _load(model_dir, device, backend_name, vllm_kwargs)
-    eos_ids = set(backend.eos_ids)
-    name = served_name or Path(model_dir).name
     batcher = Batcher(backend, max_queue=max_queue, max_batch=max_batch, model=model)
     app = FastAPI(title="textgym serve", docs_url=None, redoc_url=None)
     app.state.batcher = batcher
@@ -134,9 +132,18 @@ def build_app(
 
         app.state.weights = WeightReceiver(batcher, backend, model, model_dir)
         add_weight_routes(app, app.state.weights)
+    _add_error_handlers(app)
+    server = _Server(backend, tokenizer, model, batcher, served_name or Path(model_dir).name, weight_sync)
+    app.get("/v1/models")(server.models)
+    app.get("/v1/models/{model_id:path}")(server.model_card)
+    app.get("/health")(server.health)
+    app.post("/v1/completions", response_model=None)(server.completions)
+    app.post("/v1/chat/completions", response_model=None)(server.chat)
+    return app
 
-    def decode(ids: list[int]) -> str:
-        return tokenizer.decode(ids, skip_special_tokens=False)  # type: ignore[no-any-return]
+
+def _add_error_handlers(app: FastAPI) -> None:
+    """Answer every error OpenAI-shaped (`APIError.body()`): ours, validation, HTTP and internal ones."""
 
     @app.exception_handler(APIError)
     async def api_error(request: Request, e: APIError) -> JSONResponse:
@@ -158,18 +165,64 @@ def build_app(
     async def internal(request: Request, e: Exception) -> JSONResponse:
         return JSONResponse(APIError(500, f"{type(e).__name__}: {e}").body(), status_code=500)
 
-    def check_model(asked: str) -> None:
-        if asked and asked != name:
+
+def _seeds(seed: int | None, count: int) -> list[int | None]:
+    """`count` per-choice seeds derived from a request's `seed` (None: unseeded)."""
+    return [None] * count if seed is None else [derive_seed(seed, i) for i in range(count)]
+
+
+def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    total = prompt_tokens + completion_tokens
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": total}
+
+
+def _chat_messages(req: ChatRequest) -> list[dict[str, Any]]:
+    """The request's messages as the chat template takes them.
+
+    Content is never None; tool-call arguments are parsed from their JSON strings.
+    """
+    messages = []
+    for m in req.messages:
+        m = dict(m)
+        if m.get("content") is None:
+            m["content"] = ""
+        if m.get("tool_calls"):
+            m["tool_calls"] = [
+                {**c, "function": {**c["function"], "arguments": json.loads(c["function"]["arguments"])}}
+                if isinstance(c.get("function", {}).get("arguments"), str)
+                else c
+                for c in m["tool_calls"]
+            ]
+        messages.append(m)
+    return messages
+
+
+class _Server:
+    """The endpoints of one served model: its backend, tokenizer, batcher and served name."""
+
+    def __init__(
+        self, backend: Any, tokenizer: Any, model: Any, batcher: Batcher, name: str, weight_sync: bool
+    ) -> None:
+        self.tokenizer, self.model, self.batcher, self.name = tokenizer, model, batcher, name
+        self.weight_sync = weight_sync
+        self.eos_ids = set(backend.eos_ids)
+        self.card = {"id": name, "object": "model", "created": 0, "owned_by": "textgym"}
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=False)  # type: ignore[no-any-return]
+
+    def check_model(self, asked: str) -> None:
+        if asked and asked != self.name:
             raise APIError(
                 404,
-                f"model {asked!r} is not served here; this server serves {name!r}",
+                f"model {asked!r} is not served here; this server serves {self.name!r}",
                 "model",
                 "model_not_found",
             )
 
-    async def run(job: Job) -> list[Result]:
+    async def run(self, job: Job) -> list[Result]:
         try:
-            fut = batcher.submit(job)
+            fut = self.batcher.submit(job)
         except QueueFullError as e:
             raise APIError(503, f"the server is overloaded: {e}", code="overloaded") from None
         try:
@@ -177,51 +230,40 @@ def build_app(
         except ValueError as e:  # e.g. a prompt longer than the engine's context
             raise APIError(400, str(e)) from None
 
-    def seeds(seed: int | None, count: int) -> list[int | None]:
-        return [None] * count if seed is None else [derive_seed(seed, i) for i in range(count)]
-
-    def finish(r: Result, stops: list[str]) -> tuple[list[int], list[float], str, str]:
+    def finish(self, r: Result, stops: list[str]) -> tuple[list[int], list[float], str, str]:
         """(kept ids, their logprobs, text, finish_reason) of a result: end-of-turn dropped from the text."""
         ids, lps, reason = r.token_ids, r.logprobs, r.finish_reason
-        body = ids[:-1] if reason == "stop" and ids and ids[-1] in eos_ids else ids
-        cut = cut_at_stop(body, decode, stops)
+        body = ids[:-1] if reason == "stop" and ids and ids[-1] in self.eos_ids else ids
+        cut = cut_at_stop(body, self.decode, stops)
         if cut is not None:
             k, text = cut
             return ids[:k], lps[:k], text, "stop"
-        return ids, lps, decode(body), reason
+        return ids, lps, self.decode(body), reason
 
-    def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-        total = prompt_tokens + completion_tokens
-        return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": total}
+    async def models(self) -> dict[str, Any]:
+        return {"object": "list", "data": [self.card]}
 
-    card = {"id": name, "object": "model", "created": 0, "owned_by": "textgym"}
+    async def model_card(self, model_id: str) -> dict[str, Any]:
+        self.check_model(model_id)
+        return self.card
 
-    @app.get("/v1/models")
-    async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [card]}
-
-    @app.get("/v1/models/{model_id:path}")
-    async def model_card(model_id: str) -> dict[str, Any]:
-        check_model(model_id)
-        return card
-
-    @app.get("/health")
-    async def health() -> dict[str, Any]:
+    async def health(self) -> dict[str, Any]:
         return {
             "status": "ok",
-            "waiting": batcher.queue.qsize(),
-            "policy_version": batcher.policy_version,
-            "model": name,
-            "vocab_size": len(tokenizer),
-            "weight_sync": weight_sync,
+            "waiting": self.batcher.queue.qsize(),
+            "policy_version": self.batcher.policy_version,
+            "model": self.name,
+            "vocab_size": len(self.tokenizer),
+            "weight_sync": self.weight_sync,
         }
 
-    @app.post("/v1/completions", response_model=None)
-    async def completions(req: CompletionRequest) -> Any:
-        check_model(req.model)
-        params = req.sampling_params(req.max_tokens)
-        stops = req.stop_strings()
-        raw = req.prompt
+    def completion_prompts(self, req: CompletionRequest) -> list[list[int]]:
+        """The request's prompts as token ids (text, one id list, texts or id lists), checked.
+
+        Raises:
+            APIError: 400 on an empty prompt or a token id outside the vocabulary.
+        """
+        tokenizer, raw = self.tokenizer, req.prompt
         if isinstance(raw, str):
             prompts = [tokenizer(raw, add_special_tokens=False)["input_ids"]]
         elif raw and all(isinstance(x, int) for x in raw):
@@ -235,96 +277,86 @@ def build_app(
         vocab = len(tokenizer)
         if any(not 0 <= t < vocab for p in prompts for t in p):
             raise APIError(400, f"prompt token ids must be in [0, {vocab})", "prompt")
+        return prompts
+
+    async def completions(self, req: CompletionRequest) -> Any:
+        self.check_model(req.model)
+        params = req.sampling_params(req.max_tokens)
+        stops = req.stop_strings()
+        prompts = self.completion_prompts(req)
         top = req.logprobs or 0
         expanded = [p for p in prompts for _ in range(req.n)]
         if req.seeds is not None:  # one per prompt: each prompt's choices seeded as its own request's
             if len(req.seeds) != len(prompts):
                 raise APIError(400, f"seeds: {len(req.seeds)} seeds for {len(prompts)} prompts", "seeds")
-            row_seeds = [s for seed in req.seeds for s in seeds(seed, req.n)]
+            row_seeds = [s for seed in req.seeds for s in _seeds(seed, req.n)]
         else:
-            row_seeds = seeds(req.seed, len(expanded))
-        results = await run(Job(expanded, params, row_seeds, top_logprobs=top))
+            row_seeds = _seeds(req.seed, len(expanded))
+        results = await self.run(Job(expanded, params, row_seeds, top_logprobs=top))
         choices, kept_ids = [], []
         for i, r in enumerate(results):
-            ids, lps, text, reason = finish(r, stops)
+            ids, lps, text, reason = self.finish(r, stops)
             kept_ids.append(ids)
             choice: dict[str, Any] = {"index": i, "text": text, "logprobs": None, "finish_reason": reason}
             if req.logprobs is not None:
                 tops = [row[:top] for row in r.top[: len(ids)]] if r.top is not None and top else None
                 choice["logprobs"] = completion_logprobs(
-                    tokenizer, ids, lps, tops, req.return_tokens_as_token_ids
+                    self.tokenizer, ids, lps, tops, req.return_tokens_as_token_ids
                 )
             choices.append((choice, len(ids)))
         head = {
             "id": new_id("cmpl"),
             "object": "text_completion",
             "created": int(time.time()),
-            "model": name,
+            "model": self.name,
             "policy_version": results[0].policy_version,
         }
-        use = usage(sum(len(p) for p in expanded) // req.n, sum(n for _, n in choices))
+        use = _usage(sum(len(p) for p in expanded) // req.n, sum(n for _, n in choices))
         if not req.stream:
             return {**head, "choices": [c for c, _ in choices], "usage": use}
         include = req.stream_options is not None and req.stream_options.include_usage
+        events = self.completion_events(head, [c for c, _ in choices], kept_ids, use if include else None)
+        return StreamingResponse(events, media_type="text/event-stream")
 
-        extra = {"usage": None} if include else {}
+    async def completion_events(
+        self, head: dict[str, Any], choices: list[dict[str, Any]], kept_ids: list[list[int]], use: Any
+    ) -> AsyncIterator[str]:
+        """A finished completion as server-sent events; `use`: the usage chunk to end with, or None."""
+        extra = {"usage": None} if use is not None else {}
+        for c, kept in zip(choices, kept_ids, strict=True):
+            # with logprobs: one chunk holding the text and its logprobs; else token-sized chunks
+            pieces = [c["text"]] if c["logprobs"] else [p for _, p in _chunks(kept, c["text"], self.decode)]
+            for piece in pieces:
+                part = {"index": c["index"], "text": piece, "logprobs": c["logprobs"], "finish_reason": None}
+                yield _sse({**head, "choices": [part], **extra})
+            end = {"index": c["index"], "text": "", "logprobs": None, "finish_reason": c["finish_reason"]}
+            yield _sse({**head, "choices": [end], **extra})
+        if use is not None:
+            yield _sse({**head, "choices": [], "usage": use})
+        yield "data: [DONE]\n\n"
 
-        async def events() -> AsyncIterator[str]:
-            for (c, _), kept in zip(choices, kept_ids, strict=True):
-                # with logprobs: one chunk holding the text and its logprobs; else token-sized chunks
-                pieces = [c["text"]] if c["logprobs"] else [p for _, p in _chunks(kept, c["text"], decode)]
-                for piece in pieces:
-                    part = {
-                        "index": c["index"],
-                        "text": piece,
-                        "logprobs": c["logprobs"],
-                        "finish_reason": None,
-                    }
-                    yield _sse({**head, "choices": [part], **extra})
-                end = {"index": c["index"], "text": "", "logprobs": None, "finish_reason": c["finish_reason"]}
-                yield _sse({**head, "choices": [end], **extra})
-            if include:
-                yield _sse({**head, "choices": [], "usage": use})
-            yield "data: [DONE]\n\n"
-
-        return StreamingResponse(events(), media_type="text/event-stream")
-
-    @app.post("/v1/chat/completions", response_model=None)
-    async def chat(req: ChatRequest) -> Any:
-        check_model(req.model)
+    async def chat(self, req: ChatRequest) -> Any:
+        self.check_model(req.model)
         params = req.sampling_params(req.budget())
         stops = req.stop_strings()
         tools = req.template_tools()
         top = req.top_logprobs or 0
         if top and not req.logprobs:
             raise APIError(400, "top_logprobs needs logprobs=true", "top_logprobs")
-        if top and model is None:
+        if top and self.model is None:
             raise APIError(400, "top_logprobs is not available with the vllm backend", "top_logprobs")
-        messages = []
-        for m in req.messages:
-            m = dict(m)
-            if m.get("content") is None:
-                m["content"] = ""
-            if m.get("tool_calls"):
-                m["tool_calls"] = [
-                    {**c, "function": {**c["function"], "arguments": json.loads(c["function"]["arguments"])}}
-                    if isinstance(c.get("function", {}).get("arguments"), str)
-                    else c
-                    for c in m["tool_calls"]
-                ]
-            messages.append(m)
         try:
-            ids = tokenizer.apply_chat_template(
-                messages, tools=tools, add_generation_prompt=True, tokenize=True, return_dict=False
+            ids = self.tokenizer.apply_chat_template(
+                _chat_messages(req), tools=tools, add_generation_prompt=True, tokenize=True, return_dict=False
             )
         except Exception as e:
             raise APIError(400, f"cannot render the messages: {e}", "messages") from None
         prompt = list(ids)  # type: ignore[arg-type]
-        results = await run(Job([prompt] * req.n, params, seeds(req.seed, req.n), top_logprobs=top))
+        results = await self.run(Job([prompt] * req.n, params, _seeds(req.seed, req.n), top_logprobs=top))
         choices = []
         n_completion = 0
         for i, r in enumerate(results):
-            kept, lps, text, reason = finish(r, stops)
+            kept, lps, text, reason = self.finish(r, stops)
             n_completion += len(kept)
             message: dict[str, Any] = {"role": "assistant", "content": text}
             calls: list[dict[str, Any]] = []
@@ -341,49 +373,54 @@ def build_app(
             }
             if req.logprobs:
                 tops = [row[:top] for row in r.top[: len(kept)]] if r.top is not None and top else None
-                choice["logprobs"] = chat_logprobs(tokenizer, kept, lps, tops, req.return_tokens_as_token_ids)
+                choice["logprobs"] = chat_logprobs(
+                    self.tokenizer, kept, lps, tops, req.return_tokens_as_token_ids
+                )
             choices.append((choice, kept, calls))
         head = {
             "id": new_id("chatcmpl"),
             "created": int(time.time()),
-            "model": name,
+            "model": self.name,
             "policy_version": results[0].policy_version,
         }
-        use = usage(len(prompt), n_completion)
+        use = _usage(len(prompt), n_completion)
         if not req.stream:
             return {**head, "object": "chat.completion", "choices": [c for c, _, _ in choices], "usage": use}
         include = req.stream_options is not None and req.stream_options.include_usage
         head = {**head, "object": "chat.completion.chunk"}
-        extra = {"usage": None} if include else {}
+        return StreamingResponse(
+            self.chat_events(head, choices, use if include else None), media_type="text/event-stream"
+        )
+
+    async def chat_events(
+        self, head: dict[str, Any], choices: list[tuple[dict[str, Any], list[int], list[Any]]], use: Any
+    ) -> AsyncIterator[str]:
+        """A finished chat completion as server-sent events (role, content or tool calls, finish)."""
+        extra = {"usage": None} if use is not None else {}
 
         def chunk(index: int, delta: dict[str, Any], logprobs: Any = None, reason: str | None = None) -> str:
             part = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": reason}
             return _sse({**head, "choices": [part], **extra})
 
-        async def events() -> AsyncIterator[str]:
-            for c, kept, calls in choices:
-                i = c["index"]
-                yield chunk(i, {"role": "assistant", "content": ""})
-                content = c["message"]["content"] or ""
-                lp = c["logprobs"]["content"] if c["logprobs"] else None
-                if calls:
-                    if content:
-                        yield chunk(i, {"content": content}, {"content": lp} if lp else None)
-                    deltas = [{"index": k, **call} for k, call in enumerate(calls)]
-                    yield chunk(i, {"tool_calls": deltas})
-                else:
-                    sent = 0
-                    for k, piece in _chunks(kept, content, decode):
-                        lps = {"content": lp[sent : k + 1]} if lp else None
-                        sent = k + 1
-                        yield chunk(i, {"content": piece}, lps)
-                    if lp and sent < len(lp):  # the end-of-turn token (no text)
-                        yield chunk(i, {"content": ""}, {"content": lp[sent:]})
-                yield chunk(i, {}, None, c["finish_reason"])
-            if include:
-                yield _sse({**head, "choices": [], "usage": use})
-            yield "data: [DONE]\n\n"
-
-        return StreamingResponse(events(), media_type="text/event-stream")
-
-    return app
+        for c, kept, calls in choices:
+            i = c["index"]
+            yield chunk(i, {"role": "assistant", "content": ""})
+            content = c["message"]["content"] or ""
+            lp = c["logprobs"]["content"] if c["logprobs"] else None
+            if calls:
+                if content:
+                    yield chunk(i, {"content": content}, {"content": lp} if lp else None)
+                deltas = [{"index": k, **call} for k, call in enumerate(calls)]
+                yield chunk(i, {"tool_calls": deltas})
+            else:
+                sent = 0
+                for k, piece in _chunks(kept, content, self.decode):
+                    lps = {"content": lp[sent : k + 1]} if lp else None
+                    sent = k + 1
+                    yield chunk(i, {"content": piece}, lps)
+                if lp and sent < len(lp):  # the end-of-turn token (no text)
+                    yield chunk(i, {"content": ""}, {"content": lp[sent:]})
+            yield chunk(i, {}, None, c["finish_reason"])
+        if use is not None:
+            yield _sse({**head, "choices": [], "usage": use})
+        yield "data: [DONE]\n\n"

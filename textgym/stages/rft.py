@@ -175,13 +175,7 @@ def collect_round(
     """
     from textgym.agents.trajectory import episode_correct
     from textgym.offline import collect_rollouts, read_trajectories
-    from textgym.offline.rejection import (
-        collect_hinted,
-        kept_records,
-        select_responses,
-        task_prompts,
-        write_jsonl,
-    )
+    from textgym.offline.rejection import kept_records, select_responses, write_jsonl
 
     rc = cfg.rft
     assert rc is not None
@@ -217,32 +211,11 @@ def collect_round(
         "kept": len(records),
     }
     if rc.rationalize is not None:
-        ra = rc.rationalize
-        hinted = collect_hinted(
-            agent,
-            rc.env.id,
-            sel.unsolved,
-            round_dir / "rationalized",
-            hint=ra.hint,
-            env_kwargs=rc.env.kwargs,
-            samples=ra.samples or c.samples,
-            params=SamplingParams(**(ra.sampling or c.sampling).model_dump()),
-            policy=str(model_path),
-            policy_version=r,
-            seed=cfg.seed,
-            run=cfg.name,
+        hinted_records, hinted_counts = _rationalize(
+            cfg, r, round_dir, agent, model_path, table, sel.unsolved
         )
-        hsel = select_responses(hinted, **f)
-        records += kept_records(hinted, hsel.rows, prompts=task_prompts(table))
-        counts.update(
-            {
-                "rationalize_prompts": len(sel.unsolved),
-                "rationalize_rollouts": hinted.num_rows,
-                "rationalize_prompts_kept": hsel.prompts_kept,
-                "rationalized": len(hsel.rows),
-                "kept": len(records),
-            }
-        )
+        records += hinted_records
+        counts.update({**hinted_counts, "kept": len(records)})
     write_jsonl(records, round_dir / "kept.jsonl")
     (round_dir / "counts.json").write_text(json.dumps(counts, indent=2), encoding="utf-8")
     star = f", +{counts['rationalized']} rationalised" if rc.rationalize is not None else ""
@@ -265,3 +238,50 @@ def rft_stage(ctx: StageContext, model_path: Path) -> StageResult:
     t = time.perf_counter()
     final, rounds = rft_rounds(ctx.cfg, ctx.run_dir, model_path, ctx.device, ctx.resume, ctx.echo)
     return StageResult(final, time.perf_counter() - t, {"rft_rounds": rounds, "models_in_memory": ["policy"]})
+
+
+def _rationalize(
+    cfg: RunConfig,
+    r: int,
+    round_dir: Path,
+    agent: LLMAgent,
+    model_path: Path,
+    table: Any,
+    unsolved: list[int],
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """STaR's step 3: sample the unsolved prompts again, with the gold answer as a hint.
+
+    The samples that pass the filter are kept with the prompt as it was (no hint).
+
+    Returns:
+        (the kept records, the counts `rationalize_prompts`, `rationalize_rollouts`,
+        `rationalize_prompts_kept`, `rationalized`).
+    """
+    from textgym.offline.rejection import collect_hinted, kept_records, select_responses, task_prompts
+
+    rc = cfg.rft
+    assert rc is not None and rc.rationalize is not None
+    ra, c = rc.rationalize, rc.collect
+    hinted = collect_hinted(
+        agent,
+        rc.env.id,
+        unsolved,
+        round_dir / "rationalized",
+        hint=ra.hint,
+        env_kwargs=rc.env.kwargs,
+        samples=ra.samples or c.samples,
+        params=SamplingParams(**(ra.sampling or c.sampling).model_dump()),
+        policy=str(model_path),
+        policy_version=r,
+        seed=cfg.seed,
+        run=cfg.name,
+    )
+    hsel = select_responses(hinted, **rc.filter.model_dump())
+    records = kept_records(hinted, hsel.rows, prompts=task_prompts(table))
+    counts = {
+        "rationalize_prompts": len(unsolved),
+        "rationalize_rollouts": hinted.num_rows,
+        "rationalize_prompts_kept": hsel.prompts_kept,
+        "rationalized": len(hsel.rows),
+    }
+    return records, counts

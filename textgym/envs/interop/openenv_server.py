@@ -34,6 +34,7 @@ def _json_safe(value: Any) -> Any:
     return str(value)
 
 
+# long: OpenEnv's three classes, defined inside so that openenv is imported only when serving
 def _server_classes() -> tuple[type, type, type]:
     """OpenEnv's Action/Observation/Environment subclasses for textgym (built on first use)."""
     global _CLASSES

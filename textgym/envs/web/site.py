@@ -161,6 +161,7 @@ def _wiki_html(text: str) -> str:
 
 
 # ----------------------------------------------------------------------------- the app
+# long: the site's routes (shop, cart, orders, wiki) are closures over one catalogue, its carts and lock
 def build_app() -> FastAPI:
     """The FastAPI app: shop pages, the order API, wiki pages."""
     app = FastAPI(title="textgym web site", docs_url=None, redoc_url=None, openapi_url=None)

@@ -98,6 +98,32 @@ def reference_fingerprint(examples: list[tuple[Any, ...]], kto: bool, model: tor
     return h.hexdigest()
 
 
+def _examples(pairs: pa.Table | None, unpaired: pa.Table | None, kto: bool) -> list[tuple[Any, ...]]:
+    """The training examples: pairs, or for KTO unpaired rows.
+
+    A pair is (prompt, chosen, chosen_mask, rejected, rejected_mask); an unpaired row is
+    (prompt, completion, completion_mask, desirable).
+
+    Raises:
+        ValueError: no pair (or, for KTO, fewer than 2 unpaired rows) to train on.
+    """
+    if kto:
+        if unpaired is None or unpaired.num_rows < 2:
+            raise ValueError("KTO needs at least 2 unpaired examples")
+        u = {c: unpaired.column(c).to_pylist() for c in unpaired.column_names}
+        return [
+            (p, c, m, bool(d))
+            for p, c, m, d in zip(
+                u["prompt_ids"], u["completion_ids"], u["completion_mask"], u["desirable"], strict=True
+            )
+        ]
+    if pairs is None or pairs.num_rows == 0:
+        raise ValueError("no preference pairs to train on (did any prompt's rewards differ by the margin?)")
+    p = {c: pairs.column(c).to_pylist() for c in pairs.column_names}
+    columns = ("prompt_ids", "chosen_ids", "chosen_mask", "rejected_ids", "rejected_mask")
+    return list(zip(*(p[c] for c in columns), strict=True))
+
+
 class PreferenceTrainer:
     """Trains `model` in place on preference pairs (or KTO's unpaired examples).
 
@@ -138,35 +164,7 @@ class PreferenceTrainer:
         self.device = next(model.parameters()).device
         self.pad_id = int(tokenizer.pad_token_id)  # type: ignore[arg-type]
         self.kto = cfg.loss == "kto"
-        # pairs: (prompt, chosen, chosen_mask, rejected, rejected_mask)
-        # KTO: (prompt, completion, completion_mask, desirable)
-        self.examples: list[tuple[Any, ...]]
-        if self.kto:
-            if unpaired is None or unpaired.num_rows < 2:
-                raise ValueError("KTO needs at least 2 unpaired examples")
-            u = {c: unpaired.column(c).to_pylist() for c in unpaired.column_names}
-            self.examples = [
-                (p, c, m, bool(d))
-                for p, c, m, d in zip(
-                    u["prompt_ids"], u["completion_ids"], u["completion_mask"], u["desirable"], strict=True
-                )
-            ]
-        else:
-            if pairs is None or pairs.num_rows == 0:
-                raise ValueError(
-                    "no preference pairs to train on (did any prompt's rewards differ by the margin?)"
-                )
-            p = {c: pairs.column(c).to_pylist() for c in pairs.column_names}
-            self.examples = list(
-                zip(
-                    p["prompt_ids"],
-                    p["chosen_ids"],
-                    p["chosen_mask"],
-                    p["rejected_ids"],
-                    p["rejected_mask"],
-                    strict=True,
-                )
-            )
+        self.examples = _examples(pairs, unpaired, self.kto)
         self.n = len(self.examples)
         self.steps_per_epoch = math.ceil(self.n / cfg.batch_size)
         self.total_steps = cfg.epochs * self.steps_per_epoch

@@ -306,6 +306,7 @@ class OnPolicyTrainer(PolicyUpdate):
         metrics.update(rollout_metrics(trajs))
         return trajs
 
+    # long: steps 1-8 of the on-policy loop, numbered in order as docs/design.md's Trainer reads
     def train_step(self) -> dict[str, float]:
         """One iteration (rollout, score, advantages, update); returns its metrics."""
         cfg = self.cfg

@@ -80,6 +80,7 @@ class PolicyUpdate:
         return True
 
     # --- the update and its no-grad passes ---------------------------------------------
+    # long: the paper's loop in one place: epochs × minibatches × micro-batches, losses, step
     def update(
         self,
         batch: RolloutBatch,
