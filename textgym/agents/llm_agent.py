@@ -14,9 +14,7 @@ from typing import Any, Literal
 from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 from textgym.agents.sampling import Generation, SamplingParams, eos_token_ids
-from textgym.agents.transformers_backend import (
-    TransformersBackend,
-)
+from textgym.agents.transformers_backend import TransformersBackend
 from textgym.models import load_model, load_tokenizer
 from textgym.types import Message
 

@@ -105,6 +105,21 @@ class BadLineError(ValueError):
     """An input line that cannot be processed (reported on its own output line)."""
 
 
+def json_object(line: str) -> dict[str, Any]:
+    """One JSONL line as the JSON object it holds.
+
+    Raises:
+        BadLineError: the line is not JSON, or not an object.
+    """
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise BadLineError(f"invalid JSON ({e.msg})") from None
+    if not isinstance(row, dict):
+        raise BadLineError("expected a JSON object")
+    return row
+
+
 def map_jsonl(path: Path, handle: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
     """Print `{"line": n, **handle(row)}` for each JSONL line, in order; bad lines get `"error"`.
 
@@ -120,13 +135,7 @@ def map_jsonl(path: Path, handle: Callable[[dict[str, Any]], dict[str, Any]]) ->
                 continue
             out: dict[str, Any] = {"line": n}
             try:
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise BadLineError(f"invalid JSON ({e.msg})") from None
-                if not isinstance(row, dict):
-                    raise BadLineError("expected a JSON object")
-                out.update(handle(row))
+                out.update(handle(json_object(line)))
             except BadLineError as e:
                 out["error"] = f"line {n}: {e}"
                 failed += 1

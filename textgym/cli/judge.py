@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
-from textgym.cli._common import BadLineError, fail
+from textgym.cli._common import BadLineError, fail, json_object
 
 CHUNK = 256
 """Input lines judged together (concurrently) before their output lines are printed."""
@@ -157,13 +157,7 @@ def verify_judge_cmd(
             if not line.strip():
                 continue
             try:
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise BadLineError(f"invalid JSON ({e.msg})") from None
-                if not isinstance(row, dict):
-                    raise BadLineError("expected a JSON object")
-                pending.append((n, parse_row(row, mode)))
+                pending.append((n, parse_row(json_object(line), mode)))
             except BadLineError as e:
                 pending.append((n, f"line {n}: {e}"))
                 failed += 1

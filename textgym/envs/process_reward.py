@@ -12,7 +12,7 @@ from typing import Any, SupportsFloat
 
 import gymnasium as gym
 
-from textgym.types import Message
+from textgym.envs.reward_model import ConversationWrapper
 from textgym.verifiers.prm import PRMVerifier, aggregate_scores
 from textgym.verifiers.steps import split_steps
 
@@ -27,7 +27,7 @@ def shared_prm(model_dir: str | Path, device: str = "cpu") -> PRMVerifier:
     return _PRMS[key]
 
 
-class ProcessRewardWrapper(gym.Wrapper):
+class ProcessRewardWrapper(ConversationWrapper):
     """Replaces an env's step rewards (or gives an env step rewards) with a PRM's step scores.
 
     After each step the agent's turn is scored by the PRM (`PRMVerifier.score_steps`) in the
@@ -65,13 +65,6 @@ class ProcessRewardWrapper(gym.Wrapper):
             raise ValueError(f"mode must be 'delta' or 'score', got {mode!r}")
         self.prm = shared_prm(model_dir, device)
         self.mode = mode
-        self._history: list[Message] = []
-
-    def reset(self, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
-        """Reset the env and remember the conversation."""
-        obs, info = self.env.reset(**kwargs)
-        self._history = list(obs)
-        return obs, info
 
     def step(self, action: Any) -> tuple[Any, SupportsFloat, bool, bool, dict[str, Any]]:
         """Step the env; the step rewards become the PRM's scores of the turn's steps."""

@@ -17,7 +17,25 @@ from textgym.verifiers.reward_model import RewardModelVerifier
 _VERIFIERS: dict[str, RewardModelVerifier] = {}
 
 
-class RewardModelWrapper(gym.Wrapper):
+class ConversationWrapper(gym.Wrapper):
+    """A wrapper that keeps the conversation so far in `_history` (a learned scorer reads it).
+
+    `reset` sets it to the first observation's messages; a subclass's `step` appends the
+    agent's turn and the env's reply.
+    """
+
+    def __init__(self, env: gym.Env):
+        super().__init__(env)
+        self._history: list[Message] = []
+
+    def reset(self, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
+        """Reset the env and remember the conversation."""
+        obs, info = self.env.reset(**kwargs)
+        self._history = list(obs)
+        return obs, info
+
+
+class RewardModelWrapper(ConversationWrapper):
     """Replaces an env's reward by a reward model's score of the agent's turn.
 
     The wrapped env's own reward terms stay in `info` (so `reward/correct` still measures
@@ -38,13 +56,6 @@ class RewardModelWrapper(gym.Wrapper):
             _VERIFIERS[key] = RewardModelVerifier(model_dir, device=device)
         self.verifier = _VERIFIERS[key]
         self.weight = float(weight)
-        self._history: list[Message] = []
-
-    def reset(self, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
-        """Reset the env and remember the conversation."""
-        obs, info = self.env.reset(**kwargs)
-        self._history = list(obs)
-        return obs, info
 
     def step(self, action: Any) -> tuple[Any, SupportsFloat, bool, bool, dict[str, Any]]:
         """Step the env; the reward becomes `weight · RM(conversation + action)`."""

@@ -53,9 +53,7 @@ from textgym.training.batch import (
     row_lengths,
     token_budget_micro_batches,
 )
-from textgym.training.checkpoint import (
-    save_checkpoint,
-)
+from textgym.training.checkpoint import save_checkpoint
 from textgym.training.envs import make_env
 from textgym.training.logprobs import sequence_logprobs
 from textgym.training.loop import run_loop

@@ -45,9 +45,7 @@ from textgym.training.batch import (
     rank_micro_batches,
     token_budget_micro_batches,
 )
-from textgym.training.checkpoint import (
-    save_checkpoint,
-)
+from textgym.training.checkpoint import save_checkpoint
 from textgym.training.logprobs import sequence_logprobs
 from textgym.training.loop import run_loop
 from textgym.training.optim import build_optimizer

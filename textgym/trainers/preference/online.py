@@ -50,9 +50,7 @@ from textgym.config import ConfigError, OnlineDPOConfig, ParallelConfig
 from textgym.envs.registry import task_count
 from textgym.trainers.preference.online_pairs import best_vs_worst, pair_losses
 from textgym.training.batch import RolloutBatch, rank_micro_batches, token_budget_micro_batches
-from textgym.training.checkpoint import (
-    save_checkpoint,
-)
+from textgym.training.checkpoint import save_checkpoint
 from textgym.training.envs import make_env
 from textgym.training.logprobs import sequence_logprobs
 from textgym.training.loop import run_loop

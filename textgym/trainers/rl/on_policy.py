@@ -62,9 +62,7 @@ from textgym.config import GRPOConfig, ParallelConfig, PPOConfig
 from textgym.envs.registry import task_count
 from textgym.trainers.rl.update import PolicyUpdate
 from textgym.training.batch import RolloutBatch, no_token_budget_under_torchrun
-from textgym.training.checkpoint import (
-    save_checkpoint,
-)
+from textgym.training.checkpoint import save_checkpoint
 from textgym.training.envs import make_env
 from textgym.training.judge_reward import JudgeTerm
 from textgym.training.loop import run_loop
