@@ -56,9 +56,6 @@ def preflight(cfg: RunConfig) -> None:
         )
     validate_runtime(cfg)
     stages = enabled_stages(cfg)
-    for stage in stages:
-        if stage.check is not None:
-            stage.check(cfg)
     envs: list[tuple[str, EnvConfig]] = [(f"{s.name}.env", getattr(cfg, s.name).env) for s in stages]
     if cfg.eval:
         envs.append(("eval.env", cfg.eval.env))
@@ -73,6 +70,9 @@ def preflight(cfg: RunConfig) -> None:
         from textgym.training.judge_reward import check_judge
 
         check_judge(judge, f"{field}.judge")
+    for stage in stages:  # after the envs: a stage's check may build its env
+        if stage.check is not None:
+            stage.check(cfg)
     if cfg.eval:
         n_tasks = task_count(make_env(cfg.eval.env.id, **cfg.eval.env.kwargs))
         if cfg.eval.n > n_tasks:
