@@ -98,7 +98,7 @@ def child(args: argparse.Namespace) -> dict[str, float | str]:
     if args.what in ("memory-grpo", "memory-ppo", "train"):
         reference = copy.deepcopy(policy).eval().requires_grad_(False)
     if args.what == "memory-ppo":
-        from textgym.trainers.rl.ppo import build_critic, sequence_values
+        from textgym.trainers.rl.critic import build_critic, sequence_values
 
         critic = build_critic(policy)
         reward_model = copy.deepcopy(critic).eval().requires_grad_(False)

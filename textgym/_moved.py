@@ -64,7 +64,7 @@ MOVED: dict[str, str] = {
     "textgym.trainers.on_policy": "textgym.trainers.rl.on_policy",
     "textgym.trainers.update": "textgym.trainers.rl.update",
     "textgym.trainers.grpo": "textgym.trainers.rl.grpo",
-    "textgym.trainers.ppo": "textgym.trainers.rl.ppo",
+    "textgym.trainers.ppo": "textgym.trainers.rl.ppo (its critic: textgym.trainers.rl.critic)",
     "textgym.trainers.online_dpo": "textgym.trainers.preference.online",
     "textgym.trainers.online_dpo_pairs": "textgym.trainers.preference.online_pairs",
     "textgym.trainers.reward_model": "textgym.trainers.reward.bradley_terry",

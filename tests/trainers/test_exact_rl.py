@@ -24,8 +24,9 @@ from textgym.agents.rollout import rollout
 from textgym.agents.sampling import truncation_mask
 from textgym.config import ConfigError, GRPOConfig, PPOConfig, load_config
 from textgym.models import disable_dropout, load_model, load_tokenizer
+from textgym.trainers.rl.critic import build_critic, sequence_values, value_head
 from textgym.trainers.rl.grpo import GRPOTrainer
-from textgym.trainers.rl.ppo import PPOTrainer, build_critic, sequence_values, value_head
+from textgym.trainers.rl.ppo import PPOTrainer
 from textgym.training.batch import RolloutBatch
 from textgym.training.logprobs import _full_logits_logprobs, sequence_logprobs
 from textgym.training.rollout_metrics import rollout_metrics
@@ -156,15 +157,15 @@ def test_ppo_bootstraps_only_the_truncated_wordle_episode(tiny_model_dir, tmp_pa
     )
     trainer = PPOTrainer(cfg, model, tok, tmp_path)
     with torch.no_grad():  # V ≡ 5 everywhere, so a bootstrap shows in the last return
-        trainer.critic.score.bias.fill_(5.0)
+        trainer.critic.model.score.bias.fill_(5.0)
     trajs = _wordle_trajectories(tok, [[*WRONG[:5], "about"], WRONG])
     for t in trajs:  # as the store may hold them from older runs: both flags on the solved one
         t.truncated = True
     batch = RolloutBatch.from_trajectories(trajs, tok.pad_token_id)
     trainer.compute_advantages(batch, trajs, {})
     last = [int(batch.loss_mask[i].nonzero().flatten()[-1]) for i in range(2)]
-    assert float(trainer._returns[0, last[0]]) == pytest.approx(1.0, abs=1e-5)  # r, nothing after
-    assert float(trainer._returns[1, last[1]]) == pytest.approx(0.9 * 5.0, abs=1e-4)  # γ·V(s_T)
+    assert float(trainer.critic.returns[0, last[0]]) == pytest.approx(1.0, abs=1e-5)  # r, nothing after
+    assert float(trainer.critic.returns[1, last[1]]) == pytest.approx(0.9 * 5.0, abs=1e-4)  # γ·V(s_T)
 
 
 # --- 3. dropout is off in the policy, its reference and the critic -------------------------------

@@ -171,7 +171,7 @@ def test_lora_ppo_builds_its_critic_from_the_base_and_trains(warm_model_dir, tmp
          "optim": {"lr": 1e-3}, "critic": {"optim": {"lr": 1e-3}}, "lora": LORA, "kl_coef": 0.05}
     )  # fmt: skip
     trainer = PPOTrainer(cfg, model, tok, tmp_path)
-    for k, v in trainer.critic.base_model.state_dict().items():
+    for k, v in trainer.critic.model.base_model.state_dict().items():
         torch.testing.assert_close(v, backbone[k], rtol=0, atol=0, msg=k)
     trainer.train()
     assert (tmp_path / "final" / "model.safetensors").is_file()

@@ -14,7 +14,8 @@ from textgym.agents import Trajectory
 from textgym.algorithms.advantages import explained_variance
 from textgym.config import PPOConfig
 from textgym.models import load_model
-from textgym.trainers.rl.ppo import PPOTrainer, sequence_values
+from textgym.trainers.rl.critic import sequence_values
+from textgym.trainers.rl.ppo import PPOTrainer
 from textgym.training.batch import RolloutBatch
 from textgym.training.checkpoint import latest_checkpoint
 from textgym.training.seeding import seed_everything
@@ -45,7 +46,7 @@ def test_ppo_two_steps(warm_model_dir, tmp_path):
     model, tok = load_model(warm_model_dir)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     trainer = PPOTrainer(ppo_cfg(kl_target=0.5), model, tok, tmp_path)
-    critic_head = trainer.critic.score.weight.detach().clone()
+    critic_head = trainer.critic.model.score.weight.detach().clone()
     assert torch.count_nonzero(critic_head) == 0  # zero-initialised head: V = 0 at the start
     trainer.train()
     rows = records(tmp_path)
@@ -63,7 +64,7 @@ def test_ppo_two_steps(warm_model_dir, tmp_path):
     assert rows[0]["kl/ref"] == pytest.approx(0.0, abs=1e-6)  # policy == reference at step 1
     assert rows[1]["kl/coef"] != rows[0]["kl/coef"]  # the adaptive controller moved β
     assert any(not torch.equal(v, before[k]) for k, v in model.state_dict().items())
-    assert not torch.equal(trainer.critic.score.weight, critic_head)
+    assert not torch.equal(trainer.critic.model.score.weight, critic_head)
     ckpt = latest_checkpoint(tmp_path)
     assert ckpt is not None and (ckpt / "critic" / "optimizer.pt").is_file()
     assert (tmp_path / "critic" / "config.json").is_file() and (tmp_path / "final" / "config.json").is_file()
@@ -117,7 +118,7 @@ def test_ppo_resume_gives_the_same_next_step(warm_model_dir, tmp_path, placement
     for k in a:
         if not k.startswith(("time", "throughput")):
             assert a[k] == pytest.approx(b[k], rel=1e-6, abs=1e-9, nan_ok=True), k
-    for p, q in zip(straight.critic.parameters(), resumed.critic.parameters(), strict=True):
+    for p, q in zip(straight.critic.model.parameters(), resumed.critic.model.parameters(), strict=True):
         torch.testing.assert_close(p, q, rtol=0, atol=1e-6)
 
 
@@ -153,7 +154,7 @@ def test_the_critic_fits_the_returns_of_a_batch(warm_model_dir, tmp_path):
     batch = RolloutBatch.from_trajectories(trajs, tok.pad_token_id)
     metrics: dict[str, float] = {}
     adv = trainer.compute_advantages(batch, trajs, metrics)
-    returns, mask = trainer._returns.clone(), batch.loss_mask
+    returns, mask = trainer.critic.returns.clone(), batch.loss_mask
     assert math.isnan(metrics["value/explained_variance"]) or metrics["value/explained_variance"] < 0.1
     # Train to a measured state: explained variance > 0.9, checked every 10 updates (Adam at a
     # constant 3e-3 on one batch oscillates on the way: 0.98 after 50 updates, 0.52 after 100,
@@ -163,7 +164,7 @@ def test_the_critic_fits_the_returns_of_a_batch(warm_model_dir, tmp_path):
         trainer.update(batch, adv)
         if i % 10 == 9:
             with torch.no_grad():
-                values = sequence_values(trainer.critic, batch)[:, : mask.shape[1]]
+                values = sequence_values(trainer.critic.model, batch)[:, : mask.shape[1]]
             ev = float(explained_variance(values, returns, mask))
             if ev > 0.9:
                 break
@@ -184,7 +185,7 @@ def test_ppo_multi_turn_masks_env_tokens_and_bootstraps_truncation(tiny_model_di
     )
     trainer = PPOTrainer(cfg, model, tok, tmp_path)
     with torch.no_grad():  # a non-zero critic so the bootstrap value is visible
-        trainer.critic.score.bias.fill_(0.25)
+        trainer.critic.model.score.bias.fill_(0.25)
     trajs = trainer.collect(cfg.prompts_per_step)
     assert all(t.truncated and not t.terminated for t in trajs)  # TimeLimit(2) cut the 3-turn episode
     assert all(t.reward == 2.0 for t in trajs)
@@ -238,20 +239,22 @@ def test_ppo_trains_the_kind_of_state_a_truncated_episode_bootstraps_from(tiny_m
         c = int(mask[i].nonzero().flatten()[-1])  # turn 2's last token; turn 1 ends before the env's tokens
         c = max(t for t in range(1, c) if mask[i, t - 1] == 1 and mask[i, t] == 0)
         ends[i, c] = 1.0
-        assert float(trainer._returns[i, int(mask[i, c:].nonzero()[0]) + c]) == 1.0  # turn 2's first token
+        assert (
+            float(trainer.critic.returns[i, int(mask[i, c:].nonzero()[0]) + c]) == 1.0
+        )  # turn 2's first token
     n = batch.attention_mask[:, batch.prompt_width :].sum(-1)
     for _ in range(100):
         trainer.update(batch, adv)
     with torch.no_grad():
-        values = sequence_values(trainer.critic, batch)
+        values = sequence_values(trainer.critic.model, batch)
     torch.testing.assert_close(values[:, :L][ends > 0], torch.ones(len(batch)), rtol=0, atol=0.02)
     # What GAE reads for these truncated episodes: the column just after each row's last policy
     # token, the position the trained turn ends take after turn 1.
     last = torch.stack([mask[i].nonzero().flatten()[-1] for i in range(len(batch))])
     assert torch.equal(n, last + 1)
     assert bool(torch.isfinite(values.gather(1, n[:, None])).all())
-    assert torch.equal(trainer._critic_mask, mask + ends)  # the value loss's positions
-    assert torch.equal(trainer._value_targets * ends, ends)  # target 1 = the next turn's return
+    assert torch.equal(trainer.critic.mask, mask + ends)  # the value loss's positions
+    assert torch.equal(trainer.critic.targets * ends, ends)  # target 1 = the next turn's return
 
 
 def test_critic_epochs_beyond_the_policys_train_the_critic_alone(warm_model_dir, tmp_path):
@@ -260,5 +263,5 @@ def test_critic_epochs_beyond_the_policys_train_the_critic_alone(warm_model_dir,
     trainer = PPOTrainer(ppo_cfg(steps=1, critic={"epochs": 3}), model, tok, tmp_path)
     metrics = trainer.train_step()
     assert trainer.scheduler.last_epoch == 1  # one policy update
-    assert trainer.critic_scheduler.last_epoch == 3  # three critic updates
+    assert trainer.critic.scheduler.last_epoch == 3  # three critic updates
     assert math.isfinite(metrics["loss/value"]) and math.isfinite(metrics["loss/policy"])

@@ -258,7 +258,7 @@ def test_sampling_under_the_trainers_precision_keeps_the_mismatch_small(tiny_mod
 def test_the_critic_computes_in_bf16_and_returns_fp32_values(tiny_model_dir):
     from test_grpo import _batch_and_advantages
 
-    from textgym.trainers.rl.ppo import build_critic, sequence_values
+    from textgym.trainers.rl.critic import build_critic, sequence_values
 
     model, tok = load_model(tiny_model_dir)
     batch, _ = _batch_and_advantages(model, tok, n_tasks=1, group=4)

@@ -198,7 +198,7 @@ def test_ppo_gae_runs_over_step_rewards(tiny_model_dir, tmp_path):
     )
     trainer = PPOTrainer(cfg, model, tok, tmp_path)
     with torch.no_grad():
-        trainer.critic.score.bias.fill_(0.25)
+        trainer.critic.model.score.bias.fill_(0.25)
     trajs, batch = _batch([(4, {1: 0.5, 3: 1.0}, 1.0), (4, {}, 0.0)])
     adv = trainer.compute_advantages(batch.with_reward_source("both"), trajs, {})
     d3, d1 = 2.0 - 0.25, 0.5  # δ_3 = r_3 + 0 − V, δ_1 = r_1 + V − V; δ_0 = δ_2 = 0

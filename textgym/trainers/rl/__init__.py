@@ -1,7 +1,8 @@
 """The RL trainers: the on-policy loop, its update, GRPO and its family, PPO.
 
 `on_policy` (the loop: rollouts, rewards, advantages, update), `update` (the minibatch
-update), `grpo` (GRPO and its family), `ppo` (PPO with its critic).
+update), `grpo` (GRPO and its family), `ppo` (PPO), `critic` (PPO's value model, an object
+the PPO trainer holds).
 """
 
 from textgym._lazy import lazy_exports

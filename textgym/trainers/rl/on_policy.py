@@ -36,7 +36,8 @@ Where the pieces live: this module holds the setup (`__init__`, numbered) and th
 reference in `training/placement.py`; rollout statistics, DAPO's overlong penalty and the
 trajectory store in `training/rollout_metrics.py`; checkpoints in `training/checkpoint.py`; the
 optimizer in `training/optim.py`; metrics in `tracking.py`; the step loop in
-`training/loop.py`. PPO's critic is in `trainers/rl/ppo.py`, through the update's hooks.
+`training/loop.py`. PPO's critic is a `Critic` object (`trainers/rl/critic.py`) that
+`trainers/rl/ppo.py` holds and the update's hooks call.
 """
 
 from __future__ import annotations

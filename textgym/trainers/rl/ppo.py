@@ -38,12 +38,10 @@ the whole batch (statistics summed over ranks).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoModelForTokenClassification, PreTrainedModel
 
 from textgym import distributed
 from textgym.agents.trajectory import Trajectory
@@ -55,101 +53,11 @@ from textgym.algorithms.advantages import (
     turn_end_value_targets,
     whiten,
 )
-from textgym.algorithms.auxiliary import value_loss
 from textgym.algorithms.kl_control import AdaptiveKLController, FixedKLController
 from textgym.config import PPOConfig
-from textgym.models import disable_dropout
+from textgym.trainers.rl.critic import Critic
 from textgym.trainers.rl.on_policy import OnPolicyTrainer
 from textgym.training.batch import RolloutBatch
-from textgym.training.checkpoint import load_weights, save_model_folder
-from textgym.training.optim import build_optimizer, load_optimizer, save_optimizer
-from textgym.training.precision import compute_autocast
-
-_VALUE_HEAD: dict[str, Any] = {"id2label": {0: "value"}, "label2id": {"value": 0}, "classifier_dropout": 0.0}
-
-
-def build_critic(policy: PreTrainedModel, path: str | None = None) -> PreTrainedModel:
-    """A value model: `AutoModelForTokenClassification` with one label (a scalar per token).
-
-    The backbone is the policy's (copied from the model in memory) or loaded from `path`;
-    the head is zero-initialised, so every value starts at 0. Dropout is off everywhere in it
-    (`textgym.models.disable_dropout`), whatever the backbone's config says.
-
-    Args:
-        policy: the policy; its config and backbone weights are used when `path` is None.
-        path: a local HF folder to take the backbone from instead.
-
-    Returns:
-        The critic on the policy's device, in fp32.
-
-    Raises:
-        RuntimeError: if the policy's backbone does not fit the critic's (a custom architecture).
-    """
-    device = next(policy.parameters()).device
-    if path is not None:
-        critic = AutoModelForTokenClassification.from_pretrained(path, **_VALUE_HEAD)
-    else:
-        config = policy.config.__class__.from_dict({**policy.config.to_dict(), **_VALUE_HEAD})
-        critic = AutoModelForTokenClassification.from_config(config)
-        from textgym.agents.weight_sync import is_lora, merged_state_dict
-
-        if is_lora(policy):
-            # The backbone of a LoRA policy under its plain names (the merged weights).
-            lora_policy: Any = policy
-            prefix = lora_policy.get_base_model().base_model_prefix + "."
-            merged = merged_state_dict(policy)
-            critic.base_model.load_state_dict(
-                {k[len(prefix) :]: v for k, v in merged.items() if k.startswith(prefix)}
-            )
-        else:
-            critic.base_model.load_state_dict(policy.base_model.state_dict())
-    disable_dropout(critic)  # values are a deterministic function of the weights
-    head = value_head(critic)
-    with torch.no_grad():
-        head.weight.zero_()
-        if head.bias is not None:
-            head.bias.zero_()
-    return critic.float().to(device)
-
-
-def value_head(critic: PreTrainedModel) -> torch.nn.Linear:
-    """The critic's scalar head: the `score` (Llama, Qwen2, ...) or `classifier` (GPT-2, BERT-style) linear.
-
-    Raises:
-        RuntimeError: if the token-classification model has neither.
-    """
-    for name in ("score", "classifier"):
-        head = getattr(critic, name, None)
-        if isinstance(head, torch.nn.Linear):
-            return head
-    raise RuntimeError(f"{type(critic).__name__} has no `score` or `classifier` linear head for the values")
-
-
-def sequence_values(critic: PreTrainedModel, batch: RolloutBatch) -> torch.Tensor:
-    """Values of the states along the response: [B, L + 1].
-
-    Column t < L is V(s_t), the value of the prefix before response token t (read from the
-    head at position P − 1 + t); column n_i (the row's response length) is the value of the
-    whole sequence, the state after its last turn, used to bootstrap a truncated episode.
-    The value loss trains that kind of state at the mid-episode turn ends
-    (`advantages.turn_end_value_targets`).
-
-    Args:
-        critic: a token-classification model with one label.
-        batch: the padded batch (prompt width P, response width L).
-
-    Returns:
-        [B, L + 1] fp32 values (computed under the critic's `compute_autocast`).
-    """
-    P = batch.prompt_width
-    with compute_autocast(critic):  # bf16 compute when `parallel.mixed_precision` says so
-        out = critic(
-            input_ids=batch.input_ids,
-            attention_mask=batch.attention_mask,
-            position_ids=batch.position_ids,
-            use_cache=False,
-        )
-    return out.logits[:, P - 1 :, 0].float()
 
 
 class PPOTrainer(OnPolicyTrainer):
@@ -165,13 +73,13 @@ class PPOTrainer(OnPolicyTrainer):
 
     def _setup(self, updates: int) -> None:
         cfg = self.cfg
-        self.critic = build_critic(self.policy, cfg.critic.path)
-        if self.parallel.gradient_checkpointing:
-            self.critic.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        self._shard(self.critic)
         critic_updates = updates // cfg.epochs * max(cfg.epochs, cfg.critic.epochs)
-        self.critic_optimizer, self.critic_scheduler = build_optimizer(
-            self.critic, cfg.critic.optim, critic_updates
+        self.critic = Critic(
+            self.policy,
+            cfg,
+            critic_updates,
+            self._shard,
+            gradient_checkpointing=self.parallel.gradient_checkpointing,
         )
         self.kl_ctl: FixedKLController = (
             AdaptiveKLController(cfg.kl_coef, cfg.kl_target, cfg.kl_horizon)
@@ -184,33 +92,21 @@ class PPOTrainer(OnPolicyTrainer):
         return {"kl_coef": self.kl_ctl.value}
 
     def _models(self) -> dict[str, tuple[torch.nn.Module, torch.optim.Optimizer | None]]:
-        return {**super()._models(), "critic": (self.critic, self.critic_optimizer)}
+        return {**super()._models(), "critic": (self.critic.model, self.critic.optimizer)}
 
     def _gradient_sync(self, sync: bool) -> None:
         super()._gradient_sync(sync)
-        distributed.set_requires_gradient_sync(self.critic, sync)
+        self.critic.gradient_sync(sync)
 
     def _save_extra(self, folder: Path) -> None:
-        d = folder / "critic"
-        save_model_folder(d, self.critic)
-        save_optimizer(d / "optimizer.pt", self.critic, self.critic_optimizer)
-        if distributed.is_main():
-            torch.save(self.critic_scheduler.state_dict(), d / "scheduler.pt")
+        self.critic.save(folder / "critic")
 
     def _load_extra(self, ckpt: Path, state: dict[str, Any]) -> None:
-        d = ckpt / "critic"
-        load_weights(d, self.critic)
-        load_optimizer(d / "optimizer.pt", self.critic, self.critic_optimizer)
-        self.critic_scheduler.load_state_dict(torch.load(d / "scheduler.pt", weights_only=False))
+        self.critic.load(ckpt / "critic")
         self.kl_ctl.value = float(state.get("kl_coef", self.kl_ctl.value))
 
     def _update_policy(self) -> bool:
         return self.step >= self.cfg.critic_warmup_steps
-
-    @torch.no_grad()
-    def _values(self, batch: RolloutBatch) -> torch.Tensor:
-        self.critic.eval()
-        return self.per_micro_batch(batch, lambda sub: sequence_values(self.critic, sub), extra_columns=1)
 
     def compute_advantages(
         self, batch: RolloutBatch, trajs: list[Trajectory], metrics: dict[str, float]
@@ -229,7 +125,7 @@ class PPOTrainer(OnPolicyTrainer):
             estimator=cfg.kl_estimator,
         )
         metrics.update(kl_stats)
-        values_all = self._values(batch)  # [B, L+1]
+        values_all = self.critic.values(batch, self.per_micro_batch)  # [B, L+1]
         L = mask.shape[1]
         values = values_all[:, :L]
         n_cols = batch.attention_mask[:, batch.prompt_width :].sum(-1)  # [B] response columns used
@@ -242,9 +138,7 @@ class PPOTrainer(OnPolicyTrainer):
         # The critic trains on the policy tokens' states and on the mid-episode turn ends, the
         # kind of state the bootstrap above reads (`turn_end_value_targets`).
         ends, end_targets = turn_end_value_targets(mask, returns)
-        self._critic_mask = mask + ends
-        self._old_values, self._returns = values * self._critic_mask, returns
-        self._value_targets = returns + end_targets
+        self.critic.set_targets(values, returns, mask + ends, returns + end_targets)
         reduce = distributed.all_reduce_sum  # batch statistics over every rank's rows
         metrics["value/explained_variance"] = explained_variance(values, returns, mask, reduce=reduce)
         metrics["value/mean_rollout"] = float(masked_mean(values, mask))  # token-weighted over ranks
@@ -300,38 +194,11 @@ class PPOTrainer(OnPolicyTrainer):
     def _critic_loss(
         self, sub: RolloutBatch, rows: torch.Tensor, minibatch: torch.Tensor, num_tokens: float
     ) -> tuple[torch.Tensor, dict[str, float]]:
-        """The value loss over the critic's positions: policy tokens' states and mid-episode turn ends.
-
-        Its token denominator is this rank's share of the minibatch's critic positions (the
-        policy tokens plus the turn ends), so micro-batches and ranks add up to the whole
-        minibatch's loss as for the policy.
-        """
-        cfg = self.cfg
-        self.critic.train()
-        Lm = sub.loss_mask.shape[1]
-        values = sequence_values(self.critic, sub)[:, :Lm]
-        critic_tokens = float(self._critic_mask[minibatch].sum())
-        return value_loss(
-            values,
-            self._old_values[rows, :Lm],
-            self._value_targets[rows, :Lm],
-            self._critic_mask[rows, :Lm],
-            clip_range=cfg.critic.value_clip,
-            aggregation=cfg.loss_aggregation,
-            num_seqs=len(minibatch),
-            num_tokens=max(distributed.share(critic_tokens), 1.0 / self.world.size),
-            norm_len=cfg.sampling.max_new_tokens,
-        )
+        """The critic's value loss on the micro-batch `rows` of `minibatch` (`Critic.loss`)."""
+        return self.critic.loss(sub, rows, minibatch)
 
     def _critic_step(self) -> dict[str, float]:
-        stats = {}
-        if self.cfg.critic.optim.max_grad_norm is not None:
-            gn = torch.nn.utils.clip_grad_norm_(self.critic.parameters(), self.cfg.critic.optim.max_grad_norm)
-            stats["value/grad_norm"] = distributed.grad_norm(gn)
-        self.critic_optimizer.step()
-        self.critic_scheduler.step()
-        self.critic_optimizer.zero_grad(set_to_none=True)
-        return stats
+        return self.critic.step()
 
     def describe(self, m: dict[str, float]) -> str:
         """One progress line, with the critic's explained variance and β."""
@@ -343,10 +210,5 @@ class PPOTrainer(OnPolicyTrainer):
     def train(self, echo: Any = None) -> Path:
         """Run until `cfg.steps`; save the policy to `final/` and the critic to `critic/`."""
         final = super().train(echo)
-        save_model_folder(self.stage_dir / "critic", self.critic)
-        if distributed.is_main():
-            (self.stage_dir / "critic" / "textgym.json").write_text(
-                json.dumps({"role": "critic", "kl_coef": self.kl_ctl.value}), encoding="utf-8"
-            )
-        distributed.barrier()
+        self.critic.save_final(self.stage_dir / "critic", {"kl_coef": self.kl_ctl.value})
         return final
