@@ -93,7 +93,7 @@ def child(args: argparse.Namespace) -> None:
     adv = (adv - adv.mean()) / adv.std()
     times, peaks, losses = [], [], []
     for _ in range(args.steps):
-        batch.old_logprobs = trainer._trainer_logprobs(batch)
+        batch.old_logprobs = trainer.updater.trainer_logprobs(batch)
         Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM to the current RSS
         t = time.perf_counter()
         m = trainer.update(batch, adv)

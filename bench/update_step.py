@@ -15,7 +15,7 @@ on the same batch (token ids drawn once by the parent and saved for the children
   one AdamW step (lr 1e-5). Old log-probs: with μ = 1 TRL takes the detached current
   log-probs inside its loss; textgym's update reads them from the batch, where a real run
   has them from sampling, so the bench fills `batch.old_logprobs` with textgym's own
-  `_trainer_logprobs` pass before each step, outside the timed update (its time is printed
+  `updater.trainer_logprobs` pass before each step, outside the timed update (its time is printed
   apart). Advantages: one fixed group-normalised vector (mean 0), the same on both sides.
   textgym: `textgym.trainers.rl.grpo.GRPOTrainer(...).update(batch, advantages)` (it computes
   the reference log-probs itself, `kl_placement: loss`), config `loss_aggregation:
@@ -266,7 +266,7 @@ def _textgym_child(args: argparse.Namespace, data: dict[str, Any], base_mb: floa
         old_s, kls = [], []
         for _ in range(args.steps):
             t = time.perf_counter()
-            batch.old_logprobs = trainer._trainer_logprobs(batch)  # a real run has them from sampling
+            batch.old_logprobs = trainer.updater.trainer_logprobs(batch)  # a real run has them from sampling
             old_s.append(time.perf_counter() - t)
             meter.start()
             m = trainer.update(batch, adv)

@@ -104,7 +104,7 @@ def test_k1_first_batch_equals_a_seeded_synchronous_batch(warm_model_dir, tmp_pa
 
 def test_decoupled_correction_drops_tokens_above_the_cap(warm_model_dir, tmp_path, monkeypatch):
     """`off_policy_correction: decoupled` weights by π_prox/π_behav, 0 above the cap (AReaL eq. 5)."""
-    import textgym.trainers.rl.on_policy as on_policy
+    import textgym.trainers.rl.update as on_policy  # the update recomputes π_old and weights it
 
     seed_everything(0)
     model, tok = load_model(warm_model_dir)

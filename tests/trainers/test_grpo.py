@@ -182,7 +182,7 @@ def test_rollout_k3_metric_is_never_negative(tiny_model_dir, tmp_path):
 
     tiny = 3e-8  # log π_ref − log π_old
     trainer.sample = confident_sample  # type: ignore[method-assign]
-    trainer._reference_logprobs = lambda batch: batch.old_logprobs + tiny * batch.loss_mask  # type: ignore[method-assign]
+    trainer.updater.reference_logprobs = lambda batch: batch.old_logprobs + tiny * batch.loss_mask  # type: ignore[method-assign]
     metrics = trainer.train_step()
     x = torch.tensor(tiny)
     assert float(x.exp() - 1 - x) < 0  # the naive formula's value on every token
@@ -202,7 +202,7 @@ def test_tis_on_the_transformers_backend(tiny_model_dir, tmp_path, monkeypatch, 
     cfg = grpo_cfg(steps=1, prompts_per_step=2, group_size=2, rollout={"tis": tis, "tis_cap": cap})
     trainer = GRPOTrainer(cfg, model, tok, tmp_path)
     seen: dict[str, object] = {"recomputed": 0, "is_weights": []}
-    sample, recompute, loss_fn = trainer.sample, trainer._trainer_logprobs, losses.clipped_policy_loss
+    sample, recompute, loss_fn = trainer.sample, trainer.updater.trainer_logprobs, losses.clipped_policy_loss
 
     def mismatched_sample(metrics):
         trajs = sample(metrics)
@@ -225,7 +225,7 @@ def test_tis_on_the_transformers_backend(tiny_model_dir, tmp_path, monkeypatch, 
         return loss_fn(*args, **kwargs)
 
     trainer.sample = mismatched_sample  # type: ignore[method-assign]
-    trainer._trainer_logprobs = counted  # type: ignore[method-assign]
+    trainer.updater.trainer_logprobs = counted  # type: ignore[method-assign]
     monkeypatch.setattr(losses, "clipped_policy_loss", recording_loss)
     metrics = trainer.train_step()
     (passed,) = seen["is_weights"]  # type: ignore[misc]

@@ -114,7 +114,7 @@ def test_lora_grpo_trains_adapters_only_with_the_base_as_reference(warm_model_di
     for k, v in trainer.policy.get_base_model().state_dict().items():
         if ".lora_" not in k:
             torch.testing.assert_close(v, base_before[k.replace(".base_layer.", ".")], rtol=0, atol=0, msg=k)
-    got_ref = trainer._reference_logprobs(batch)
+    got_ref = trainer.updater.reference_logprobs(batch)
     torch.testing.assert_close(got_ref, want, rtol=0, atol=1e-6)
     with torch.no_grad():
         assert (sequence_logprobs(trainer.policy, batch)[0] - want).abs().max() > 1e-3
@@ -193,7 +193,7 @@ def test_reference_placement_is_validated_and_used(warm_model_dir, tmp_path):
     with torch.no_grad():
         want = sequence_logprobs(fresh, batch)[0]
     # After a step the policy moved; the placed reference still computes the start model.
-    torch.testing.assert_close(trainer._reference_logprobs(batch), want, rtol=0, atol=1e-6)
+    torch.testing.assert_close(trainer.updater.reference_logprobs(batch), want, rtol=0, atol=1e-6)
     assert (sequence_logprobs(trainer.policy, batch)[0] - want).abs().max() > 1e-3
 
 

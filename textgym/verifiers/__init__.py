@@ -4,8 +4,7 @@
 is imported on first use, so `import textgym` does not load its HTTP client.
 """
 
-from typing import Any
-
+from textgym._lazy import lazy_exports
 from textgym.verifiers.answer_rule import AnswerCheck, check_answer
 from textgym.verifiers.base import Rubric, RubricTerm, Score, Verifier
 from textgym.verifiers.code import CodeVerifier, extract_code
@@ -13,17 +12,10 @@ from textgym.verifiers.extraction import extract_answer
 from textgym.verifiers.format import FormatVerifier
 from textgym.verifiers.math import DigitMatchVerifier, HedgeVerifier, MathVerifier, math_equal
 
-_LAZY = {"JudgeItem", "JudgeVerifier"}
-
-
-def __getattr__(name: str) -> Any:
-    """`JudgeVerifier` and `JudgeItem`, imported from `textgym.verifiers.judge` when first asked for."""
-    if name in _LAZY:
-        from textgym.verifiers import judge
-
-        return getattr(judge, name)
-    raise AttributeError(f"module 'textgym.verifiers' has no attribute {name!r}")
-
+# imported from `textgym.verifiers.judge` when first asked for
+__getattr__ = lazy_exports(
+    __name__, {"JudgeItem": "textgym.verifiers.judge", "JudgeVerifier": "textgym.verifiers.judge"}
+)
 
 __all__ = [
     "AnswerCheck",

@@ -60,7 +60,7 @@ from textgym.training.batch import (
     rank_micro_batches,
     token_budget_micro_batches,
 )
-from textgym.training.checkpoint import latest_checkpoint, save_checkpoint
+from textgym.training.checkpoint import save_checkpoint
 from textgym.training.optim import build_optimizer
 from textgym.training.placement import shard
 from textgym.training.precision import compute_autocast
@@ -162,9 +162,8 @@ class RewardModelTrainer:
         self.memory = distributed.memory_report({"reward_model": (self.net, self.optimizer)})
         self.step, self.before, self.train_loss = 0, float("nan"), float("nan")
         self.resumed = False
-        fresh = not resume or latest_checkpoint(self.out) is None
-        distributed.on_main(lambda: self._prepare_out(clear=fresh))
         state = resume_checkpoint(self.out, resume, self.net, self.optimizer, self.scheduler)
+        distributed.on_main(lambda: self._prepare_out(clear=state is None))  # a fresh start
         if state is not None:
             self.step, self.resumed = int(state["step"]), True
             self.before, self.train_loss = float(state["heldout_accuracy_before"]), float(state["train_loss"])

@@ -139,6 +139,8 @@ class Critic:
         gradient_checkpointing: bool = False,
     ) -> None:
         self.cfg = cfg
+        self.epochs = cfg.critic.epochs  # passes per batch; those past the policy's train it alone
+        self.warmup_steps = cfg.critic_warmup_steps  # iterations that train the critic only
         self.model = build_critic(policy, cfg.critic.path)
         if gradient_checkpointing:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})

@@ -31,13 +31,9 @@ process computes on the whole batch; batch statistics (GRPO's rewards, whitening
 are reduced over ranks. Rank 0 alone writes metrics, trajectories and checkpoints.
 
 Where the pieces live: this module holds the setup (`__init__`, numbered) and the iteration
-(`train_step`, numbered); the update and its no-grad log-prob passes are in
-`trainers/rl/update.py`; the vLLM engine in `training/sources/vllm_engine.py`; ranks, sharding and the
-reference in `training/placement.py`; rollout statistics, DAPO's overlong penalty and the
-trajectory store in `training/rollout_metrics.py`; checkpoints in `training/checkpoint.py`; the
-optimizer in `training/optim.py`; metrics in `tracking.py`; the step loop in
-`training/loop.py`. PPO's critic is a `Critic` object (`trainers/rl/critic.py`) that
-`trainers/rl/ppo.py` holds and the update's hooks call.
+(`train_step`, numbered); the update and its no-grad log-prob passes are a `PolicyUpdate`
+object (`trainers/rl/update.py`) the trainer holds as `updater`; PPO's critic is a `Critic`
+(`trainers/rl/critic.py`) the update trains beside the policy; the rest is `textgym.training`.
 """
 
 from __future__ import annotations
@@ -57,10 +53,11 @@ from textgym.agents.llm_agent import LLMAgent
 from textgym.agents.rollout import RolloutStats
 from textgym.agents.sampling import SamplingParams, derive_seed
 from textgym.agents.trajectory import Trajectory
-from textgym.algorithms.correction import rollout_correction
 from textgym.algorithms.kl import kl_estimate
+from textgym.algorithms.kl_control import FixedKLController
 from textgym.config import GRPOConfig, ParallelConfig, PPOConfig
 from textgym.envs.registry import task_count
+from textgym.trainers.rl.critic import Critic
 from textgym.trainers.rl.update import PolicyUpdate
 from textgym.training.batch import RolloutBatch, no_token_budget_under_torchrun
 from textgym.training.checkpoint import save_checkpoint
@@ -93,11 +90,13 @@ from textgym.training.trainer import (
 EvalFn = Callable[[PreTrainedModel, PreTrainedTokenizerBase], dict[str, float]]
 
 
-class OnPolicyTrainer(PolicyUpdate):
+class OnPolicyTrainer:
     """Base of the on-policy trainers: rollouts, reference, the clipped policy update, checkpoints.
 
-    Subclasses implement `compute_advantages(batch, trajs, metrics) -> [B] or [B, L]` and may
-    add a critic through `_critic_loss` / `_critic_step` hooks.
+    Subclasses implement `compute_advantages(batch, trajs, metrics) -> [B] or [B, L]`; they
+    may resample (`sample`), build a critic and a KL controller in `_setup` (PPO: `critic`,
+    `kl_ctl`) and extend the progress line (`describe`). The update is a `PolicyUpdate`
+    object (`updater`) that trains the critic, when there is one, beside the policy.
 
     Args:
         cfg: the stage config (GRPOConfig or PPOConfig).
@@ -143,8 +142,7 @@ class OnPolicyTrainer(PolicyUpdate):
         self.policy, self.tokenizer, self.stage_dir = model, tokenizer, Path(stage_dir)
         self.stage_dir.mkdir(parents=True, exist_ok=True)
         self.device = next(model.parameters()).device
-        self.eval_fn = eval_fn
-        self.seed = seed
+        self.eval_fn, self.seed = eval_fn, seed
         # 2 the rollout side: one env per row of this rank's share of the batch, a task stream
         W = self.world.size
         B = cfg.prompts_per_step * cfg.group_size  # the global batch; this rank holds B / W rows
@@ -155,8 +153,6 @@ class OnPolicyTrainer(PolicyUpdate):
         self.envs = [make_env(cfg.env) for _ in range(B // W)]
         self.sampler = TaskSampler(task_count(self.envs[0]), seed)
         self.judge = None if cfg.env.judge is None else JudgeTerm(cfg.env.judge, cfg.group_size)
-        self.minibatch_size = (cfg.minibatch_size or B) // W  # rows of a minibatch on this rank
-        self.micro_batch_size = cfg.micro_batch_size or self.minibatch_size
         updates = cfg.steps * cfg.epochs * (B // (cfg.minibatch_size or B))
         # 3 the reference (a frozen copy of the start policy, or LoRA's adapters-off policy)
         self.reference: PreTrainedModel | None = build_reference(cfg, model, self.parallel)
@@ -165,6 +161,9 @@ class OnPolicyTrainer(PolicyUpdate):
         self._is_weights: torch.Tensor | None = None
         self._loss_rows: torch.Tensor | None = None  # [B] bool set by `sample`: rows in the loss
         self._guided_rows: torch.Tensor | None = None  # [B] bool set by `sample`: expert rows (GRPO)
+        self.critic: Critic | None = None  # PPO's value model (`_setup`)
+        self.kl_ctl: FixedKLController = FixedKLController(cfg.kl_coef)  # β; PPO's may adapt it
+        self._kl_measured: tuple[float, int] | None = None  # (KL per sequence, sequences) for kl_ctl
         # 4 subclass models (PPO's critic) are built from the unsharded policy, then all are sharded
         self._setup(updates)
         self.policy = self._shard(model)
@@ -172,27 +171,42 @@ class OnPolicyTrainer(PolicyUpdate):
             self._shard(self.reference, offload=cfg.reference_device == "cpu")
         # 5 optimizer, memory report, resume
         self.optimizer, self.scheduler = build_optimizer(self.policy, cfg.optim, updates)
+        policy, opt, sched = self.policy, self.optimizer, self.scheduler
+        self.updater = PolicyUpdate(
+            cfg, policy, opt, sched, self.device, reference=self.reference, critic=self.critic
+        )
         self.memory = distributed.memory_report(self._models())
         state = resume_checkpoint(self.stage_dir, resume, self.policy, self.optimizer, self.scheduler)
         if state is not None:
             self.step, self.sampler.cursor = int(state["step"]), int(state["cursor"])
-            self._load_extra(Path(state["checkpoint_dir"]), state)
-        # 6 the rollout engine (vLLM), fed the policy's weights
-        self.engine: Any = build_engine(cfg, model, tokenizer, self.agent.backend.eos_ids, seed)
-        if self.engine is not None:
-            self.agent = LLMAgent(model, tokenizer, backend=self.engine)
-        # 6b rollout servers (`rollout.servers`): checked, then sent the policy as of `self.step`
-        eos = self.agent.backend.eos_ids
-        self.remote: Any = build_remote(cfg.rollout, self.policy, tokenizer, eos, self.step)
-        if self.remote is not None:
-            self.agent = LLMAgent(None, tokenizer, backend=self.remote.backend)
-        # 7 async RL (`rollout.max_staleness` > 0): a producer thread samples ahead with a copy
-        self.async_rollouts = AsyncRollouts(self) if cfg.rollout.max_staleness > 0 else None
+            if self.critic is not None:
+                self.critic.load(Path(state["checkpoint_dir"]) / "critic")
+            if "kl_coef" in state:  # PPO's checkpoints carry its β (`save`)
+                self.kl_ctl.value = float(state["kl_coef"])
+        # 6 the rollout engine (vLLM), 6b rollout servers, 7 async RL's producer (`_start_sources`)
+        self._start_sources(model, seed)
         # 8 logging: metrics and the trajectory store keep nothing past the step resumed from
         self.logger = stage_logger(self.stage_dir, state, log_with, cfg)
         self.trajectory_dir = self.stage_dir / "trajectories"
         if cfg.log_trajectories and distributed.is_main():
             prune_trajectories(self.trajectory_dir, self.step)
+
+    def _start_sources(self, model: PreTrainedModel, seed: int) -> None:
+        """Start the rollout sources the config asks for (steps 6 and 7 of `__init__`).
+
+        6: a vLLM engine (`rollout.backend: vllm`), fed the policy's weights; 6b: rollout
+        servers (`rollout.servers`), checked, then sent the policy as of `self.step`; 7: with
+        `rollout.max_staleness` > 0, a producer thread that samples ahead with a copy (async RL).
+        """
+        cfg, tokenizer = self.cfg, self.tokenizer
+        self.engine: Any = build_engine(cfg, model, tokenizer, self.agent.backend.eos_ids, seed)
+        if self.engine is not None:
+            self.agent = LLMAgent(model, tokenizer, backend=self.engine)
+        eos = self.agent.backend.eos_ids
+        self.remote: Any = build_remote(cfg.rollout, self.policy, tokenizer, eos, self.step)
+        if self.remote is not None:
+            self.agent = LLMAgent(None, tokenizer, backend=self.remote.backend)
+        self.async_rollouts = AsyncRollouts(self) if cfg.rollout.max_staleness > 0 else None
 
     def _shard(self, model: torch.nn.Module, offload: bool = False) -> Any:
         """Shard `model` over the ranks (FSDP2) when launched by torchrun (`placement.shard`); return it."""
@@ -205,6 +219,8 @@ class OnPolicyTrainer(PolicyUpdate):
         }
         if self.reference is not None:
             models["reference"] = (self.reference, None)
+        if self.critic is not None:
+            models["critic"] = (self.critic.model, self.critic.optimizer)
         verifier = getattr(self.envs[0], "verifier", None)
         if verifier is not None and isinstance(getattr(verifier, "model", None), torch.nn.Module):
             models["reward_model"] = (verifier.model, None)
@@ -212,17 +228,10 @@ class OnPolicyTrainer(PolicyUpdate):
 
     # --- hooks ---------------------------------------------------------------------------
     def _setup(self, updates: int) -> None:
-        """Build subclass state (critic, KL controller) before a checkpoint is loaded."""
+        """Build subclass state (PPO: `critic`, `kl_ctl`) from the unsharded policy.
 
-    def _load_extra(self, ckpt: Path, state: dict[str, Any]) -> None:
-        """Restore subclass state from a checkpoint."""
-
-    def _extra_state(self) -> dict[str, Any]:
-        """JSON-serialisable subclass state for checkpoints."""
-        return {}
-
-    def _save_extra(self, folder: Path) -> None:
-        """Write subclass files (the critic) into a checkpoint folder."""
+        It runs before a checkpoint is loaded; `updates` is the policy's optimizer steps over the run.
+        """
 
     def compute_advantages(
         self, batch: RolloutBatch, trajs: list[Trajectory], metrics: dict[str, float]
@@ -352,38 +361,19 @@ class OnPolicyTrainer(PolicyUpdate):
         tokens = float(batch.loss_mask.sum())
         token_means = ("kl/rollout_k3", "kl/ref", "value/mean_rollout", "returns/mean")
         token_weights = {k: tokens for k in token_means}
-        # 3b rows the sampler did not sample (GRPO's expert guidance): π_old is the trainer's
-        if self._guided_rows is not None and bool(self._guided_rows.any()):
-            guided = self._guided_rows.to(self.device)[:, None]
-            batch.old_logprobs = torch.where(guided, self._trainer_logprobs(batch), batch.old_logprobs)
-        # 4 π_old recomputed by the trainer when the sampler's log-probs differ (vLLM, servers,
-        # TIS) or are of older weights (async, `max_staleness` > 0: the ratio is centred on the
-        # current policy, the proximal π_old, whether or not TIS weights the loss)
-        self._is_weights = None
+        # 4 π_old recomputed by the trainer where the sampler's log-probs are not its own: the
+        # expert's rows (GRPO's guidance), or all rows when they differ (vLLM, servers, TIS) or are
+        # of older weights (async: the ratio is centred on the current policy, the proximal π_old)
         recompute = self.engine is not None or self.remote is not None or cfg.rollout.max_staleness > 0
-        if recompute or cfg.rollout.use_tis:
-            # The engine's log-probs are π_rollout; the ratio's denominator is the trainer's π_old.
-            # With the transformers backend and `rollout.tis: true`, π_rollout is the KV-cached
-            # decoding's and π_old the padded training forward's (they differ under bf16/FSDP).
-            rollout_logprobs = batch.old_logprobs
-            batch.old_logprobs = self._trainer_logprobs(batch)
-            weights, stats = rollout_correction(
-                batch.old_logprobs,
-                rollout_logprobs,
-                batch.loss_mask,
-                cap=cfg.rollout.tis_cap if cfg.rollout.use_tis else None,
-                drop_above_cap=cfg.rollout.off_policy_correction == "decoupled",
-            )
-            self._is_weights = weights if cfg.rollout.use_tis else None
-            metrics.update(stats)
+        self._is_weights = self.updater.recompute_old_logprobs(batch, metrics, self._guided_rows, recompute)
         # 5 the reference's log-probs and the rollout's KL to it
-        self._ref_logprobs = self._reference_logprobs(batch)
+        self._ref_logprobs = self.updater.reference_logprobs(batch)
         if self._ref_logprobs is not None:
             # One KL measure whatever the estimator and placement: k3 of π_old vs π_ref per token.
             # (expm1-based, clamped at 0: k3 ≥ 0 in exact arithmetic, a few ulps below in floats)
             k3 = kl_estimate(batch.old_logprobs, self._ref_logprobs, "k3").clamp(min=0.0) * batch.loss_mask
             metrics["kl/rollout_k3"] = float(k3.sum() / batch.loss_mask.sum().clamp(min=1.0))
-        # 6 advantages (the subclass's estimator), 7 the update (`PolicyUpdate.update`)
+        # 6 advantages (the subclass's estimator), 7 the update (`update`: `PolicyUpdate.update`)
         advantages = self.compute_advantages(batch, trajs, metrics)
         metrics.update(self.update(batch, advantages, ref_logprobs=self._ref_logprobs, loss_rows=loss_rows))
         t_update = time.perf_counter() - t1
@@ -409,6 +399,42 @@ class OnPolicyTrainer(PolicyUpdate):
         )
         return distributed.reduce_metrics(metrics, token_weights)
 
+    def update(
+        self,
+        batch: RolloutBatch,
+        advantages: torch.Tensor,
+        ref_logprobs: torch.Tensor | None = None,
+        *,
+        epochs: int | None = None,
+        step_policy: bool | None = None,
+        loss_rows: torch.Tensor | None = None,
+    ) -> dict[str, float]:
+        """Step 7: `PolicyUpdate.update` with this iteration's β, TIS weights and entropy cadence.
+
+        Then the KL controller takes the KL `compute_advantages` measured (PPO: β moves for the
+        next iteration; Ziegler et al. 2019, arXiv:1909.08593, §2.2). The arguments and metrics
+        are `PolicyUpdate.update`'s; `step_policy` defaults to True, or for PPO to whether
+        `critic_warmup_steps` have passed.
+        """
+        every = self.cfg.entropy_every
+        if step_policy is None:
+            step_policy = self.critic is None or self.step >= self.critic.warmup_steps
+        stats = self.updater.update(
+            batch,
+            advantages,
+            ref_logprobs,
+            kl_coef=self.kl_ctl.value,
+            epochs=epochs,
+            step_policy=step_policy,
+            loss_rows=loss_rows,
+            is_weights=self._is_weights,
+            log_entropy=every > 0 and self.step % every == 0,
+        )
+        if self._kl_measured is not None:
+            self.kl_ctl.update(*self._kl_measured)
+            self._kl_measured = None
+        return stats
+
     # --- checkpoints and the loop --------------------------------------------------------
     def save(self) -> Path:
         """Checkpoint the current step."""
@@ -419,10 +445,11 @@ class OnPolicyTrainer(PolicyUpdate):
             self.tokenizer,
             self.optimizer,
             self.scheduler,
-            {"cursor": self.sampler.cursor, **self._extra_state()}
+            {"cursor": self.sampler.cursor}
+            | ({"kl_coef": self.kl_ctl.value} if self.critic is not None else {})  # PPO's β
             | ({} if self.async_rollouts is None else self.async_rollouts.state()),
             keep=self.cfg.keep_checkpoints,
-            extra=self._save_extra,
+            extra=None if self.critic is None else lambda folder: self.critic.save(folder / "critic"),  # type: ignore[union-attr]
         )
 
     def describe(self, m: dict[str, float]) -> str:
@@ -450,6 +477,8 @@ class OnPolicyTrainer(PolicyUpdate):
         )
         final = save_final_model(self.stage_dir, self.policy, self.tokenizer, lora=cfg.lora is not None)
         self.close()
+        if self.critic is not None:
+            self.critic.save_final(self.stage_dir / "critic", {"kl_coef": self.kl_ctl.value})
         return final
 
     def close(self) -> None:

@@ -38,9 +38,6 @@ the whole batch (statistics summed over ranks).
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any
-
 import torch
 
 from textgym import distributed
@@ -63,15 +60,18 @@ from textgym.training.batch import RolloutBatch
 class PPOTrainer(OnPolicyTrainer):
     """Trains `model` in place with PPO and a learned critic on `cfg.env`.
 
-    See `OnPolicyTrainer` for the arguments; `cfg` is a `PPOConfig`. The critic is
-    checkpointed beside the policy (`checkpoints/step_N/critic/`) and saved to
-    `<stage_dir>/critic/` at the end.
+    See `OnPolicyTrainer` for the arguments; `cfg` is a `PPOConfig`. The critic (`Critic`,
+    built in `_setup`) is trained by the update beside the policy, checkpointed beside it
+    (`checkpoints/step_N/critic/`) and saved to `<stage_dir>/critic/` at the end; β is a
+    `kl_ctl` controller, fixed or adapted towards `kl_target` after each update.
     """
 
     name = "ppo"
     cfg: PPOConfig
+    critic: Critic
 
     def _setup(self, updates: int) -> None:
+        """Build the critic (its schedule spans `critic.epochs` passes per batch) and the KL controller."""
         cfg = self.cfg
         critic_updates = updates // cfg.epochs * max(cfg.epochs, cfg.critic.epochs)
         self.critic = Critic(
@@ -81,32 +81,11 @@ class PPOTrainer(OnPolicyTrainer):
             self._shard,
             gradient_checkpointing=self.parallel.gradient_checkpointing,
         )
-        self.kl_ctl: FixedKLController = (
+        self.kl_ctl = (
             AdaptiveKLController(cfg.kl_coef, cfg.kl_target, cfg.kl_horizon)
             if cfg.kl_target is not None
             else FixedKLController(cfg.kl_coef)
         )
-        self._kl_measured: tuple[float, int] | None = None  # (KL per sequence, sequences) for kl_ctl
-
-    def _extra_state(self) -> dict[str, Any]:
-        return {"kl_coef": self.kl_ctl.value}
-
-    def _models(self) -> dict[str, tuple[torch.nn.Module, torch.optim.Optimizer | None]]:
-        return {**super()._models(), "critic": (self.critic.model, self.critic.optimizer)}
-
-    def _gradient_sync(self, sync: bool) -> None:
-        super()._gradient_sync(sync)
-        self.critic.gradient_sync(sync)
-
-    def _save_extra(self, folder: Path) -> None:
-        self.critic.save(folder / "critic")
-
-    def _load_extra(self, ckpt: Path, state: dict[str, Any]) -> None:
-        self.critic.load(ckpt / "critic")
-        self.kl_ctl.value = float(state.get("kl_coef", self.kl_ctl.value))
-
-    def _update_policy(self) -> bool:
-        return self.step >= self.cfg.critic_warmup_steps
 
     def compute_advantages(
         self, batch: RolloutBatch, trajs: list[Trajectory], metrics: dict[str, float]
@@ -125,7 +104,7 @@ class PPOTrainer(OnPolicyTrainer):
             estimator=cfg.kl_estimator,
         )
         metrics.update(kl_stats)
-        values_all = self.critic.values(batch, self.per_micro_batch)  # [B, L+1]
+        values_all = self.critic.values(batch, self.updater.per_micro_batch)  # [B, L+1]
         L = mask.shape[1]
         values = values_all[:, :L]
         n_cols = batch.attention_mask[:, batch.prompt_width :].sum(-1)  # [B] response columns used
@@ -156,59 +135,9 @@ class PPOTrainer(OnPolicyTrainer):
             self._kl_measured = (distributed.mean(float(kl.sum(-1).mean())), n_seqs)
         return adv
 
-    def _loss_kl_coef(self) -> float:
-        """The controller's current β (fixed, or adapted towards `kl_target`)."""
-        return self.kl_ctl.value
-
-    def update(
-        self,
-        batch: RolloutBatch,
-        advantages: torch.Tensor,
-        ref_logprobs: torch.Tensor | None = None,
-        *,
-        epochs: int | None = None,
-        step_policy: bool | None = None,
-        loss_rows: torch.Tensor | None = None,
-    ) -> dict[str, float]:
-        """The shared update (policy and critic, `cfg.epochs`), then critic-only passes up to `critic.epochs`.
-
-        See `OnPolicyTrainer.update` for the arguments. The value stats returned are those
-        of the last pass. With `kl_placement: loss` the KL term is weighted by the controller's
-        β (`kl_ctl.value`, logged as `kl/coef`); the controller then takes the KL measured by
-        `compute_advantages` and moves β for the next iteration (Ziegler et al. 2019, §2.2).
-        """
-        stats = super().update(
-            batch, advantages, ref_logprobs, epochs=epochs, step_policy=step_policy, loss_rows=loss_rows
-        )
-        extra = self.cfg.critic.epochs - (self.cfg.epochs if epochs is None else epochs)
-        if extra > 0:
-            critic_stats = super().update(
-                batch, advantages, ref_logprobs, epochs=extra, step_policy=False, loss_rows=loss_rows
-            )
-            stats.update({k: v for k, v in critic_stats.items() if k.startswith(("loss/value", "value/"))})
-        if self._kl_measured is not None:
-            self.kl_ctl.update(*self._kl_measured)
-            self._kl_measured = None
-        return stats
-
-    def _critic_loss(
-        self, sub: RolloutBatch, rows: torch.Tensor, minibatch: torch.Tensor, num_tokens: float
-    ) -> tuple[torch.Tensor, dict[str, float]]:
-        """The critic's value loss on the micro-batch `rows` of `minibatch` (`Critic.loss`)."""
-        return self.critic.loss(sub, rows, minibatch)
-
-    def _critic_step(self) -> dict[str, float]:
-        return self.critic.step()
-
     def describe(self, m: dict[str, float]) -> str:
         """One progress line, with the critic's explained variance and β."""
         return (
             super().describe(m)
             + f"  ev {m.get('value/explained_variance', float('nan')):.2f}  β {m.get('kl/coef', 0.0):.3g}"
         )
-
-    def train(self, echo: Any = None) -> Path:
-        """Run until `cfg.steps`; save the policy to `final/` and the critic to `critic/`."""
-        final = super().train(echo)
-        self.critic.save_final(self.stage_dir / "critic", {"kl_coef": self.kl_ctl.value})
-        return final

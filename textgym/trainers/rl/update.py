@@ -1,10 +1,11 @@
 """The update half of an on-policy iteration: μ epochs of the clipped surrogate over minibatches.
 
-`PolicyUpdate` is the base of `OnPolicyTrainer` (`textgym.trainers.rl.on_policy`): it holds the
-update loop (`update`: shuffled minibatches, micro-batch accumulation, the clipped policy
-loss with its KL and entropy terms, the critic's loss through hooks, clipping and the
-optimizer step, metrics reduced over ranks) and the no-grad log-probability passes the
-iteration needs (π_old recomputed by the trainer, π_ref of the reference).
+`PolicyUpdate` is an object the on-policy trainer (`textgym.trainers.rl.on_policy`) holds: it
+holds the update loop (`update`: shuffled minibatches, micro-batch accumulation, the clipped
+policy loss with its KL and entropy terms, the critic's value loss when a critic is handed in,
+clipping and the optimizer steps, metrics reduced over ranks) and the no-grad
+log-probability passes the iteration needs (π_old recomputed by the trainer, π_ref of the
+reference).
 
 The loss is the one the config's `policy_loss` names in the registry
 (`textgym.algorithms.registry.register_policy_loss`); the default, "ppo_clip"
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch.optim.lr_scheduler import LambdaLR
@@ -26,6 +27,7 @@ from transformers import PreTrainedModel
 from textgym import distributed
 from textgym.algorithms import policy_losses  # noqa: F401  (registers gspo, gspo_token, cispo)
 from textgym.algorithms.aggregate import aggregate
+from textgym.algorithms.correction import rollout_correction
 from textgym.algorithms.registry import PolicyLossInputs, get_policy_loss
 from textgym.config import GRPOConfig, PPOConfig
 from textgym.distributed.process_group import World
@@ -34,79 +36,133 @@ from textgym.training.logprobs import sequence_logprobs
 from textgym.training.rollout_metrics import chunks
 
 
-class PolicyUpdate:
-    """The policy update and the log-probability passes of an on-policy trainer (see the module).
+class CriticLike(Protocol):
+    """What the update needs of a critic (`textgym.trainers.rl.critic.Critic` is one)."""
 
-    The attributes below are set by `OnPolicyTrainer.__init__`.
+    epochs: int
+    """Passes over each batch for the critic: those beyond the policy's epochs train it alone."""
+
+    def loss(
+        self, sub: RolloutBatch, rows: torch.Tensor, minibatch: torch.Tensor
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """The value loss of the micro-batch `rows` of `minibatch`, and its detached stats."""
+        ...
+
+    def step(self) -> dict[str, float]:
+        """Step the critic's optimizer after a minibatch; return its stats."""
+        ...
+
+    def gradient_sync(self, sync: bool) -> None:
+        """Whether the coming backward passes reduce the critic's gradients over ranks."""
+        ...
+
+
+class PolicyUpdate:
+    """The policy update and the no-grad log-probability passes of an on-policy trainer.
+
+    An object the trainer (`OnPolicyTrainer`) builds once its policy, reference and optimizer
+    exist, and calls at step 7 of each iteration; PPO's critic, when there is one, is handed
+    in and trained in the same minibatches.
+
+    Args:
+        cfg: the stage config (GRPOConfig or PPOConfig): policy loss, epochs, KL placement,
+            entropy terms, sampling (the distribution π is), packing, token budget.
+        policy: the policy (sharded under torchrun), trained in place.
+        optimizer: the policy's optimizer.
+        scheduler: its learning-rate schedule, stepped with it.
+        device: the policy's device (batches and advantages are moved there).
+        reference: the frozen reference π_ref (None: none, or LoRA's adapters-off policy).
+        critic: a critic trained beside the policy (PPO), or None.
+
+    A minibatch is `cfg.minibatch_size` rows (default the whole batch, `prompts_per_step ×
+    group_size`) divided by the ranks (`minibatch_size`, this rank's rows), a micro-batch
+    `cfg.micro_batch_size` rows (default the minibatch) unless `cfg.micro_batch_tokens` cuts
+    by tokens.
     """
 
-    cfg: GRPOConfig | PPOConfig
-    policy: Any
-    reference: PreTrainedModel | None
-    optimizer: torch.optim.Optimizer
-    scheduler: LambdaLR
-    device: torch.device
-    world: World
-    minibatch_size: int
-    micro_batch_size: int
-    step: int
-    _is_weights: torch.Tensor | None
+    def __init__(
+        self,
+        cfg: GRPOConfig | PPOConfig,
+        policy: Any,
+        optimizer: torch.optim.Optimizer,
+        scheduler: LambdaLR,
+        device: torch.device,
+        reference: PreTrainedModel | None = None,
+        critic: CriticLike | None = None,
+    ) -> None:
+        self.cfg, self.policy, self.optimizer, self.scheduler = cfg, policy, optimizer, scheduler
+        self.device, self.reference, self.critic = device, reference, critic
+        self.world: World = distributed.world()
+        batch_rows = cfg.prompts_per_step * cfg.group_size  # the global batch
+        self.minibatch_size = (cfg.minibatch_size or batch_rows) // self.world.size  # on this rank
+        self.micro_batch_size = cfg.micro_batch_size or self.minibatch_size
 
-    # --- hooks of the update (PPO's critic overrides them) -------------------------------
-    def _critic_loss(
-        self, sub: RolloutBatch, rows: torch.Tensor, minibatch: torch.Tensor, num_tokens: float
-    ) -> tuple[torch.Tensor, dict[str, float]] | None:
-        """The critic's loss on the micro-batch `rows` of `minibatch` (None: no critic).
-
-        `num_tokens` is this rank's share of the minibatch's policy tokens (the policy loss's
-        denominator); a critic that trains other positions too computes its own.
-        """
-        return None
-
-    def _loss_kl_coef(self) -> float:
-        """β of the KL term in the loss (`kl_placement: loss`): `cfg.kl_coef`; PPO's controller's β."""
-        return self.cfg.kl_coef
-
-    def _critic_step(self) -> dict[str, float]:
-        """Step the critic's optimizer after a minibatch; return its stats."""
-        return {}
-
-    def _gradient_sync(self, sync: bool) -> None:
-        """Whether the coming backward passes reduce gradients over ranks (the last micro-batch does)."""
-        distributed.set_requires_gradient_sync(self.policy, sync)
-
-    def _update_policy(self) -> bool:
-        """Whether this iteration steps the policy (PPO's critic warm-up says no)."""
-        return True
-
-    # --- the update and its no-grad passes ---------------------------------------------
-    # long: the paper's loop in one place: epochs × minibatches × micro-batches, losses, step
     def update(
         self,
         batch: RolloutBatch,
         advantages: torch.Tensor,
         ref_logprobs: torch.Tensor | None = None,
         *,
+        kl_coef: float,
         epochs: int | None = None,
-        step_policy: bool | None = None,
+        step_policy: bool = True,
         loss_rows: torch.Tensor | None = None,
+        is_weights: torch.Tensor | None = None,
+        log_entropy: bool = True,
     ) -> dict[str, float]:
-        """μ epochs over shuffled minibatches of `batch`, accumulating over micro-batches.
+        """μ epochs of the policy (and critic) update, then critic-only passes up to `critic.epochs`.
 
         Args:
             batch: the rollout batch (on the policy's device).
             advantages: [B] per-sequence or [B, L] per-token advantages.
             ref_logprobs: [B, L] log π_ref of the batch (computed here when the KL is in the
                 loss and it is not given).
+            kl_coef: β of the KL term when `kl_placement` is "loss" (PPO's controller's β).
             epochs: passes over the batch (default `cfg.epochs`).
-            step_policy: False trains only the critic (default: `_update_policy()`).
+            step_policy: False trains only the critic (PPO's critic warm-up).
             loss_rows: [B] bool, the rows that count in the policy loss (None: all). The
                 others must have their `loss_mask` zeroed already (so they are out of
                 `num_tokens`); here they are left out of `num_seqs` too.
+            is_weights: [B, L] truncated importance weights of the rollout correction (TIS), or None.
+            log_entropy: compute the policy's entropy for the metrics (it is computed anyway
+                when the bonus `entropy_coef` needs it).
 
         Returns:
             Loss, KL, clip, entropy and gradient-norm metrics, averaged over optimizer steps
-            (losses) or policy tokens (the rest), over all ranks.
+            (losses) or policy tokens (the rest), over all ranks. The critic's value stats are
+            those of its last pass.
+        """
+        epochs = self.cfg.epochs if epochs is None else epochs
+        kw: dict[str, Any] = {"kl_coef": kl_coef, "loss_rows": loss_rows, "is_weights": is_weights}
+        stats = self.passes(
+            batch, advantages, ref_logprobs, epochs, step_policy, log_entropy=log_entropy, **kw
+        )
+        extra = 0 if self.critic is None else self.critic.epochs - epochs
+        if extra > 0:
+            critic_stats = self.passes(
+                batch, advantages, ref_logprobs, extra, False, log_entropy=log_entropy, **kw
+            )
+            stats.update({k: v for k, v in critic_stats.items() if k.startswith(("loss/value", "value/"))})
+        return stats
+
+    # long: the paper's loop in one place: epochs × minibatches × micro-batches, losses, step
+    def passes(
+        self,
+        batch: RolloutBatch,
+        advantages: torch.Tensor,
+        ref_logprobs: torch.Tensor | None,
+        epochs: int,
+        step_policy: bool,
+        *,
+        kl_coef: float,
+        loss_rows: torch.Tensor | None,
+        is_weights: torch.Tensor | None,
+        log_entropy: bool,
+    ) -> dict[str, float]:
+        """`epochs` passes over shuffled minibatches of `batch`, accumulating over micro-batches.
+
+        The arguments are `update`'s; the policy is stepped only when `step_policy`, the
+        critic (when there is one) always.
 
         Distributed: each rank takes `minibatch_size / ranks` of its rows per minibatch; the
         loss denominators (`num_tokens`, `num_seqs`) are this rank's share of the global
@@ -114,22 +170,19 @@ class PolicyUpdate:
         gradient of the whole minibatch. The gradient reduce-scatter runs once per minibatch,
         after its last micro-batch.
         """
-        cfg = self.cfg
+        cfg, critic = self.cfg, self.critic
         if cfg.kl_placement != "loss":
             ref_logprobs = None
         elif ref_logprobs is None:
-            ref_logprobs = self._reference_logprobs(batch)
-        kl_coef = self._loss_kl_coef() if cfg.kl_placement == "loss" else 0.0
+            ref_logprobs = self.reference_logprobs(batch)
+        kl_coef = kl_coef if cfg.kl_placement == "loss" else 0.0
         advantages = advantages.to(self.device)
-        step_policy = self._update_policy() if step_policy is None else step_policy
         sums: dict[str, float] = defaultdict(float)
         weights: dict[str, float] = defaultdict(float)
         updates = 0
         policy_loss = get_policy_loss(cfg.policy_loss)  # `@register_policy_loss` functions
-        every = cfg.entropy_every
-        log_entropy = every > 0 and getattr(self, "step", 0) % every == 0
         self.policy.train(step_policy)
-        for _ in range(cfg.epochs if epochs is None else epochs):
+        for _ in range(epochs):
             for mb in chunks(torch.randperm(len(batch)), self.minibatch_size):
                 # The global Σ mask (at least 1) divided by the ranks: see the docstring.
                 num_tokens = max(distributed.share(float(batch.loss_mask[mb].sum())), 1.0 / self.world.size)
@@ -137,27 +190,24 @@ class PolicyUpdate:
                 if loss_rows is not None:
                     num_seqs = max(distributed.share(float(loss_rows[mb].sum())), 1.0 / self.world.size)
                 self.optimizer.zero_grad(set_to_none=True)
-                micros = self._micro_batches(batch, mb)
+                micros = self.micro_batches(batch, mb)
                 for i, micro in enumerate(micros):
-                    self._gradient_sync(i == len(micros) - 1)
+                    # the gradient reduce-scatter runs after the minibatch's last micro-batch
+                    distributed.set_requires_gradient_sync(self.policy, i == len(micros) - 1)
+                    if critic is not None:
+                        critic.gradient_sync(i == len(micros) - 1)
                     sub = batch.select(micro)
                     micro_d = micro.to(self.device)
                     Lm = sub.loss_mask.shape[1]
                     w = float(sub.loss_mask.sum())
-                    critic = self._critic_loss(sub, micro_d, mb, num_tokens)
                     if critic is not None:
-                        critic[0].backward()
-                        for k, v in critic[1].items():
-                            if k.startswith("loss/"):
-                                sums[k] += v
-                            else:
-                                sums[k] += v * w
-                                weights[k] += w
+                        value_loss, value_stats = critic.loss(sub, micro_d, mb)
+                        value_loss.backward()
+                        _accumulate(sums, weights, value_stats, w)
                     if not step_policy:
                         continue
-                    logprobs, entropy, logits_entropy = self._policy_forward(sub, log_entropy)
+                    logprobs, entropy, logits_entropy = self.policy_forward(sub, log_entropy)
                     adv = advantages[micro_d] if advantages.ndim == 1 else advantages[micro_d, :Lm]
-                    is_w = None if self._is_weights is None else self._is_weights[micro_d, :Lm]
                     loss, stats = policy_loss(
                         PolicyLossInputs(
                             logprobs,
@@ -167,7 +217,7 @@ class PolicyUpdate:
                             cfg,
                             ref_logprobs=None if ref_logprobs is None else ref_logprobs[micro_d, :Lm],
                             kl_coef=kl_coef,
-                            is_weights=is_w,
+                            is_weights=None if is_weights is None else is_weights[micro_d, :Lm],
                             num_seqs=num_seqs,
                             num_tokens=num_tokens,
                         )
@@ -180,12 +230,7 @@ class PolicyUpdate:
                     if entropy is not None:
                         stats["entropy"] = float((entropy * sub.loss_mask).sum() / max(w, 1.0))
                     stats["loss/total"] = float(loss.detach())
-                    for k, v in stats.items():
-                        if k.startswith("loss/"):
-                            sums[k] += v  # micro-batch losses add up to the minibatch loss
-                        else:
-                            sums[k] += v * w
-                            weights[k] += w
+                    _accumulate(sums, weights, stats, w)
                 if step_policy:
                     if cfg.optim.max_grad_norm is not None:
                         gn = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.optim.max_grad_norm)
@@ -193,9 +238,10 @@ class PolicyUpdate:
                         weights["grad_norm"] += 1.0
                     self.optimizer.step()
                     self.scheduler.step()
-                for k, v in self._critic_step().items():
-                    sums[k] += v
-                    weights[k] += 1.0
+                if critic is not None:
+                    for k, v in critic.step().items():
+                        sums[k] += v
+                        weights[k] += 1.0
                 updates += 1
         # A rank's loss is its part of the global loss times the number of ranks (see the
         # docstring), so the mean over ranks is the global loss; the other statistics are
@@ -210,7 +256,7 @@ class PolicyUpdate:
             out[k] /= max(out.pop(f"{k}#weight"), 1e-12)
         return out
 
-    def _policy_forward(
+    def policy_forward(
         self, sub: RolloutBatch, log_entropy: bool = True
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """(logprobs [B, L], entropy [B, L] no grad or None, entropy with grad or None).
@@ -224,13 +270,13 @@ class PolicyUpdate:
             with_entropy=grad or log_entropy,
             entropy_grad=grad,
             split_prompt=distributed.is_sharded(self.policy),
-            **self._sampled_distribution(),
+            **self.sampled_distribution(),
         )
         if entropy is None:
             return logprobs, None, None
         return logprobs, entropy.detach(), entropy if grad else None
 
-    def _sampled_distribution(self) -> dict[str, Any]:
+    def sampled_distribution(self) -> dict[str, Any]:
         """`sequence_logprobs`' keywords for the distribution the rollouts sampled from.
 
         Temperature, top-k and top-p of `cfg.sampling` (the policy π is the truncated,
@@ -240,9 +286,9 @@ class PolicyUpdate:
         return {"temperature": s.temperature, "top_k": s.top_k, "top_p": s.top_p, "packed": self.cfg.packing}
 
     @torch.no_grad()
-    def _trainer_logprobs(self, batch: RolloutBatch) -> torch.Tensor:
+    def trainer_logprobs(self, batch: RolloutBatch) -> torch.Tensor:
         """[B, L] log π_old of the batch's tokens under the current policy, in eval mode."""
-        policy, dist = self.policy, self._sampled_distribution()
+        policy, dist = self.policy, self.sampled_distribution()
         split = distributed.is_sharded(policy)  # every rank makes the same forward calls
         was_training = policy.training
         policy.eval()
@@ -253,13 +299,52 @@ class PolicyUpdate:
         finally:
             policy.train(was_training)
 
+    def recompute_old_logprobs(
+        self,
+        batch: RolloutBatch,
+        metrics: dict[str, float],
+        guided_rows: torch.Tensor | None = None,
+        recompute: bool = False,
+    ) -> torch.Tensor | None:
+        """Put the trainer's log π_old in `batch.old_logprobs` where the sampler's are not its own.
+
+        Rows the sampler did not sample (`guided_rows` [B] bool, GRPO's expert guidance) take
+        the trainer's. With `recompute` (a vLLM engine, rollout servers, async rollouts) or
+        `rollout.tis`, every row does: the sampler's log-probs are π_rollout, the ratio's
+        denominator is the trainer's π_old (with the transformers backend and `tis: true`,
+        π_rollout is the KV-cached decoding's, π_old the padded training forward's; they differ
+        under bf16 or FSDP). Their mismatch goes into `metrics` (`mismatch/*`).
+
+        Returns:
+            [B, L] truncated importance weights min(π_old / π_rollout, C) when `rollout.tis` is
+            on (`textgym.algorithms.correction.rollout_correction`; Yao et al. 2025, "Your
+            Efficient RL Framework Secretly Brings You Off-Policy RL Training"), else None.
+        """
+        rollout = self.cfg.rollout
+        if guided_rows is not None and bool(guided_rows.any()):
+            guided = guided_rows.to(self.device)[:, None]
+            batch.old_logprobs = torch.where(guided, self.trainer_logprobs(batch), batch.old_logprobs)
+        if not (recompute or rollout.use_tis):
+            return None
+        rollout_logprobs = batch.old_logprobs
+        batch.old_logprobs = self.trainer_logprobs(batch)
+        weights, stats = rollout_correction(
+            batch.old_logprobs,
+            rollout_logprobs,
+            batch.loss_mask,
+            cap=rollout.tis_cap if rollout.use_tis else None,
+            drop_above_cap=rollout.off_policy_correction == "decoupled",
+        )
+        metrics.update(stats)
+        return weights if rollout.use_tis else None
+
     @torch.no_grad()
-    def _reference_logprobs(self, batch: RolloutBatch) -> torch.Tensor | None:
+    def reference_logprobs(self, batch: RolloutBatch) -> torch.Tensor | None:
         """[B, L] log π_ref of the batch's tokens (None without a reference)."""
         if self.cfg.lora is not None and self.cfg.kl_coef > 0:
             from textgym.training.lora import reference_of
 
-            policy, dist = self.policy, self._sampled_distribution()
+            policy, dist = self.policy, self.sampled_distribution()
             was_training = policy.training
             policy.eval()
             try:
@@ -269,7 +354,7 @@ class PolicyUpdate:
                 policy.train(was_training)
         if self.reference is None:
             return None
-        reference, dist = self.reference, self._sampled_distribution()
+        reference, dist = self.reference, self.sampled_distribution()
         split = distributed.is_sharded(reference)
         if self.cfg.reference_device is not None and not split:
             # Placed elsewhere (another GPU, or offloaded to CPU): the micro-batch goes there
@@ -295,7 +380,7 @@ class PolicyUpdate:
         """
         width = batch.loss_mask.shape[1] + extra_columns
         out: torch.Tensor | None = None
-        for micro in self._micro_batches(batch, torch.arange(len(batch))):
+        for micro in self.micro_batches(batch, torch.arange(len(batch))):
             part = fn(batch.select(micro))
             part = torch.nn.functional.pad(part, (0, width - part.shape[1]))
             if out is None:
@@ -304,7 +389,7 @@ class PolicyUpdate:
         assert out is not None
         return out
 
-    def _micro_batches(self, batch: RolloutBatch, rows: torch.Tensor) -> list[torch.Tensor]:
+    def micro_batches(self, batch: RolloutBatch, rows: torch.Tensor) -> list[torch.Tensor]:
         """The micro-batches of the minibatch `rows` [n] (row indices into `batch`).
 
         `micro_batch_size` rows each, in order; or token-budget ones (`micro_batch_tokens`,
@@ -316,3 +401,17 @@ class PolicyUpdate:
         prompt, response = row_lengths(batch)
         cut = token_budget_micro_batches(prompt, response, rows.tolist(), budget, self.cfg.packing)
         return [torch.tensor(m, dtype=torch.long) for m in cut]
+
+
+def _accumulate(sums: dict[str, float], weights: dict[str, float], stats: dict[str, float], w: float) -> None:
+    """Add a micro-batch's `stats` into the running `sums` (and `weights`).
+
+    Losses are added as they are (micro-batch losses add up to the minibatch loss), the rest
+    weighted by the micro-batch's `w` policy tokens.
+    """
+    for k, v in stats.items():
+        if k.startswith("loss/"):
+            sums[k] += v
+        else:
+            sums[k] += v * w
+            weights[k] += w
