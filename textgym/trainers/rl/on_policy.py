@@ -48,7 +48,6 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from textgym import distributed
-from textgym.agents.continuous import rollout_fn
 from textgym.agents.llm_agent import LLMAgent
 from textgym.agents.rollout import RolloutStats
 from textgym.agents.sampling import SamplingParams, derive_seed
@@ -76,6 +75,7 @@ from textgym.training.rollout_metrics import (
 )
 from textgym.training.sampler import TaskSampler
 from textgym.training.sources.async_producer import AsyncRollouts
+from textgym.training.sources.local import rollout_groups
 from textgym.training.sources.remote import build_remote
 from textgym.training.sources.vllm_engine import build_engine, sync_weights
 from textgym.training.trainer import (
@@ -265,18 +265,8 @@ class OnPolicyTrainer:
         # rollout servers generate: no full weights needed here
         weights = distributed.full_params(self.policy) if self.remote is None else contextlib.nullcontext()
         with torch.no_grad(), weights, sampler_precision:
-            trajs = rollout_fn(cfg.rollout.mode, cfg.rollout.batch_window_s)(
-                self.agent,
-                self.envs,
-                tasks[first : first + k],
-                self.params,
-                group_size=cfg.group_size,
-                max_turns=cfg.max_turns or 16,
-                env_id=cfg.env.id,
-                seeds=seeds,
-                stats=self.rollout_stats,
-                max_context_tokens=cfg.max_context_tokens,
-            )
+            mine = tasks[first : first + k]
+            trajs = rollout_groups(cfg, self.agent, self.envs, mine, self.params, seeds, self.rollout_stats)
         # rollout servers report the version that sampled each turn: keep it
         return self.finish_rollout(trajs, first, version=None if self.remote is not None else self.step)
 

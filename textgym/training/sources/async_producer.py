@@ -58,12 +58,12 @@ from typing import Any
 
 import torch
 
-from textgym.agents.continuous import rollout_fn
 from textgym.agents.llm_agent import LLMAgent
 from textgym.agents.sampling import derive_seed
 from textgym.agents.trajectory import Trajectory
 from textgym.config.base import ConfigError
 from textgym.training.precision import compute_autocast
+from textgym.training.sources.local import rollout_groups
 
 
 class StalenessError(RuntimeError):
@@ -167,17 +167,7 @@ class AsyncRollouts:
             with torch.no_grad(), precision:
                 if snapshot is not None:
                     self.model.load_state_dict(snapshot)
-                return rollout_fn(cfg.rollout.mode, cfg.rollout.batch_window_s)(
-                    self.agent,
-                    tr.envs,
-                    tasks,
-                    tr.params,
-                    group_size=cfg.group_size,
-                    max_turns=cfg.max_turns or 16,
-                    env_id=cfg.env.id,
-                    seeds=seeds,
-                    max_context_tokens=cfg.max_context_tokens,
-                )
+                return rollout_groups(cfg, self.agent, tr.envs, tasks, tr.params, seeds)
 
         self.jobs.append(_Job(index, version, cursor, self.pool.submit(work)))
 
