@@ -133,6 +133,11 @@ class PolicyUpdate:
             those of its last pass.
         """
         epochs = self.cfg.epochs if epochs is None else epochs
+        # the KL term's inputs, once for every pass (π_ref computed here only when not given)
+        if self.cfg.kl_placement != "loss":
+            ref_logprobs, kl_coef = None, 0.0
+        elif ref_logprobs is None:
+            ref_logprobs = self.reference_logprobs(batch)
         kw: dict[str, Any] = {"kl_coef": kl_coef, "loss_rows": loss_rows, "is_weights": is_weights}
         stats = self.passes(
             batch, advantages, ref_logprobs, epochs, step_policy, log_entropy=log_entropy, **kw
@@ -161,8 +166,9 @@ class PolicyUpdate:
     ) -> dict[str, float]:
         """`epochs` passes over shuffled minibatches of `batch`, accumulating over micro-batches.
 
-        The arguments are `update`'s; the policy is stepped only when `step_policy`, the
-        critic (when there is one) always.
+        The arguments are `update`'s, resolved: `ref_logprobs` and `kl_coef` are those of the
+        KL term in the loss (None and 0 when the KL is elsewhere). The policy is stepped only
+        when `step_policy`, the critic (when there is one) always.
 
         Distributed: each rank takes `minibatch_size / ranks` of its rows per minibatch; the
         loss denominators (`num_tokens`, `num_seqs`) are this rank's share of the global
@@ -171,11 +177,6 @@ class PolicyUpdate:
         after its last micro-batch.
         """
         cfg, critic = self.cfg, self.critic
-        if cfg.kl_placement != "loss":
-            ref_logprobs = None
-        elif ref_logprobs is None:
-            ref_logprobs = self.reference_logprobs(batch)
-        kl_coef = kl_coef if cfg.kl_placement == "loss" else 0.0
         advantages = advantages.to(self.device)
         sums: dict[str, float] = defaultdict(float)
         weights: dict[str, float] = defaultdict(float)
