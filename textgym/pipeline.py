@@ -55,6 +55,13 @@ def preflight(cfg: RunConfig) -> None:
             "or `textgym prm label/train CONFIG`"
         )
     validate_runtime(cfg)
+    if cfg.sft is not None and cfg.sft.env is None:  # `sft.trajectories` alone: the store's env
+        from textgym.offline.store import store_env
+
+        try:
+            cfg.sft.env = store_env(cfg.sft.trajectories)  # type: ignore[arg-type]
+        except (FileNotFoundError, ValueError) as e:
+            raise ConfigError(f"sft.trajectories: {e}") from e
     stages = enabled_stages(cfg)
     envs: list[tuple[str, EnvConfig]] = [(f"{s.name}.env", getattr(cfg, s.name).env) for s in stages]
     if cfg.eval:

@@ -255,12 +255,19 @@ def gae(
         bootstrap: [B] value after each row's last policy token (default 0).
 
     Returns:
-        advantages [B, L] and returns [B, L], both 0 off the mask.
+        advantages [B, L] and returns [B, L], both 0 off the mask, in the promoted dtype of
+        `rewards` and `values` (at least float32: float64 inputs are computed in float64).
     """
     B, L = rewards.shape
-    rewards, values, mask = rewards.float(), values.float(), mask.float()
-    next_value = torch.zeros(B, device=rewards.device) if bootstrap is None else bootstrap.float().clone()
-    next_adv = torch.zeros(B, device=rewards.device)
+    # at least float32, float64 when the inputs are (the recursion is computed in that dtype)
+    dtype = torch.promote_types(torch.promote_types(rewards.dtype, values.dtype), torch.float32)
+    rewards, values, mask = rewards.to(dtype), values.to(dtype), mask.to(dtype)
+    next_value = (
+        torch.zeros(B, device=rewards.device, dtype=dtype)
+        if bootstrap is None
+        else bootstrap.to(dtype).clone()
+    )
+    next_adv = torch.zeros(B, device=rewards.device, dtype=dtype)
     adv = torch.zeros_like(rewards)
     for t in range(L - 1, -1, -1):
         m = mask[:, t]

@@ -50,4 +50,6 @@ class PPOConfig(_PolicyGradientConfig):
     critic: CriticConfig = Field(default_factory=CriticConfig)
     """The value model."""
     critic_warmup_steps: int = Field(0, ge=0)
-    """Iterations at the start that train only the critic (the policy is not updated)."""
+    """Iterations at the start that train only the critic (the policy is not updated). They
+    count in `steps`: the policy's learning-rate schedule spans the `steps −
+    critic_warmup_steps` iterations that update it, and an adaptive β stays put during them."""

@@ -58,9 +58,11 @@ class DemonstrationsConfig(_Strict):
 class SFTConfig(_Batching):
     """Supervised warm start: on an environment's gold solutions, a trajectory store, or demonstrations."""
 
-    env: EnvConfig
+    env: EnvConfig | None = None
     """Environment whose tasks' `solution` fields are the targets (single-turn), and whose tasks
-    the `target` probe and the `demonstrations` play (multi-turn too)."""
+    the `target` probe and the `demonstrations` play (multi-turn too). Required, except with
+    `trajectories`: the store records each episode's env (id and keyword arguments), which is
+    then the env (`textgym.offline.store.store_env`) when the store holds one env."""
     trajectories: str | None = None
     """Train on the episodes of this trajectory store instead of gold solutions: every policy
     token (loss mask 1: the assistant turns) of each episode, the prompt and the environment's
@@ -93,6 +95,11 @@ class SFTConfig(_Batching):
 
     @model_validator(mode="after")
     def _one_source(self) -> SFTConfig:
+        if self.env is None and self.trajectories is None:
+            raise ValueError(
+                "sft.env is required: the env whose gold solutions are the targets (or whose tasks "
+                "`demonstrations` play); only with `trajectories` is it read from the store"
+            )
         if self.trajectories is not None and self.demonstrations is not None:
             raise ValueError("sft: give either `trajectories` (a store) or `demonstrations`, not both")
         if self.min_reward is not None and self.trajectories is None and self.demonstrations is None:

@@ -47,6 +47,7 @@ import pyarrow.parquet as pq
 import torch
 
 from textgym.agents.trajectory import Trajectory
+from textgym.config import EnvConfig
 
 SCHEMA_VERSION = 1
 SCHEMA = pa.schema(
@@ -82,6 +83,33 @@ SCHEMA = pa.schema(
 
 class TrajectoryStoreError(ValueError):
     """A store file that cannot be read, or is not a textgym trajectory shard (the message names it)."""
+
+
+def store_env(store: str | Path) -> EnvConfig:
+    """The env a trajectory store's episodes were played in: its id and keyword arguments.
+
+    What `sft.trajectories` trains with when `sft.env` is not given (its `target` probe plays
+    this env).
+
+    Raises:
+        FileNotFoundError: if `store` holds no trajectory shard.
+        ValueError: if the store holds episodes of several envs (or several keyword-argument
+            sets of one), naming them: the config must then say which env is meant.
+    """
+    if not shard_paths(store):
+        raise FileNotFoundError(f"no trajectory shard (shard-*.parquet) in {str(store)!r}")
+    table = read_trajectories(store, ["env_id", "env_kwargs"])
+    envs = sorted(
+        set(zip(table.column("env_id").to_pylist(), table.column("env_kwargs").to_pylist(), strict=True))
+    )
+    if len(envs) != 1:
+        named = "; ".join(f"{i} {k}" for i, k in envs[:5])
+        raise ValueError(
+            f"{str(store)!r} holds episodes of {len(envs)} envs ({named}): name the env to train "
+            "and probe with in `sft.env`"
+        )
+    env_id, kwargs = envs[0]
+    return EnvConfig(id=env_id, kwargs=json.loads(kwargs))
 
 
 def env_version(env_id: str) -> int:

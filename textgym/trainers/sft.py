@@ -179,7 +179,13 @@ class SFTTrainer:
             dropout_off=False,
         )
         self.model = model = shard(model, parallel, self.device)  # precision, then FSDP2 under torchrun
-        self.env = make_text_env(cfg.env.id, **cfg.env.kwargs)
+        env_cfg = cfg.env
+        if env_cfg is None:  # `trajectories` without `env`: the store's env (the config checks one is set)
+            from textgym.offline.store import store_env
+
+            env_cfg = store_env(cfg.trajectories)  # type: ignore[arg-type]
+        self.env_cfg = env_cfg
+        self.env = make_text_env(env_cfg.id, **env_cfg.kwargs)
         tasks = self.env.tasks
         if examples is None and cfg.demonstrations is not None:
             store = self.stage_dir / "demonstrations"
@@ -192,7 +198,7 @@ class SFTTrainer:
             if not self.examples:
                 raise ValueError("SFTTrainer got an empty list of examples")
         elif getattr(tasks[0], "solution", None) is None:
-            raise ValueError(f"{cfg.env.id} tasks have no gold solutions to fine-tune on")
+            raise ValueError(f"{env_cfg.id} tasks have no gold solutions to fine-tune on")
         self.sampler = TaskSampler(len(tasks) if self.examples is None else len(self.examples), seed)
         self.probe_indices = probe_indices(len(tasks), cfg.target.n, seed) if cfg.target else []
         self.probe_accuracy: float | None = None
@@ -281,10 +287,10 @@ class SFTTrainer:
 
         def measure() -> float:
             agent = LLMAgent(self.model, self.tokenizer, batch_size=min(len(self.probe_indices), 256))
-            envs = [make_env(self.cfg.env) for _ in self.probe_indices]
+            envs = [make_env(self.env_cfg) for _ in self.probe_indices]
             try:
                 params = SamplingParams(temperature=0.0, max_new_tokens=target.max_new_tokens)
-                trajs = rollout(agent, envs, self.probe_indices, params, env_id=self.cfg.env.id)
+                trajs = rollout(agent, envs, self.probe_indices, params, env_id=self.env_cfg.id)
             finally:
                 for e in envs:
                     e.close()
@@ -406,7 +412,7 @@ def collect_demonstrations(cfg: SFTConfig, tokenizer: PreTrainedTokenizerBase, s
     from textgym.offline.pairs import collect_rollouts
 
     demos = cfg.demonstrations
-    assert demos is not None
+    assert demos is not None and cfg.env is not None  # the config's check: demonstrations need an env
     demonstrator = OracleDemonstrator(tokenizer, noise=demos.noise, seed=demos.seed)
     collect_rollouts(
         demonstrator, cfg.env.id, store, env_kwargs=cfg.env.kwargs, n=demos.n,

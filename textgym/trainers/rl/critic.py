@@ -169,13 +169,15 @@ class Critic:
         self.mask, self.old_values, self.returns, self.targets = mask, values * mask, returns, targets
 
     def loss(
-        self, sub: RolloutBatch, rows: torch.Tensor, minibatch: torch.Tensor
+        self, sub: RolloutBatch, rows: torch.Tensor, minibatch: torch.Tensor, num_seqs: float
     ) -> tuple[torch.Tensor, dict[str, float]]:
         """The clipped value loss over the critic's positions of the micro-batch `rows`.
 
         Its token denominator is this rank's share of the minibatch's critic positions (the
         policy tokens plus the turn ends), so micro-batches and ranks add up to the whole
-        minibatch's loss as for the policy (`algorithms.auxiliary.value_loss`).
+        minibatch's loss as for the policy (`algorithms.auxiliary.value_loss`); its sequence
+        denominator `num_seqs` is the policy's: this rank's share of the minibatch's rows in the
+        loss (rows out of it, e.g. cut by the overlong filter, count in neither).
         """
         cfg = self.cfg
         self.model.train()
@@ -189,7 +191,7 @@ class Critic:
             self.mask[rows, :Lm],
             clip_range=cfg.critic.value_clip,
             aggregation=cfg.loss_aggregation,
-            num_seqs=len(minibatch),
+            num_seqs=num_seqs,
             num_tokens=max(distributed.share(critic_tokens), 1.0 / distributed.world().size),
             norm_len=cfg.sampling.max_new_tokens,
         )
@@ -204,6 +206,15 @@ class Critic:
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         return stats
+
+    def skip(self) -> dict[str, float]:
+        """After a minibatch with no position in the loss: drop its (zero) gradient, take no step.
+
+        AdamW's momentum and weight decay would move the weights on a zero gradient; the
+        schedule does not advance either. No stats.
+        """
+        self.optimizer.zero_grad(set_to_none=True)
+        return {}
 
     def gradient_sync(self, sync: bool) -> None:
         """Whether the coming backward passes reduce the critic's gradients over ranks."""

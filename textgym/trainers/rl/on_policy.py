@@ -153,7 +153,10 @@ class OnPolicyTrainer:
         self.envs = [make_env(cfg.env) for _ in range(B // W)]
         self.sampler = TaskSampler(task_count(self.envs[0]), seed)
         self.judge = None if cfg.env.judge is None else JudgeTerm(cfg.env.judge, cfg.group_size)
-        updates = cfg.steps * cfg.epochs * (B // (cfg.minibatch_size or B))
+        # optimizer steps over the run (the schedules' lengths): the critic's warm-up iterations
+        # (PPO's `critic_warmup_steps`) take none of the policy's
+        iterations = max(cfg.steps - getattr(cfg, "critic_warmup_steps", 0), 0)
+        updates = iterations * cfg.epochs * (B // (cfg.minibatch_size or B))
         # 3 the reference (a frozen copy of the start policy, or LoRA's adapters-off policy)
         self.reference: PreTrainedModel | None = build_reference(cfg, model, self.parallel)
         self.step = 0
@@ -165,7 +168,7 @@ class OnPolicyTrainer:
         self.kl_ctl: FixedKLController = FixedKLController(cfg.kl_coef)  # β; PPO's may adapt it
         self._kl_measured: tuple[float, int] | None = None  # (KL per sequence, sequences) for kl_ctl
         # 4 subclass models (PPO's critic) are built from the unsharded policy, then all are sharded
-        self._setup(updates)
+        self._setup(cfg.steps * cfg.epochs * (B // (cfg.minibatch_size or B)))
         self.policy = self._shard(model)
         if self.reference is not None:
             self._shard(self.reference, offload=cfg.reference_device == "cpu")
@@ -230,7 +233,8 @@ class OnPolicyTrainer:
     def _setup(self, updates: int) -> None:
         """Build subclass state (PPO: `critic`, `kl_ctl`) from the unsharded policy.
 
-        It runs before a checkpoint is loaded; `updates` is the policy's optimizer steps over the run.
+        It runs before a checkpoint is loaded; `updates` is the optimizer steps an update of every
+        iteration of the run would take (`steps × epochs × minibatches`, warm-up included).
         """
 
     def compute_advantages(
@@ -334,14 +338,18 @@ class OnPolicyTrainer:
                     policy_versions=[t.policy_version for t in everyone],
                 )
 
-        # 3 the padded batch, with the rows and tokens that stay out of the loss masked
+        # 3 the padded batch, with the rows that stay out of the loss masked: DAPO's filler
+        # groups (`_loss_rows`) and, with the overlong filter, the responses cut at
+        # max_new_tokens. One rule for both: out of the loss and of its normalisers
+        # (`num_tokens` and `num_seqs`), so a kept row's gradient does not depend on how many
+        # rows were left out.
         batch = RolloutBatch.from_trajectories(trajs, int(self.tokenizer.pad_token_id)).to(self.device)  # type: ignore[arg-type]
+        loss_rows = None if self._loss_rows is None else self._loss_rows.to(self.device)
         if cfg.overlong_filter:
             cut = torch.tensor([t.finish_reason == "length" for t in trajs], device=self.device)
-            batch.loss_mask = batch.loss_mask * (~cut).float()[:, None]
             metrics["rollout/overlong_masked"] = float(cut.float().mean())
-        loss_rows = None if self._loss_rows is None else self._loss_rows.to(self.device)
-        if loss_rows is not None:  # e.g. DAPO's filler groups: out of the loss and its normalisers
+            loss_rows = ~cut if loss_rows is None else loss_rows & ~cut
+        if loss_rows is not None:
             batch.loss_mask = batch.loss_mask * loss_rows.float()[:, None]
         # the rewards the trainer sees: the outcome's, the steps' (process rewards), or both
         batch = batch.with_reward_source(cfg.reward_source, cfg.step_reward_weight)
@@ -402,7 +410,8 @@ class OnPolicyTrainer:
         """Step 7: `PolicyUpdate.update` with this iteration's β, TIS weights and entropy cadence.
 
         Then the KL controller takes the KL `compute_advantages` measured (PPO: β moves for the
-        next iteration; Ziegler et al. 2019, arXiv:1909.08593, §2.2). The arguments and metrics
+        next iteration; Ziegler et al. 2019, arXiv:1909.08593, §2.2), unless the policy took no
+        step (the critic's warm-up: β stays as it is). The arguments and metrics
         are `PolicyUpdate.update`'s; `step_policy` defaults to True, or for PPO to whether
         `critic_warmup_steps` have passed.
         """
@@ -420,9 +429,11 @@ class OnPolicyTrainer:
             is_weights=self._is_weights,
             log_entropy=every > 0 and self.step % every == 0,
         )
-        if self._kl_measured is not None:
+        # β is frozen while the policy does not move (the critic's warm-up): its KL to the
+        # reference is 0 there and would drive an adaptive β down for nothing
+        if self._kl_measured is not None and step_policy:
             self.kl_ctl.update(*self._kl_measured)
-            self._kl_measured = None
+        self._kl_measured = None
         return stats
 
     # --- checkpoints and the loop --------------------------------------------------------

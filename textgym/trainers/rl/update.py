@@ -43,13 +43,20 @@ class CriticLike(Protocol):
     """Passes over each batch for the critic: those beyond the policy's epochs train it alone."""
 
     def loss(
-        self, sub: RolloutBatch, rows: torch.Tensor, minibatch: torch.Tensor
+        self, sub: RolloutBatch, rows: torch.Tensor, minibatch: torch.Tensor, num_seqs: float
     ) -> tuple[torch.Tensor, dict[str, float]]:
-        """The value loss of the micro-batch `rows` of `minibatch`, and its detached stats."""
+        """The value loss of the micro-batch `rows` of `minibatch`, and its detached stats.
+
+        `num_seqs` is this rank's share of the minibatch's rows in the loss (the policy's).
+        """
         ...
 
     def step(self) -> dict[str, float]:
         """Step the critic's optimizer after a minibatch; return its stats."""
+        ...
+
+    def skip(self) -> dict[str, float]:
+        """Drop the gradient of a minibatch with no position in the loss, without a step; stats."""
         ...
 
     def gradient_sync(self, sync: bool) -> None:
@@ -128,9 +135,10 @@ class PolicyUpdate:
                 when the bonus `entropy_coef` needs it).
 
         Returns:
-            Loss, KL, clip, entropy and gradient-norm metrics, averaged over optimizer steps
+            Loss, KL, clip, entropy and gradient-norm metrics, averaged over minibatches
             (losses) or policy tokens (the rest), over all ranks. The critic's value stats are
-            those of its last pass.
+            those of its last pass. `update/skipped_minibatches` counts the minibatches that
+            took no optimizer step because none of their tokens is in the loss.
         """
         epochs = self.cfg.epochs if epochs is None else epochs
         # the KL term's inputs, once for every pass (π_ref computed here only when not given)
@@ -180,13 +188,20 @@ class PolicyUpdate:
         advantages = advantages.to(self.device)
         sums: dict[str, float] = defaultdict(float)
         weights: dict[str, float] = defaultdict(float)
-        updates = 0
+        updates = skipped = 0
         policy_loss = get_policy_loss(cfg.policy_loss)  # `@register_policy_loss` functions
         self.policy.train(step_policy)
         for _ in range(epochs):
             for mb in chunks(torch.randperm(len(batch)), self.minibatch_size):
-                # The global Σ mask (at least 1) divided by the ranks: see the docstring.
-                num_tokens = max(distributed.share(float(batch.loss_mask[mb].sum())), 1.0 / self.world.size)
+                # The global Σ mask divided by the ranks (at least 1 in all): see the docstring.
+                tokens = distributed.share(float(batch.loss_mask[mb].sum()))
+                # No token of the global minibatch in the loss (every row cut by the overlong
+                # filter, or filler): the loss and its gradient are 0, and no optimizer step is
+                # taken, since AdamW's momentum and weight decay would still move the weights.
+                # The same on every rank: `tokens` is a global count.
+                empty = tokens == 0.0
+                skipped += int(empty)
+                num_tokens = max(tokens, 1.0 / self.world.size)
                 num_seqs: float = len(mb)
                 if loss_rows is not None:
                     num_seqs = max(distributed.share(float(loss_rows[mb].sum())), 1.0 / self.world.size)
@@ -202,7 +217,7 @@ class PolicyUpdate:
                     Lm = sub.loss_mask.shape[1]
                     w = float(sub.loss_mask.sum())
                     if critic is not None:
-                        value_loss, value_stats = critic.loss(sub, micro_d, mb)
+                        value_loss, value_stats = critic.loss(sub, micro_d, mb, num_seqs)
                         value_loss.backward()
                         _accumulate(sums, weights, value_stats, w)
                     if not step_policy:
@@ -237,10 +252,13 @@ class PolicyUpdate:
                         gn = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.optim.max_grad_norm)
                         sums["grad_norm"] += distributed.grad_norm(gn)  # the global norm, on every rank
                         weights["grad_norm"] += 1.0
-                    self.optimizer.step()
-                    self.scheduler.step()
+                    if not empty:
+                        self.optimizer.step()
+                        self.scheduler.step()
                 if critic is not None:
-                    for k, v in critic.step().items():
+                    # the critic's positions are the policy tokens and their turn ends: none either
+                    stats = critic.step() if not empty else critic.skip()
+                    for k, v in stats.items():
                         sums[k] += v
                         weights[k] += 1.0
                 updates += 1
@@ -255,6 +273,7 @@ class PolicyUpdate:
         out = distributed.reduce_metrics(out, ops=ops)
         for k in rest:
             out[k] /= max(out.pop(f"{k}#weight"), 1e-12)
+        out["update/skipped_minibatches"] = float(skipped)  # a global decision: the same on every rank
         return out
 
     def policy_forward(
