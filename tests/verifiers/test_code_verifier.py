@@ -85,7 +85,13 @@ def test_humaneval_fraction_mode_counts_asserts():
 @pytest.mark.sandbox
 @pytest.mark.parametrize(("subset", "n"), [("sanitized", 427), ("full", 974)])
 def test_every_mbpp_reference_solution_passes(subset, n):
-    v = _verifier_or_skip("process")
+    """The sweep checks the harness against every reference, not the references' speed: mbpp/123
+    (amicable numbers below 9,999) runs 4.9 s on an idle AVX2 EPYC core and 7.6 s on an AVX-512
+    Xeon core, against the verifier's default wall-clock limit of 10 s. The sweep runs its
+    programs side by side on 2 cores, beside the test process and whatever else the machine
+    runs, so a program's wall time may be 2-3× its CPU time: 30 s holds the slowest reference
+    at 3× the slowest measured."""
+    v = _verifier_or_skip("process", timeout_s=30.0)
     tasks = list(mbpp_tasks(subset))
     assert len(tasks) == n
     scores = v.score_batch([t.solution for t in tasks], tasks)
