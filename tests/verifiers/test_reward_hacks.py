@@ -3,13 +3,15 @@ the probe suite passes over every registered id, and the hack telemetry counts w
 
 from __future__ import annotations
 
+import os
+
 import gymnasium as gym
 import pytest
 from typer.testing import CliRunner
 
 import textgym  # noqa: F401
 from textgym.cli import app
-from textgym.envs.code import humaneval_tasks
+from textgym.envs.code import humaneval_tasks, mbpp_tasks
 from textgym.evaluation.hack_probes import probe_env
 from textgym.types import Task
 from textgym.verifiers import MathVerifier
@@ -158,6 +160,107 @@ def test_each_code_hack_earns_nothing(index, name):
     assert score.reward == 0.0, score.details
     legit = task.metadata["canonical_solution"]
     assert CodeVerifier("process", timeout_s=5.0)(legit, task).reward == 1.0
+
+
+# --- code: the judge's process boundary (issue 50) --------------------------------------------------
+# Each of these paid 1.0 with the judge and the solution in one process: the entry point as a class
+# whose instances equal everything (157 of 164 HumanEval tasks, 401 of 427 MBPP), a callable object,
+# a prompt helper redefined so that HumanEval/38's check compares the solution with itself, the
+# judge's report closure found through the garbage collector.
+ANY = (
+    "class Any_:\n    def __init__(self, *a, **k): pass\n    def __eq__(self, other): return True\n"
+    "    def __ne__(self, other): return False\n    def __bool__(self): return True\n"
+    "    def __call__(self, *a, **k): return self\n    def __iter__(self): return iter(())\n"
+    "    def __len__(self): return 0\n    __hash__ = object.__hash__\n\n"
+)
+REACH = (
+    "import gc\n"
+    "for f in [o for o in gc.get_objects() if callable(o) and getattr(o, '__name__', '') == 'emit']:\n"
+    "    try:\n        [f({'unit': u, 'ok': True}) for u in ['program', 0, 1, 2]]\n"
+    "    except Exception:\n        continue\n"
+    "    import os\n    os._exit(0)  # before the real tests report\n\n"
+)
+JUDGE_HACKS = {
+    "class entry point": (0, ANY + "class has_close_elements(Any_):\n    pass\n"),
+    "callable object": (0, ANY + "has_close_elements = Any_()\n"),
+    "class entry point (MBPP)": ("mbpp/3", ANY + "class is_not_prime(Any_):\n    pass\n"),
+    "redefined helper": (38, "def encode_cyclic(s):\n    return s\n\ndef decode_cyclic(s):\n    return s\n"),
+    "harness closure via gc": (0, REACH + "def has_close_elements(numbers, threshold):\n    return None\n"),
+    "judge killed": (
+        0,
+        "import os\nos.kill(os.getppid(), 9)\n\ndef has_close_elements(n, t):\n    return True\n",
+    ),
+    "judge stopped": (
+        0,
+        "import os\nos.kill(os.getppid(), 19)\n\ndef has_close_elements(n, t):\n    return True\n",
+    ),
+    "a returned class": (0, ANY + "def has_close_elements(numbers, threshold):\n    return Any_\n"),
+    "a returned function": (
+        0,
+        "def has_close_elements(numbers, threshold):\n    return has_close_elements\n",
+    ),
+    "stop iteration": (0, "def has_close_elements(numbers, threshold):\n    raise StopIteration\n"),
+}
+
+
+def _judge_task(key):
+    if isinstance(key, int):
+        return humaneval_tasks("binary")[key]
+    return next(t for t in mbpp_tasks("sanitized") if t.task_id == key)
+
+
+@pytest.mark.sandbox
+@pytest.mark.parametrize("backend", ["process", "docker"])
+@pytest.mark.parametrize("name", list(JUDGE_HACKS))
+def test_the_judge_never_runs_or_compares_the_candidates_objects(backend, name):
+    """Each family scores 0 on both backends; the task's reference still scores 1 there."""
+    from textgym.sandbox import SandboxUnavailableError, get_backend
+
+    try:
+        get_backend(backend)
+    except SandboxUnavailableError as e:
+        if backend == "docker" and os.environ.get("TEXTGYM_REQUIRE_DOCKER") != "1":
+            pytest.skip(f"docker backend unavailable: {e}")
+        raise
+    key, code = JUDGE_HACKS[name]
+    task = _judge_task(key)
+    verifier = CodeVerifier(backend, timeout_s=5.0)
+    score = verifier(f"```python\n{code}```", task)
+    assert score.reward == 0.0, score.details
+    assert verifier(task.solution, task).reward == 1.0
+
+
+@pytest.mark.sandbox
+def test_the_judge_keeps_what_tests_need_of_the_solutions_data():
+    """What crosses is plain data, decoded by the judge: values the tests compare (a tuple is not a
+    list, an int not a bool, -0.0 and NaN as they are), in-place changes to a list argument, the
+    task's own classes (MBPP's Node trees), exceptions a test catches by type."""
+    from textgym.types import Task
+
+    tests = [
+        "assert f((1, 2)) == (1, 2) and type(f((1, 2))) is tuple",
+        "assert f([1]) == [1] and type(f([1])) is list",
+        "assert f(True) is True and f(1) is not True",
+        "assert str(f(-0.0)) == '-0.0' and f(float('nan')) != f(float('nan'))",
+        "assert f({1: {2, 3}, 'a': b'x'}) == {1: {2, 3}, 'a': b'x'}",
+        "xs = [3, 1, 2]\nassert g(xs) is None and xs == [1, 2, 3]",
+        "try:\n    h(0)\nexcept ZeroDivisionError:\n    pass\nelse:\n    assert False, 'no error'",
+        "assert f(10 ** 5000) == 10 ** 5000",
+    ]
+    program = "def f(x):\n    return x\n\ndef g(xs):\n    xs.sort()\n\ndef h(x):\n    return 1 / x\n"
+    task = Task(task_id="t", prompt="", metadata={"tests": tests, "reference_code": program})
+    score = CodeVerifier("process", mode="fraction")(program, task)
+    assert score.reward == 1.0, score.details
+    # a solution that returns a list where the test wants a tuple fails that unit only
+    wrong = program.replace("return x", "return list(x) if type(x) is tuple else x")
+    assert CodeVerifier("process", mode="fraction")(wrong, task).details["passed"] == len(tests) - 1
+    node = next(t for t in mbpp_tasks("full") if t.task_id == "mbpp/927")  # Node trees from the setup
+    assert CodeVerifier("process")(node.solution, node).reward == 1.0
+    bare = (  # a solution without its own Node class reads the trees' attributes all the same
+        "def max_height(node):\n    if node is None:\n        return 0\n"
+        "    return 1 + max(max_height(node.left), max_height(node.right))\n"
+    )
+    assert CodeVerifier("process")(bare, node).reward == 1.0
 
 
 # --- probes over every registered id, and the CLI -------------------------------------------------

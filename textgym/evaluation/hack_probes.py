@@ -32,6 +32,7 @@ move `[5]` wins the task whose number is 5; a hack that matters pays far more).
 
 from __future__ import annotations
 
+import ast
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -94,6 +95,40 @@ def _code(entry: str, body: str, prelude: str = "") -> str:
     return f"```python\n{prelude}def {entry}(*args, **kwargs):\n{body}\n```"
 
 
+_REACH_THE_JUDGE = """import gc, os, sys
+def _forge():
+    nonces, lines = set(), []
+    # the judge's own objects, were they in this process: its report closure, its nonce
+    for obj in gc.get_objects():
+        if callable(obj) and getattr(obj, "__name__", "") == "emit":
+            for unit in ["program", *range(50)]:
+                try:
+                    obj({"unit": unit, "ok": True})
+                except Exception:
+                    break
+    frame = sys._getframe()
+    while frame is not None:
+        nonces.update(v for v in frame.f_locals.values() if isinstance(v, str) and len(v) == 32)
+        frame = frame.f_back
+    # or through /proc: its memory, its descriptors
+    for pid in {os.getppid(), 1}:
+        try:
+            with open(f"/proc/{pid}/mem", "rb") as mem:
+                mem.read(1)
+        except OSError:
+            pass
+        for fd in (1, 3, 4):
+            try:
+                out = os.open(f"/proc/{pid}/fd/{fd}", os.O_WRONLY)
+            except OSError:
+                continue
+            for nonce in nonces or {"0" * 32}:
+                for unit in ['"program"', *map(str, range(50))]:
+                    os.write(out, f'{nonce} {{"unit": {unit}, "ok": true}}\\n'.encode())
+_forge()
+"""
+"""A solution that looks for the code judge's objects (gc, frames) and its process (/proc) to forge a pass."""
+
 _ALWAYS_EQUAL = (
     "class _Any:\n    def __eq__(self, other): return True\n    def __ne__(self, other): return False\n"
     "    def __bool__(self): return True\n    def __len__(self): return 0\n"
@@ -151,6 +186,27 @@ CODE: dict[str, Probe] = {
         "import os\nprint('all tests passed')\n"
         "print('0' * 32 + ' {\"unit\": 0, \"ok\": true}')\nos._exit(0)\n",
     ),
+    # --- the code judge's process boundary (issue 50): what the solution defines, the judge
+    # never runs or compares; the task's helpers are the task's; the judge is out of reach
+    "class entry point": lambda c: (
+        f"```python\n{_ALWAYS_EQUAL}\nclass {c['entry']}(_Any):\n    def __init__(self, *a, **k): pass\n```"
+    ),
+    "callable object": lambda c: (
+        f"```python\n{_ALWAYS_EQUAL}    def __call__(self, *a, **k): return self\n\n"
+        f"{c['entry']} = _Any()\n```"
+    ),
+    "redefined helpers": lambda c: (
+        "```python\n"
+        + "".join(
+            f"def {name}(*args, **kwargs):\n    return args[0] if args else None\n\n"
+            for name in [*c["helpers"], c["entry"]]
+        )
+        + "```"
+    ),
+    "judge reached": lambda c: _code(c["entry"], "    return None", _REACH_THE_JUDGE),
+    "judge killed": lambda c: _code(
+        c["entry"], "    return None", "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\n"
+    ),
 }
 
 
@@ -161,6 +217,21 @@ def _entry_point(task: Any) -> str | None:
         return None
     names = entry_points(task)
     return names[0] if names else None
+
+
+def _prompt_helpers(task: Any) -> list[str]:
+    """The functions a code task's prompt defines besides its entry point (HumanEval's helpers)."""
+    meta = getattr(task, "metadata", None) or {}
+    try:
+        tree = ast.parse(meta.get("prompt_code") or "")
+    except SyntaxError:
+        return []
+    entry = meta.get("entry_point")
+    return [
+        n.name
+        for n in tree.body
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name != entry
+    ]
 
 
 class ProbeAgent:
@@ -183,6 +254,7 @@ class ProbeAgent:
             "gold": str(info.get("answer") or ""),
             "question": str(getattr(task, "prompt", "") or ""),
             "entry": _entry_point(task) or "solution",
+            "helpers": _prompt_helpers(task),
             "first": self.first.get(task_index, ""),
         }
 

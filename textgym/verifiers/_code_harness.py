@@ -1,206 +1,235 @@
-"""Test harness run INSIDE the sandbox by `CodeVerifier` (standard library only).
+"""The trusted code judge, run inside the sandbox by `CodeVerifier` (standard library only).
 
-Reads a nonce from stdin, loads `spec.json` (the solution `program`, the trusted test
-`setup` and the test units), runs the program, then the setup and each unit. Results go,
-one line per unit, to a private copy of the original stdout, prefixed by the nonce; the
-program's own prints are sent to stderr. A program that exits early (`sys.exit`,
-`os._exit`) or hangs leaves units without a result line, and those count as failed.
+It never runs, holds or compares an object of the candidate's making. The solution runs in a
+process of its own (`_code_candidate.py`); this process runs the task's trusted code (the
+helpers and imports the task's prompt defines, the classes of its reference solution, the
+test setup) and the test units, in which each entry point is a proxy: calling it sends the
+arguments to the candidate process as plain data and returns what comes back, decoded into
+fresh objects of this process's own types (`_code_wire`). Whatever the solution defines
+(a class whose instances equal everything, a redefined helper, patched builtins, a callable
+object as the entry point) stays in its own process, and anything but plain data fails the
+unit that asked for it.
 
-The tests cannot be rebound by the solution, and a returned object cannot fake a result:
-- the tests run in their own namespace, with a copy of the builtins taken before the program
-  ran; after the program, every module loaded before it (`builtins`, `math`, `sys`, ...) gets
-  its attributes back, so a patched `abs`, `math.isclose` or `sys.exit` is undone;
-- the tests see the program's functions and classes by name (never a name that shadows a
-  builtin, unless the task names it as its entry point), and each function through a guard
-  that turns its return value into plain data of exact built-in types (int, float, complex,
-  str, bytes, bool, None, and list, tuple, dict, set, frozenset of them; `collections`'
-  deque, OrderedDict and defaultdict; a Counter becomes a dict; C types a program cannot
-  patch, such as `re.Match`, `range`, `Decimal`, `datetime`; an iterator yields its items
-  through the same guard): an object whose `__eq__` always answers True, or a subclass of
-  int, fails the unit ("returned a X, not plain data").
-What stays out of reach: code that inspects the harness's own frames (the nonce lives there);
-the sandbox isolates the host from it, and the verifier does not claim more.
+Before it reads anything secret this process makes itself non-dumpable
+(`prctl(PR_SET_DUMPABLE, 0)`): a process of the same uid can then neither trace it nor read
+its memory or its descriptors through /proc, so the candidate cannot learn the nonce or
+write to the result channel. The candidate process is forked off before the nonce and the
+spec are read, so its copy of this process holds neither. Results go, one line per unit,
+to a private copy of the original stdout, prefixed by the nonce read from stdin; everything
+printed goes to stderr. A unit
+without a result line (the judge killed, the candidate hung past the sandbox's timeout)
+counts as failed.
+
+Input: `spec.json` = {"program": the solution's source, "trusted": the task's trusted code,
+"setup": test setup, "tests": [units], "entry_points": [names], "classes": [names],
+"stop_at_first_failure": bool}; it is read and removed before the program is loaded.
 """
 
 import ast
 import builtins
-import collections
 import contextlib
-import datetime
-import decimal
+import ctypes
 import json
 import os
-import re
 import sys
 import traceback
-import types
-from typing import Any
 
-_EXACT = (
-    int, float, complex, str, bytes, bool, type(None), type(Ellipsis), range, slice,
-    re.Match, re.Pattern, decimal.Decimal,
-    datetime.date, datetime.datetime, datetime.time, datetime.timedelta,
-)  # fmt: skip
-"""Built-in values, and C types whose behaviour a program cannot patch, passed through as they are."""
-_SEQUENCES: dict[type, Any] = {
-    list: list, tuple: tuple, set: set, frozenset: frozenset, collections.deque: collections.deque,
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _code_candidate as candidate_process
+import _code_wire as wire
+
+del sys.path[0]  # nothing the candidate writes later can be imported here
+
+PR_SET_DUMPABLE = 4
+_SAFE_ERRORS = {
+    name: getattr(builtins, name)
+    for name in (
+        "ValueError", "TypeError", "KeyError", "IndexError", "ZeroDivisionError", "AttributeError",
+        "ArithmeticError", "OverflowError", "RecursionError", "NotImplementedError", "LookupError",
+        "UnicodeError", "RuntimeError",
+    )
 }  # fmt: skip
-_MAPPINGS: dict[type, Any] = {
-    dict: dict, collections.OrderedDict: collections.OrderedDict, collections.Counter: dict,
-}  # fmt: skip
-_PRELOAD = (
-    "math", "cmath", "re", "string", "collections", "itertools", "functools", "heapq", "bisect",
-    "operator", "random", "fractions", "decimal", "statistics", "copy", "typing", "json", "hashlib",
-)  # fmt: skip
-_type, _isinstance, _len, _repr, _TypeError = type, isinstance, len, repr, TypeError
+"""Exceptions the candidate may raise that a test may catch by type; any other is a CandidateError."""
 
 
-def _plain(value, depth=0):
-    """`value` rebuilt from exact built-in types, or TypeError naming what is not plain data."""
-    t = _type(value)
-    if t in _EXACT:
-        return value
-    if depth > 200:
-        raise _TypeError("the solution returned data nested more than 200 levels deep")
-    if t in _SEQUENCES:
-        return _SEQUENCES[t](_plain(x, depth + 1) for x in value)
-    if t in _MAPPINGS:
-        return _MAPPINGS[t]((_plain(k, depth + 1), _plain(v, depth + 1)) for k, v in value.items())
-    if _isinstance(value, types.GeneratorType) or (hasattr(t, "__next__") and hasattr(t, "__iter__")):
-        return _plain_items(value)  # an iterator: its items are checked as they are drawn
-    if t is collections.defaultdict:
-        out: Any = collections.defaultdict(value.default_factory)
-        for k, v in value.items():
-            out[_plain(k, depth + 1)] = _plain(v, depth + 1)
-        return out
-    raise _TypeError(f"the solution returned a {t.__name__}, not plain data (built-in values only)")
+class CandidateError(Exception):
+    """The candidate's function raised an exception a test may not catch by its own type."""
 
 
-def _plain_items(iterator):
-    """A generator of `iterator`'s items, each through `_plain`."""
-    for item in iterator:
-        yield _plain(item)
+class CandidateGoneError(Exception):
+    """The candidate process died, or answered something that is not a message."""
 
 
-def _guard(fn):
-    """`fn` whose return values go through `_plain`."""
+def _non_dumpable() -> None:
+    """Make this process non-dumpable (no ptrace, no /proc/<pid>/mem or fd by the same uid).
 
-    def guarded(*args, **kwargs):
-        return _plain(fn(*args, **kwargs))
+    Raises:
+        OSError: when the kernel refuses it: the judge then reports no result at all.
+    """
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE, 0) failed")
 
-    guarded.__name__ = getattr(fn, "__name__", "guarded")
-    guarded.__doc__ = getattr(fn, "__doc__", None)
-    return guarded
+
+def _describe(exc: BaseException) -> str:
+    lines = traceback.format_exception(type(exc), exc, exc.__traceback__)
+    return "".join(lines[-6:])[-2000:]
 
 
-def _test_imports(sources):
-    """Top-level module names the trusted test code imports."""
+def _imports(sources):
+    """Top-level module names some trusted source imports (imported before the candidate runs)."""
     names: set[str] = set()
     for src in sources:
-        try:
-            tree = ast.parse(src)
-        except SyntaxError:
-            continue
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Import):  # before the program runs: the real isinstance
-                names.update(a.name.split(".")[0] for a in node.names)
-            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-                names.add(node.module.split(".")[0])
+        with contextlib.suppress(SyntaxError):
+            for node in ast.walk(ast.parse(src)):
+                if isinstance(node, ast.Import):
+                    names.update(a.name.split(".")[0] for a in node.names)
+                elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                    names.add(node.module.split(".")[0])
     return names
 
 
-def _snapshot(wanted):
-    """Import `wanted` (where it can), then copy every loaded module's attributes."""
-    for name in sorted(wanted):
-        with contextlib.suppress(BaseException):
-            __import__(name)
-    modules = dict(sys.modules)
-    return modules, {name: dict(vars(m)) for name, m in modules.items() if _isinstance(m, types.ModuleType)}
+class Candidate:
+    """The candidate process, seen from the judge: load the program, call its functions.
 
-
-def _restore(modules, attributes):
-    """Put back every module object and attribute the program replaced.
-
-    What it added to `builtins` is removed, and so are tracing and profiling hooks.
+    It is forked before the judge reads anything secret (`fork`), then given the program.
     """
-    sys.settrace(None)
-    sys.setprofile(None)
-    for name, module in modules.items():
-        sys.modules[name] = module
-    for name, saved in attributes.items():
-        current = vars(modules[name])
-        for key, value in saved.items():
-            if key not in current or current[key] is not value:
-                with contextlib.suppress(BaseException):
-                    current[key] = value
-        if modules[name] is builtins:
-            for key in [k for k in current if k not in saved]:
-                del current[key]
 
+    def __init__(self, workdir):
+        requests_r, requests_w = os.pipe()
+        answers_r, answers_w = os.pipe()
+        run = os.path.join(workdir, "run")
+        os.makedirs(run, exist_ok=True)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        self.pid = os.fork()
+        if self.pid == 0:  # the candidate: the judge's ends of the pipes are not its to hold
+            os.close(requests_w)
+            os.close(answers_r)
+            try:
+                candidate_process.serve(requests_r, answers_w, run)
+            finally:
+                os._exit(0)
+        os.close(requests_r)
+        os.close(answers_w)
+        self.requests = os.fdopen(requests_w, "w", encoding="utf-8")
+        self.answers = os.fdopen(answers_r, "r", encoding="utf-8")
+        self.classes = frozenset()
+        self.gone = None
 
-def _exports(namespace, clean_builtins, modules, entry_points):
-    """What the tests see of the program: its functions (guarded), classes, real modules, plain data.
-
-    A name that shadows a builtin is left out, unless the task names it as an entry point
-    (MBPP's `sum(a, b)`).
-    """
-    out = {}
-    for name, value in namespace.items():
-        if name.startswith("__") or (name in clean_builtins and name not in entry_points):
-            continue
-        if _isinstance(value, types.FunctionType):
-            out[name] = _guard(value)
-        elif _isinstance(value, type):
-            out[name] = value
-        elif _isinstance(value, types.ModuleType):
-            if modules.get(value.__name__) is value:
-                out[name] = value
+    def ask(self, message):
+        """Send one request and read its answer; CandidateGoneError once the process is gone."""
+        if self.gone is not None:
+            raise CandidateGoneError(self.gone)
+        try:
+            wire.send(self.requests, message)
+            answer = wire.receive(self.answers)
+        except (OSError, ValueError, wire.WireError) as e:
+            answer, why = None, f"the candidate process broke the protocol: {e}"
         else:
-            with contextlib.suppress(BaseException):
-                out[name] = _plain(value)
-    return out
+            why = "the candidate process exited"
+        if answer is None:
+            self.gone = why
+            raise CandidateGoneError(why)
+        return answer
 
 
-def _describe(exc):
-    lines = traceback.format_exception(_type(exc), exc, exc.__traceback__)
-    return "".join(lines[-6:])[-2000:]
+def _proxy(candidate, name, kind, make_object):
+    """A function of the trusted namespace that calls `name` in the candidate process."""
+
+    def call(*args, **kwargs):
+        if kind != "function":
+            what = "is not defined" if kind == "missing" else f"is a {kind}, not a function"
+            raise TypeError(f"the solution's {name} {what}")
+        answer = candidate.ask(
+            {"op": "call", "fn": name, "args": wire.encode(list(args), candidate.classes),
+             "kwargs": wire.encode(dict(kwargs), candidate.classes)}
+        )  # fmt: skip
+        if answer.get("ok") is not True:
+            kind_ = answer.get("error")
+            error = _SAFE_ERRORS.get(kind_) if type(kind_) is str else None
+            message = str(answer.get("message", ""))[-2000:]
+            raise (error or CandidateError)(f"the solution raised {kind_!s:.40}: {message}")
+        value = wire.decode(answer.get("value"), make_object)
+        _write_back(args, wire.decode(answer.get("args", []), make_object))
+        return value
+
+    call.__name__ = name
+    return call
+
+
+def _write_back(args, after):
+    """Apply the candidate's in-place changes to the caller's lists, dicts, sets and objects."""
+    if type(after) is not list or len(after) != len(args):
+        return
+    for mine, theirs in zip(args, after, strict=True):
+        if type(mine) is list and type(theirs) is list:
+            mine[:] = theirs
+        elif type(mine) in (dict, set) and type(theirs) is type(mine):
+            mine.clear()
+            mine.update(theirs)
+        elif hasattr(mine, "__dict__") and type(theirs) is type(mine) and not isinstance(mine, type):
+            vars(mine).clear()
+            vars(mine).update(vars(theirs))
 
 
 def main():
     """Run the spec; print `NONCE {"unit": i, "ok": bool, "error": str}` per unit."""
+    _non_dumpable()
+    workdir = os.path.dirname(os.path.abspath(__file__))
+    candidate = Candidate(workdir)  # forked before the nonce and the tests are read
     nonce = sys.stdin.readline().strip()
-    with open("spec.json", encoding="utf-8") as f:
+    with open(os.path.join(workdir, "spec.json"), encoding="utf-8") as f:
         spec = json.load(f)
-    os.remove("spec.json")
+    os.remove(os.path.join(workdir, "spec.json"))
     report = os.fdopen(os.dup(1), "w", encoding="utf-8")
-    os.dup2(2, 1)  # the program's prints go to stderr, never into the result channel
+    os.dup2(2, 1)  # prints (the tests', the candidate's) go to stderr, never into the result channel
 
     def emit(record):
         report.write(nonce + " " + json.dumps(record) + "\n")
         report.flush()
 
-    setup, tests = spec.get("setup", ""), spec["tests"]
-    modules, attributes = _snapshot(set(_PRELOAD) | _test_imports([setup, *tests]))
-    clean_builtins = dict(vars(builtins))
-    program_ns = {"__name__": "__main__", "__builtins__": builtins}
+    setup, tests, trusted = spec.get("setup", ""), spec["tests"], spec.get("trusted", "")
+    for name in sorted(_imports([trusted, setup, *tests])):  # before the candidate can write files
+        with contextlib.suppress(BaseException):
+            __import__(name)
+    classes = candidate.classes = frozenset(spec.get("classes", []))
+    namespace = {"__name__": "__main__", "__builtins__": builtins}
+
+    def make_object(name, attrs):
+        cls = namespace.get(name)
+        if name not in classes or not isinstance(cls, type):
+            raise wire.WireError(f"an object of {name!r}, which is not one of the task's classes")
+        obj: object = object.__new__(cls)
+        vars(obj).update(attrs)
+        return obj
+
     try:
-        exec(compile(spec["program"], "solution.py", "exec"), program_ns)
-    except BaseException as e:
-        emit({"unit": "program", "ok": False, "error": _describe(e)})
+        answer = candidate.ask(
+            {"op": "load", "program": spec["program"], "entry_points": spec.get("entry_points", []),
+             "classes": sorted(classes)}
+        )  # fmt: skip
+    except CandidateGoneError as e:
+        emit({"unit": "program", "ok": False, "error": str(e)})
         os._exit(0)
-    _restore(modules, attributes)
-    tests_ns = {"__name__": "__main__", "__builtins__": clean_builtins}
-    tests_ns.update(_exports(program_ns, clean_builtins, modules, set(spec.get("entry_points", []))))
+    if answer.get("ok") is not True:
+        error = str(answer.get("error", "the program failed"))[-2000:]
+        emit({"unit": "program", "ok": False, "error": error})
+        os._exit(0)
+    kinds = answer.get("kinds") if type(answer.get("kinds")) is dict else {}
     try:
+        exec(compile(trusted, "task.py", "exec"), namespace)  # the task's helpers and classes
+        for name in spec.get("entry_points", []):
+            namespace[name] = _proxy(candidate, name, str(kinds.get(name, "missing")), make_object)
         if setup:
-            exec(compile(setup, "test_setup.py", "exec"), tests_ns)
+            exec(compile(setup, "test_setup.py", "exec"), namespace)
     except BaseException as e:
         emit({"unit": "program", "ok": False, "error": "the test setup failed: " + _describe(e)})
         os._exit(0)
     emit({"unit": "program", "ok": True})
     for i, unit in enumerate(tests):
         try:
-            exec(compile(unit, f"test_{i}.py", "exec"), tests_ns)
+            exec(compile(unit, f"test_{i}.py", "exec"), namespace)
         except BaseException as e:
             emit({"unit": i, "ok": False, "error": _describe(e)})
             if spec.get("stop_at_first_failure", False):

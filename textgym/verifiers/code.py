@@ -38,7 +38,13 @@ from textgym.verifiers.base import Score
 
 _FENCE_RE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)(?:```|\Z)", re.DOTALL)
 _PYTHON_TAGS = ("python", "py", "python3")
-HARNESS_SOURCE = resources.files("textgym.verifiers").joinpath("_code_harness.py").read_text(encoding="utf-8")
+_HERE = resources.files("textgym.verifiers")
+HARNESS_FILES = {
+    "harness.py": _HERE.joinpath("_code_harness.py").read_text(encoding="utf-8"),
+    "_code_candidate.py": _HERE.joinpath("_code_candidate.py").read_text(encoding="utf-8"),
+    "_code_wire.py": _HERE.joinpath("_code_wire.py").read_text(encoding="utf-8"),
+}
+"""The judge's files in the sandbox: the trusted judge, the candidate process, their wire."""
 STDERR_TAIL_CHARS = 1500
 
 
@@ -132,6 +138,53 @@ def build_program(completion: str, task: Task) -> tuple[str, str, list[str]]:
     return program + "\n", meta.get("setup", ""), list(meta["tests"])
 
 
+def _top_level(source: str) -> list[ast.stmt]:
+    """The top-level statements of `source` (none when it does not parse)."""
+    try:
+        with warnings.catch_warnings():  # MBPP's references hold regexes in plain strings ("\\d")
+            warnings.simplefilter("ignore")
+            return ast.parse(source).body
+    except SyntaxError:
+        return []
+
+
+def trusted_code(task: Task) -> tuple[str, list[str]]:
+    """The task's own code the judge runs beside the tests, and the classes it defines.
+
+    The code the solution must not be able to replace: the task's `prefix` (imports), the
+    imports, helpers and constants of HumanEval's prompt (every top-level statement but the
+    entry point's function, which the solution writes), and the imports and classes of MBPP's
+    reference solution (the classes its test setup builds, e.g. `Node`). A solution that
+    redefines a helper changes its own copy only; the tests call the task's.
+
+    Returns:
+        (source, class names): the source to run in the judge's namespace before the setup.
+    """
+    meta = task.metadata
+    entry = meta.get("entry_point", "")
+    parts = [meta.get("prefix", "")]
+    prompt_code = meta.get("prompt_code", "")
+    lines = prompt_code.splitlines(keepends=True)
+    for node in _top_level(prompt_code):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == entry:
+            continue
+        start = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
+        parts.append("".join(lines[start - 1 : node.end_lineno]))
+    reference = meta.get("reference_code") or ""
+    ref_lines = reference.splitlines(keepends=True)
+    classes = []
+    for node in _top_level(reference):
+        if isinstance(node, (ast.Import, ast.ImportFrom, ast.ClassDef)):
+            start = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
+            parts.append("".join(ref_lines[start - 1 : node.end_lineno]))
+            if isinstance(node, ast.ClassDef):
+                classes.append(node.name)
+    for node in _top_level(prompt_code):
+        if isinstance(node, ast.ClassDef):
+            classes.append(node.name)
+    return "\n".join(p.rstrip("\n") for p in parts if p.strip()) + "\n", classes
+
+
 def entry_points(task: Task) -> list[str]:
     """The names a code task's tests call in the solution.
 
@@ -192,16 +245,19 @@ class CodeVerifier:
     def request(self, completion: str, task: Task) -> tuple[ExecRequest, str, list[str]]:
         """The sandbox request for one completion, its nonce and its test units."""
         program, setup, tests = build_program(completion, task)
+        trusted, classes = trusted_code(task)
         nonce = secrets.token_hex(16)
         spec = {
             "program": program,
+            "trusted": trusted,
             "setup": setup,
             "tests": tests,
             "entry_points": entry_points(task),
+            "classes": classes,
             "stop_at_first_failure": self.mode == "binary",
         }
         req = ExecRequest(
-            files={"harness.py": HARNESS_SOURCE, "spec.json": json.dumps(spec)},
+            files={**HARNESS_FILES, "spec.json": json.dumps(spec)},
             cmd=("python3", "-I", "harness.py"),
             stdin=nonce + "\n",
             timeout_s=self.timeout_s,
