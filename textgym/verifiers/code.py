@@ -3,22 +3,22 @@
 The code is the completion's last fenced ```python block (```py, ```python3 too; an
 unclosed final block counts, as in a generation cut at max tokens), else its last bare
 ``` block, else the whole completion. The program that runs is assembled from the task
-(`task.metadata`, see `CodeTaskSpec`), then each test unit is executed after it in the same
-namespace by a harness that reports per unit through a private channel (stdout of the
-program is redirected), so `print("passed")`, `sys.exit(0)` or `os._exit(0)` before the
-tests cannot fake a pass: units without a report fail.
+(`task.metadata`, see `build_program`); the judge reports each test unit through a private
+channel tagged with a per-run nonce, so `print("passed")`, `sys.exit(0)` or `os._exit(0)`
+before the tests cannot fake a pass: units without a report fail.
 
 Reward: 1.0 when the program loads and every counted unit passes, else 0.0
 (`mode="binary"`, default); or the fraction of counted units that pass (`mode="fraction"`).
 Details carry the first failing unit's source, its error, and the tail of stderr.
 
-The tests cannot be rebound by the solution and a returned object cannot fake a result:
-the harness restores every module the program patched (builtins included), runs the tests
-in their own namespace with the builtins as they were before the program, and turns each
-return value of the solution's functions into plain data of exact built-in types, so an
-object whose `__eq__` always returns True fails its test (`_code_harness`). Scope: the
-sandbox isolates the host from the code; the harness shares the program's process, so code
-written to inspect the harness's frames could still forge a report.
+The judge never runs, holds or compares an object of the candidate's making
+(`_code_harness`): the solution runs in a candidate process of its own, forked before the
+judge reads the nonce or the tests; the judge runs the task's own code (`trusted_code`: the
+prompt's helpers, the reference's classes), the setup and the tests, with each entry point a
+proxy that sends plain data to the candidate process and decodes plain data back
+(`_code_wire`). An object whose `__eq__` always returns True, a class or callable object as
+the entry point, a redefined helper, patched builtins and the harness's objects reached
+through `gc` or frames all fail.
 """
 
 from __future__ import annotations
