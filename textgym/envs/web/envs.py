@@ -272,7 +272,7 @@ def read_final_answer(reply: str) -> tuple[str, str | None]:
         >>> read_final_answer(r"Rimika is a city in Venido, so \boxed{Venido}.")
         ('Venido', None)
         >>> read_final_answer(r"\boxed{Venido}, or maybe Rimika")
-        ('', 'another candidate is offered after the answer (or, maybe, ...)')
+        ('', 'another candidate after the answer (or, maybe, ...)')
         >>> read_final_answer("Answer: Venido\nAnswer: Rimika")
         ('', '2 different answers given')
     """
@@ -288,9 +288,9 @@ def read_final_answer(reply: str) -> tuple[str, str | None]:
     sentence = _SENTENCE_END_RE.split(reply[max(0, final.start() - 300) : final.start()])[-1]
     tail = reply[final.end() :]
     if _HEDGE_RE.search(sentence):
-        return "", "the answer's sentence offers alternatives (or, either, ...)"
+        return "", "alternatives in the answer's sentence (or, either, ...)"
     if _HEDGE_RE.search(tail):
-        return "", "another candidate is offered after the answer (or, maybe, ...)"
+        return "", "another candidate after the answer (or, maybe, ...)"
     if boxes and any(
         normalize_answer(m.group(1)) not in ("", normalize_answer(answer)) and "\\boxed" not in m.group(1)
         for m in _ANSWER_LINE_RE.finditer(tail)
