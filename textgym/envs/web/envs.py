@@ -197,7 +197,11 @@ class WebShopCore(_SiteEnv):
         return len(details["matched"]) / len(SHOP_ATTRIBUTES), {**details, "refused": None, "lost": lost}
 
     def respond(self, action: str) -> tuple[list[Message], float, bool, dict[str, Any]]:
-        """Finish: read this session's order from the server and score it."""
+        """Finish: read what this session bought (every checkout) from the site and score it (`score_order`).
+
+        Raises:
+            httpx.HTTPError: when the site does not answer the order API (it runs in this process).
+        """
         response = httpx.get(f"{self.site_url}/shop/api/order", params={"session": self.session}, timeout=10)
         response.raise_for_status()
         reward, details = self.score_order(response.json())
