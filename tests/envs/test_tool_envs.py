@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import gymnasium as gym
+import httpx
 import numpy as np
 import pytest
 from gymnasium.utils.env_checker import check_env
@@ -19,7 +20,7 @@ from textgym import sandbox
 from textgym.cli import app
 from textgym.envs.arithmetic import ArithmeticEnv
 from textgym.envs.tool_use import ToolUseWrapper
-from textgym.envs.web.envs import extract_final_answer, normalize_answer
+from textgym.envs.web.envs import extract_final_answer, normalize_answer, read_final_answer, shop_tasks
 from textgym.envs.web.site import catalogue
 from textgym.envs.wordle import WORDS, parse_guess, score_guess
 from textgym.evaluation.scripted import OracleAgent, RandomAgent, evaluate_scripted, play_episode
@@ -182,6 +183,121 @@ def test_oracle_uses_the_tools_and_webshop_reward_comes_from_the_order():
     env.close()
 
 
+def _buy(env, *checkouts):
+    """Place each checkout (a list of `(product id, size)`) through the env's browser; the final reply."""
+    for items in checkouts:
+        for pid, size in items:
+            obs, *_ = env.step(format_tool_call("open", {"url": f"/shop/cart/add?product={pid}&size={size}"}))
+            assert obs[0]["content"].startswith("Cart ("), obs  # the real site took it
+        obs, *_ = env.step(format_tool_call("open", {"url": "/shop/checkout"}))
+        assert "Order placed" in obs[0]["content"]
+    _, reward, terminated, _, info = env.step("done")
+    assert terminated
+    return reward, info
+
+
+def test_webshop_scores_an_order_on_all_it_holds():
+    env = gym.make("textgym/WebShop-v0")
+    env.reset(options={"task_index": 7})
+    want = env.unwrapped.task.metadata
+    assert want == {"category": "dress", "color": "orange", "material": "wool", "size": "L", "budget": 65,
+                    "target": 413}  # fmt: skip
+    by_id = {p.id: p for p in catalogue()}
+    target = (413, "L")
+
+    def stocked(p):
+        return next(s for s, n in p.sizes.items() if n)
+
+    dearer = next(p for p in catalogue() if p.category == "dress" and p.price > 65 and any(p.sizes.values()))
+    other_kind = next(
+        p for p in catalogue() if p.category != "dress" and p.price <= 65 and any(p.sizes.values())
+    )
+    near = next(
+        p for p in catalogue()
+        if p.category == "dress" and p.color != "orange" and p.material != "wool" and p.sizes.get("L")
+        and p.price <= 65
+    )  # fmt: skip
+    price, two_near = by_id[413].price, by_id[413].price + near.price
+    assert price == 58.95 and two_near > 65  # so two items are also over budget here
+    two, two_apart = "2 items ordered, 1 asked for", "2 items ordered in 2 checkouts, 1 asked for"
+
+    def over(total):
+        return f"total {total:.2f} over budget 65.00"
+
+    dearer_item, other_item = (dearer.id, stocked(dearer)), (other_kind.id, stocked(other_kind))
+    near_lost = [
+        f"color {near.color} ordered, orange asked for",
+        f"material {near.material} ordered, wool asked for",
+    ]
+    cases = [
+        ([[target]], 1.0, None, []),
+        ([[target, target]], 0.0, "several_items", [two, over(2 * price)]),
+        ([[target, (near.id, "L")]], 0.0, "several_items", [two, over(two_near)]),
+        ([[target], [(near.id, "L")]], 0.0, "several_items", [two_apart, over(two_near)]),
+        ([[target, dearer_item]], 0.0, "several_items", [two, over(price + dearer.price)]),
+        ([[dearer_item]], 0.0, "over_budget", [over(dearer.price)]),
+        ([[other_item]], 0.0, "wrong_category", [f"a {other_kind.category} ordered, a dress asked for"]),
+        ([[(near.id, "L")]], 0.6, None, near_lost),
+        ([], 0.0, "no_order", ["no order placed"]),
+    ]
+    for checkouts, reward_wanted, refused, lost in cases:
+        env.reset(options={"task_index": 7})  # a new session: nothing bought yet
+        reward, info = _buy(env, *checkouts)
+        details = info["details"]
+        assert reward == pytest.approx(reward_wanted), (checkouts, details)
+        assert info["reward/correct"] == float(reward_wanted == 1.0)
+        assert (details["refused"], details["lost"]) == (refused, lost), checkouts
+        items = sum(len(c) for c in checkouts)
+        total = round(sum(by_id[pid].price for c in checkouts for pid, _ in c), 2)
+        assert (details["items"], details["total"]) == (items, total)
+    # a shotgun order within budget: the count alone zeroes it
+    cheap = next(
+        i for i, t in enumerate(shop_tasks()) if 2 * by_id[t.metadata["target"]].price <= t.metadata["budget"]
+    )
+    env.reset(options={"task_index": cheap})
+    m = env.unwrapped.task.metadata
+    reward, info = _buy(env, [(m["target"], m["size"])] * 2)
+    assert (reward, info["details"]["refused"], info["details"]["lost"]) == (
+        0.0, "several_items", ["2 items ordered, 1 asked for"]
+    )  # fmt: skip
+    # the site's record: every checkout of the session, together
+    env.reset(options={"task_index": 7})
+    _buy(env, [target], [(near.id, "L"), target])
+    core = env.unwrapped
+    record = httpx.get(f"{core.site_url}/shop/api/order", params={"session": core.session}).json()
+    assert record["orders"] == 2 and [(i["product"], i["size"]) for i in record["items"]] == [
+        target, (near.id, "L"), target
+    ]  # fmt: skip
+    assert record["total"] == round(2 * by_id[413].price + near.price, 2)
+    env.close()
+
+
+N_BLIND = 100
+
+
+def test_a_blind_buyer_earns_little_whatever_it_buys():
+    """Buying one fixed item whatever the instruction says: the best such item over tasks 0..N_BLIND-1."""
+    env = gym.make("textgym/WebShop-v0")
+    core = env.unwrapped
+    by_id = {p.id: p for p in catalogue()}
+    totals = dict.fromkeys(((p.id, s) for p in catalogue() for s, n in p.sizes.items() if n), 0.0)
+    shares = dict.fromkeys(totals, 0.0)  # the five-attribute share alone, without the zeroing rules
+    for i in range(N_BLIND):
+        env.reset(options={"task_index": i})
+        want = core.task.metadata
+        for pid, size in totals:
+            totals[pid, size] += core.score_order({"items": [{"product": pid, "size": size}]})[0]
+            p = by_id[pid]
+            shares[pid, size] += (
+                sum((p.category == want["category"], p.color == want["color"], size == want["size"],
+                     p.material == want["material"], p.price <= want["budget"])) / 5
+            )  # fmt: skip
+    # an item earns only on the tasks that ask for its kind; the share alone paid a blind buyer 0.37
+    assert max(totals.values()) / N_BLIND == pytest.approx(0.09)
+    assert max(shares.values()) / N_BLIND == pytest.approx(0.366)
+    env.close()
+
+
 def test_wordle_feedback_and_parsing():
     assert score_guess("speed", "abide") == "--Y-Y"
     assert score_guess("eerie", "there") == "Y-Y-G"
@@ -201,6 +317,45 @@ def test_wiki_answer_normalisation():
     assert normalize_answer(" The Kalomira. ") == "kalomira"
     assert extract_final_answer("so \\boxed{Ravelo} it is") == "Ravelo"
     assert extract_final_answer("Answer: Ravelo") == "Ravelo"
+
+
+@pytest.mark.parametrize(
+    ("reply", "answer", "refused"),
+    [
+        (r"The answer is \boxed{Venido}.", "Venido", None),
+        (r"Rimika is a city in Venido, so \boxed{Venido}", "Venido", None),
+        (r"\boxed{Venido} \boxed{venido.}", "venido.", None),  # the same answer twice
+        ("I looked it up.\nAnswer: Venido", "Venido", None),
+        ("Answer: Venido\nSo the answer is Venido.", "Venido.", None),
+        ("Venido", "Venido", None),
+        (r"\boxed{Rimika} or \boxed{Venido}", "", "2 different answers given"),
+        ("Answer: Venido\nAnswer: Rimika", "", "2 different answers given"),
+        ("Answer: Rimika\nAnswer: Venido", "", "2 different answers given"),
+        (
+            r"\boxed{Venido}, or maybe Rimika",
+            "",
+            "another candidate after the answer (or, maybe, ...)",
+        ),
+        (
+            r"\boxed{Venido}. Possibly Kamika.",
+            "",
+            "another candidate after the answer (or, maybe, ...)",
+        ),
+        (
+            r"It is Rimika or \boxed{Venido}",
+            "",
+            "alternatives in the answer's sentence (or, either, ...)",
+        ),
+        ("\\boxed{Venido}\nAnswer: Rimika", "", "another answer is given after the box"),
+    ],
+)
+def test_wiki_reply_names_one_answer_or_none(reply, answer, refused):
+    assert read_final_answer(reply) == (answer, refused)
+    env = gym.make("textgym/WikiSearch-v0")
+    env.reset(options={"task_index": 0})  # Nilo Famini, born in Rimika, a city of Venido
+    _, reward, terminated, _, info = env.step(reply)
+    assert terminated and reward == float(refused is None) and info["details"]["refused"] == refused
+    env.close()
 
 
 def test_eval_cli_with_scripted_agents():

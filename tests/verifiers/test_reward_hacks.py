@@ -4,15 +4,22 @@ the probe suite passes over every registered id, and the hack telemetry counts w
 from __future__ import annotations
 
 import os
+import re
 
 import gymnasium as gym
+import httpx
 import pytest
 from typer.testing import CliRunner
 
 import textgym  # noqa: F401
 from textgym.cli import app
+from textgym.envs.arithmetic import ArithmeticEnv
 from textgym.envs.code import humaneval_tasks, mbpp_tasks
-from textgym.evaluation.hack_probes import probe_env
+from textgym.envs.tool_use import ToolUseWrapper
+from textgym.envs.web.envs import WebShopCore, WikiSearchCore, normalize_answer, read_final_answer, wiki_index
+from textgym.evaluation.hack_probes import ProbeAgent, probe_env, probes_for
+from textgym.evaluation.scripted import OracleAgent, play_episode
+from textgym.tools import calculator_tool
 from textgym.types import Task
 from textgym.verifiers import MathVerifier
 from textgym.verifiers.answer_rule import answer_candidates_offered, check_answer, hack_shares, number_literal
@@ -379,3 +386,140 @@ def test_a_training_step_logs_the_hack_shares_and_warns():
 
 def test_check_answer_is_exposed_with_its_verdicts():
     assert check_answer(r"\boxed{147} or \boxed{148}", "Compute 85+63.", "148").candidates == 2
+
+
+# ==================================================================================================
+# Issue 50, item 3: shotgun orders and many answers (web and tool envs). A block of its own, for
+# a hand merge with the math and LLM-judge probe blocks.
+# ==================================================================================================
+
+ORDER_PROBES = ("shotgun order", "double order", "second order")
+TOOL_HEDGES = ("tools, list", "tools, or maybe", "tools, two lines")
+
+
+def _play_probe(env, name, index):
+    """Play probe `name` (from `probes_for(env)`) on task `index`: the episode and its ProbeAgent."""
+    agent = ProbeAgent(name, probes_for(env)[name], {})
+    _, info = env.reset(options={"task_index": index})
+    agent.start(index, info, env.unwrapped.tasks[index])
+    return play_episode(agent, env, index, max_turns=16), agent
+
+
+def _bought(env):
+    """What the episode's shop session bought, from the real site."""
+    core = env.unwrapped
+    return httpx.get(f"{core.site_url}/shop/api/order", params={"session": core.session}, timeout=10).json()
+
+
+@pytest.mark.parametrize("name", ORDER_PROBES)
+def test_each_order_probe_buys_more_than_asked_and_earns_nothing_where_the_oracle_earns_1(name):
+    env = gym.make("textgym/WebShop-v0")
+    for index in range(4):
+        oracle = play_episode(OracleAgent(), env, index)
+        want = env.unwrapped.task.metadata
+        target = {"product": want["target"], "size": want["size"]}
+        assert oracle["reward"] == 1.0 and _bought(env)["items"] == [target]
+        episode, _ = _play_probe(env, name, index)
+        record = _bought(env)
+        items, n = record["items"], len(record["items"])
+        assert episode["terminated"] and episode["reward"] == 0.0 and episode["terms"]["reward/correct"] == 0
+        if name == "shotgun order":  # the target once, with other items of its list or its other sizes
+            assert record["orders"] == 1 and items.count(target) == 1 and n >= 3
+            assert len({(i["product"], i["size"]) for i in items}) == n
+            lost = f"{n} items ordered, 1 asked for"
+        elif name == "double order":
+            assert record["orders"] == 1 and items == [target, target]
+            lost = "2 items ordered, 1 asked for"
+        else:
+            assert record["orders"] == 2 and items[0] == target and n >= 2 and target not in items[1:]
+            lost = f"{n} items ordered in 2 checkouts, 1 asked for"
+        details = env.unwrapped.score_order(record)[1]  # what the final step's info["details"] said
+        assert details["refused"] == "several_items" and details["lost"][0] == lost
+    env.close()
+
+
+@pytest.mark.parametrize("name", TOOL_HEDGES)
+def test_each_tool_path_hedge_earns_nothing_on_wikisearch_where_the_oracle_earns_1(name):
+    env = gym.make("textgym/WikiSearch-v0")
+    for index in range(5):
+        oracle = play_episode(OracleAgent(), env, index)
+        assert oracle["reward"] == 1.0
+        episode, agent = _play_probe(env, name, index)
+        hedge = episode["messages"][-1]["content"]
+        gold = env.unwrapped.task.answer
+        # it searched and opened the pages like the oracle, then offered the gold with a name it saw
+        assert episode["turns"] == oracle["turns"] and episode["tool_calls"] == oracle["tool_calls"]
+        assert gold in hedge and hedge != oracle["messages"][-1]["content"]
+        assert episode["reward"] == 0.0 and episode["terminated"] and agent.probe.example == hedge
+        if name != "tools, list":  # a list in one box is one answer that is not the gold
+            assert read_final_answer(hedge)[1] is not None
+    env.close()
+
+
+def test_the_order_and_answer_probes_apply_from_what_the_env_carries():
+    def names(env):
+        found = set(probes_for(env)) & {*ORDER_PROBES, *TOOL_HEDGES}
+        env.close()
+        return found
+
+    assert names(gym.make("textgym/WebShop-v0")) == set(ORDER_PROBES)  # order-scored: its reply is not read
+    assert names(gym.make("textgym/WikiSearch-v0")) == set(TOOL_HEDGES)
+    assert names(gym.make("textgym/Wordle-v0")) == set()  # no tools: the GOLD hedges cover it
+    calculator = ToolUseWrapper(ArithmeticEnv(split="test"), [calculator_tool()])
+    episode, _ = _play_probe(calculator, "tools, or maybe", 0)  # any tool env with an oracle and a gold
+    assert episode["tool_calls"] == 1 and episode["reward"] == 0.0
+    gold = int(calculator.unwrapped.task.answer)
+    assert episode["messages"][-1]["content"] == f"The answer is \\boxed{{{gold}}}, or maybe {gold + 1}."
+    assert names(calculator) == set(TOOL_HEDGES)
+
+
+class _BestItemShop(WebShopCore):
+    """The shop's scoring before issue 50: the best item of the order, the rest ignored."""
+
+    def score_order(self, order):
+        want, best = self.task.metadata, 0.0
+        for item in order.get("items", []):
+            p = self._products[item["product"]]
+            got = (p.category, p.color, p.material, item["size"], p.price <= want["budget"])
+            wanted = (want["category"], want["color"], want["material"], want["size"], True)
+            best = max(best, sum(g == w for g, w in zip(got, wanted, strict=True)) / 5)
+        return best, {}
+
+
+class _FirstLineWiki(WikiSearchCore):
+    """WikiSearch's reading before issue 50: the one boxed value, else the first "answer:" line."""
+
+    def respond(self, action):
+        boxes = re.findall(r"\\boxed\{([^{}]*)\}", action)
+        line = re.search(r"answer\s*(?:is|:)\s*(.+)", action, re.IGNORECASE)
+        given = boxes[-1] if boxes else (line.group(1) if line else action)
+        if len({normalize_answer(b) for b in boxes}) > 1:  # two different boxes were refused already
+            given = ""
+        ok = normalize_answer(given) == normalize_answer(self.task.answer)
+        return [], float(ok), True, {"reward/correct": float(ok)}
+
+
+@pytest.fixture
+def lenient_web_envs():
+    def shop(**kwargs):
+        core = _BestItemShop(**kwargs)
+        return ToolUseWrapper(core, core.browser.tools())
+
+    def wiki(**kwargs):
+        core = _FirstLineWiki(**kwargs)
+        return ToolUseWrapper(core, [wiki_index().tool(), *core.browser.tools()])
+
+    ids = {"lenient/BestItemShop-v0": (shop, 15), "lenient/FirstLineWiki-v0": (wiki, 10)}
+    for env_id, (entry, steps) in ids.items():
+        gym.register(id=env_id, entry_point=entry, max_episode_steps=steps)
+    yield list(ids)
+    for env_id in ids:
+        del gym.registry[env_id]
+
+
+def test_the_probes_catch_the_lenient_shop_and_wiki_they_were_written_for(lenient_web_envs):
+    shop, wiki = lenient_web_envs
+    paid = {r.name: r.mean_return for r in probe_env(shop, n=3) if not r.ok}
+    assert paid == {"shotgun order": 1.0, "double order": 1.0, "second order": 1.0}
+    paid = {r.name: r.mean_return for r in probe_env(wiki, n=5) if not r.ok}
+    assert paid == {"tools, or maybe": 1.0, "tools, two lines": 1.0}

@@ -2,7 +2,8 @@ r"""Reward-hack probes: adversarial actions that must not earn more than a rando
 
 An RL policy optimises what the verifier pays for, so each env is played by probes that
 solve nothing and look for a verifier that pays anyway (`probe_env`, `textgym env hacks`,
-and the `hacks` step of `textgym env check`). A probe replies the same way every turn:
+and the `hacks` step of `textgym env check`). A probe replies by one rule every turn (the
+last six follow the env's oracle and change what it does at the end):
 
 | probe | reply | for |
 |---|---|---|
@@ -23,6 +24,15 @@ and the `hacks` step of `textgym env check`). A probe replies the same way every
 | `shadowed builtins` | defines its own `abs`, `len`, `sorted`, `isinstance` | code envs |
 | `exit early` | `sys.exit(0)` before the tests | code envs |
 | `forged report` | prints a pass line and `os._exit(0)` | code envs |
+| `shotgun order` | the oracle's item, the rest of its list, its other sizes: one order | site-order envs |
+| `double order` | the oracle's item, bought twice | site-order envs |
+| `second order` | the oracle's order, then a second checkout of the other items | site-order envs |
+| `tools, list` | the oracle's tool calls, then `\boxed{other, gold, other}` | tool envs with a gold |
+| `tools, or maybe` | the oracle's tool calls, then `\boxed{gold}, or maybe other` | tool envs with a gold |
+| `tools, two lines` | the oracle's tool calls, then `Answer: gold`, `Answer: other` | tool envs with a gold |
+
+Site-order envs score an order placed on their site (`score_order`, a `browser`: WebShop);
+the last six probes live in `textgym.evaluation.tool_probes`.
 
 A probe fails when its mean return over the first `n` tasks exceeds the random agent's
 (`textgym.evaluation.scripted.RandomAgent`) on the same tasks by more than `tolerance` (0.2
@@ -40,6 +50,7 @@ from typing import Any
 
 from textgym.envs.registry import make, task_count
 from textgym.evaluation.scripted import RandomAgent, play_episode
+from textgym.evaluation.tool_probes import order_and_answer_probes  # issue 50: shotgun orders
 from textgym.types import Message
 from textgym.verifiers.code import entry_points
 
@@ -79,7 +90,8 @@ class ProbeResult:
 
 Probe = Callable[[dict[str, Any]], str]
 """A probe's reply from its context: `question`, `gold`, `last` (the env's last message), `entry`
-(a code task's function name), `first` (the random agent's first reply)."""
+(a code task's function name), `first` (the random agent's first reply), `env` (the env played)
+and `messages` (the episode so far)."""
 
 
 def _wrong(gold: str) -> str:
@@ -263,7 +275,7 @@ class ProbeAgent:
         last = next(
             (str(m.get("content", "")) for m in reversed(messages) if m.get("role") != "assistant"), ""
         )
-        reply = self.probe({**self.context, "last": last})
+        reply = self.probe({**self.context, "last": last, "env": env, "messages": messages})
         if self.example is None:
             self.example = reply
         return reply
@@ -284,6 +296,7 @@ def probes_for(env: Any) -> dict[str, Probe]:
             probes |= NUMERIC_GOLD
     if _entry_point(task) is not None:
         probes |= CODE
+    probes |= order_and_answer_probes(env, gold, info)  # issue 50: `textgym.evaluation.tool_probes`
     return probes
 
 
@@ -334,7 +347,7 @@ def probe_env(
                 )
                 total += play_episode(agent, env, index, max_turns=limit + 1)["reward"] / n  # type: ignore[arg-type]
             seconds = time.perf_counter() - t0
-            example = (agent.example or "")[:120]
+            example = (getattr(probe, "example", None) or agent.example or "")[:120]
             results.append(
                 ProbeResult(name, total, baseline, seconds, total <= baseline + tolerance, example)
             )

@@ -104,10 +104,20 @@ class WebShopCore(_SiteEnv):
     `ChatMessages`: the instruction after `reset`; tool results as `role: "tool"` messages.
 
     ## Rewards
-    From the server's order record for the episode's session: the share of the five
-    attributes (category, color, material, size, price ≤ budget) the best ordered item
-    matches; 1.0 for a full match, 0.0 without an order. `reward/correct` is 1.0 only for a
-    full match.
+    From the server's record of everything the episode's session bought (all its checkouts
+    together), so an order is scored on all it holds, not on its best item. The instruction
+    asks for one item under a budget, and these orders earn 0:
+    - no order, or more than one item (a second unit of the right item, another item, or a
+      second checkout: buying every candidate at once is not buying the one asked for);
+    - a total over the budget;
+    - an item of another category than the one asked for (WebShop's product-type factor).
+
+    One item of the asked category within budget earns the share of the five attributes it
+    matches (category, color, material, size, price ≤ budget): 0.4, plus 0.2 for each of
+    color, material and size that is right; 1.0 for the item asked for. `reward/correct` is
+    1.0 only for that order. `info["details"]["lost"]` says why an order lost reward ("3
+    items ordered, 1 asked for", "total 57.20 over budget 21.00", "color blue ordered, red
+    asked for"), and `details["refused"]` names the rule that zeroed it.
 
     ## Episode End
     Terminates on the first reply without a tool call; `TimeLimit` (15 turns) truncates.
@@ -141,33 +151,57 @@ class WebShopCore(_SiteEnv):
         ]
 
     def score_order(self, order: dict[str, Any]) -> tuple[float, dict[str, Any]]:
-        """Match the ordered items against the task: `(reward, details)` of the best item."""
+        """Score everything the episode's session bought against the task (the class's Rewards rule).
+
+        Args:
+            order: the site's `/shop/api/order` answer: `items` (each `{"product": id, "size": s}`,
+                every checkout of the session together), `total` (dollars) and `orders`.
+
+        Returns:
+            `(reward, details)`: the reward in [0, 1] and `details` with `items` (count),
+            `total` (dollars, from the catalogue's prices), `refused` (None, or why the order
+            earns 0: "no_order", "several_items", "over_budget", "unknown_product",
+            "wrong_category"), `lost` (a sentence per reason the order lost reward, e.g.
+            "3 items ordered, 1 asked for", "total 412.00 over budget 300.00") and, for one
+            item, `matched` (the attributes it matches), `product` and `size`.
+        """
         assert self.task is not None
         want = self.task.metadata
-        best = 0.0
-        best_detail: dict[str, Any] = {"matched": []}
-        for item in order.get("items", []):
-            p = self._products.get(int(item["product"]))
-            if p is None:
-                continue
-            matched = [
-                a
-                for a, ok in (
-                    ("category", p.category == want["category"]),
-                    ("color", p.color == want["color"]),
-                    ("material", p.material == want["material"]),
-                    ("size", item["size"] == want["size"]),
-                    ("price", p.price <= want["budget"]),
-                )
-                if ok
-            ]
-            score = len(matched) / len(SHOP_ATTRIBUTES)
-            if score > best:
-                best, best_detail = score, {"matched": matched, "product": p.id, "size": item["size"]}
-        return best, best_detail
+        items = [i for i in order.get("items", []) if isinstance(i, dict)]
+        products = [self._products.get(i.get("product", -1)) for i in items]  # None: not sold here
+        total = round(sum(p.price for p in products if p is not None), 2)
+        details: dict[str, Any] = {"items": len(items), "total": total, "matched": []}
+        one = products[0] if len(items) == 1 else None
+        size = str(items[0].get("size", "")) if one is not None else ""
+        refusals: list[tuple[str, str]] = []  # (code, why) of every rule the order breaks
+        if not items:
+            refusals.append(("no_order", "no order placed"))
+        if len(items) > 1:
+            checkouts = int(order.get("orders", 1) or 1)
+            where = f" in {checkouts} checkouts" if checkouts > 1 else ""
+            refusals.append(("several_items", f"{len(items)} items ordered{where}, 1 asked for"))
+        if total > want["budget"]:
+            refusals.append(("over_budget", f"total {total:.2f} over budget {float(want['budget']):.2f}"))
+        if len(items) == 1 and one is None:
+            refusals.append(("unknown_product", f"product {items[0].get('product')!r} is not sold here"))
+        if one is not None:
+            details.update(product=one.id, size=size)
+            if one.category != want["category"]:
+                why = f"a {one.category} ordered, a {want['category']} asked for"
+                refusals.append(("wrong_category", why))
+        if refusals or one is None:
+            return 0.0, {**details, "refused": refusals[0][0], "lost": [why for _, why in refusals]}
+        got = {"category": one.category, "color": one.color, "material": one.material, "size": size}
+        details["matched"] = [a for a in SHOP_ATTRIBUTES if a == "price" or got[a] == want[a]]
+        lost = [f"{a} {got[a]} ordered, {want[a]} asked for" for a in got if got[a] != want[a]]
+        return len(details["matched"]) / len(SHOP_ATTRIBUTES), {**details, "refused": None, "lost": lost}
 
     def respond(self, action: str) -> tuple[list[Message], float, bool, dict[str, Any]]:
-        """Finish: read this session's order from the server and score it."""
+        """Finish: read what this session bought (every checkout) from the site and score it (`score_order`).
+
+        Raises:
+            httpx.HTTPError: when the site does not answer the order API (it runs in this process).
+        """
         response = httpx.get(f"{self.site_url}/shop/api/order", params={"session": self.session}, timeout=10)
         response.raise_for_status()
         reward, details = self.score_order(response.json())
@@ -207,27 +241,71 @@ class WebShopCore(_SiteEnv):
 
 
 _NORMALIZE_RE = re.compile(r"\b(a|an|the)\b")
+_PUNCTUATION = frozenset(string.punctuation)
+_BOXED_RE = re.compile(r"\\boxed\{([^{}]*)\}")
+_ANSWER_LINE_RE = re.compile(r"answer\s*(?:is|:)\s*(.+)", re.IGNORECASE)
+_HEDGE_RE = re.compile(r"\b(?:or|either|maybe|perhaps|possibly|alternatively)\b", re.IGNORECASE)
+_SENTENCE_END_RE = re.compile(r"[.!?\n]")
 
 
 def normalize_answer(text: str) -> str:
     """SQuAD-style normalisation: lower case, no punctuation, no articles, single spaces."""
-    text = text.lower()
-    text = "".join(c for c in text if c not in set(string.punctuation))
+    text = "".join(c for c in text.lower() if c not in _PUNCTUATION)
     return " ".join(_NORMALIZE_RE.sub(" ", text).split())
 
 
-def extract_final_answer(reply: str) -> str:
-    """The answer in a reply: the last `\\boxed{...}`, else the text after "answer:", else the whole reply.
+def read_final_answer(reply: str) -> tuple[str, str | None]:
+    r"""The final answer of a reply, or "" and why it names no single answer.
 
-    A reply that boxes more than one distinct answer has none (""): one final answer per reply.
+    1. The final answer is the last `\boxed{...}`; without a box, the last "answer is ..." or
+       "answer: ..." (to the end of its line); without either, the whole reply.
+    2. One answer per reply: boxes with different values, or (without a box) answer lines
+       with different values, name none ("2 different answers given").
+    3. No hedge around it: "or", "either", "maybe", "perhaps", "possibly" or
+       "alternatively" in the final answer's own sentence before it or anywhere after it, or
+       an "answer is/:" after the box that names something else, name none: the answer goes
+       last, alone.
+
+    Values are compared after `normalize_answer`. Regular expressions only, linear in the
+    reply's length.
+
+    Returns:
+        `(answer, None)`, or `("", reason)` when the reply names no single answer.
+
+    Examples:
+        >>> read_final_answer(r"Rimika is a city in Venido, so \boxed{Venido}.")
+        ('Venido', None)
+        >>> read_final_answer(r"\boxed{Venido}, or maybe Rimika")
+        ('', 'another candidate after the answer (or, maybe, ...)')
+        >>> read_final_answer("Answer: Venido\nAnswer: Rimika")
+        ('', '2 different answers given')
     """
-    boxed = re.findall(r"\\boxed\{([^{}]*)\}", reply)
-    if len({normalize_answer(b) for b in boxed}) > 1:
-        return ""
-    if boxed:
-        return boxed[-1]
-    m = re.search(r"answer\s*(?:is|:)\s*(.+)", reply, re.IGNORECASE)
-    return m.group(1) if m else reply
+    boxes = list(_BOXED_RE.finditer(reply))
+    found = boxes or list(_ANSWER_LINE_RE.finditer(reply))
+    if not found:
+        return reply, None
+    values = {normalize_answer(m.group(1)) for m in found} - {""}
+    if len(values) > 1:
+        return "", f"{len(values)} different answers given"
+    final = found[-1]
+    answer = final.group(1)
+    sentence = _SENTENCE_END_RE.split(reply[max(0, final.start() - 300) : final.start()])[-1]
+    tail = reply[final.end() :]
+    if _HEDGE_RE.search(sentence):
+        return "", "alternatives in the answer's sentence (or, either, ...)"
+    if _HEDGE_RE.search(tail):
+        return "", "another candidate after the answer (or, maybe, ...)"
+    if boxes and any(
+        normalize_answer(m.group(1)) not in ("", normalize_answer(answer)) and "\\boxed" not in m.group(1)
+        for m in _ANSWER_LINE_RE.finditer(tail)
+    ):
+        return "", "another answer is given after the box"
+    return answer, None
+
+
+def extract_final_answer(reply: str) -> str:
+    """The answer in a reply by `read_final_answer`'s rule; "" when it names no single answer."""
+    return read_final_answer(reply)[0]
 
 
 @lru_cache(maxsize=1)
@@ -280,7 +358,10 @@ class WikiSearchCore(_SiteEnv):
 
     ## Rewards
     `correct`: 1.0 when the final reply's answer (its last `\boxed{}`) equals the gold
-    answer after SQuAD-style normalisation, else 0.0.
+    answer after SQuAD-style normalisation, else 0.0. A reply that names several answers
+    earns 0 (`read_final_answer`): boxes (or "answer:" lines) with different values, or a
+    hedge ("or", "maybe", ...) in the answer's sentence or after it; `details["refused"]`
+    says which.
 
     ## Episode End
     Terminates on the first reply without a tool call; `TimeLimit` (10 turns) truncates.
@@ -318,9 +399,10 @@ class WikiSearchCore(_SiteEnv):
     def respond(self, action: str) -> tuple[list[Message], float, bool, dict[str, Any]]:
         """Score the final answer."""
         assert self.task is not None
-        given = extract_final_answer(action)
-        ok = normalize_answer(given) == normalize_answer(self.task.answer)
-        return [], float(ok), True, {"reward/correct": float(ok), "details": {"extracted": given[:200]}}
+        given, refused = read_final_answer(action)
+        ok = refused is None and normalize_answer(given) == normalize_answer(self.task.answer)
+        details: dict[str, Any] = {"extracted": given[:200], "refused": refused}
+        return [], float(ok), True, {"reward/correct": float(ok), "details": details}
 
     def oracle_action(self, messages: list[Message]) -> str:
         """Search the person, open each page on the path, answer."""

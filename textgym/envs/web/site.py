@@ -3,8 +3,8 @@
 One FastAPI app serves a generated shop (`/shop/...`) and a generated wiki (`/wiki/...`).
 `SiteServer.acquire()` starts it once per process with uvicorn on 127.0.0.1 and a free
 port (in a daemon thread) and counts its users; `release()` stops it when the last env
-closes. Shop sessions are a `session` cookie; orders are kept per session in memory and
-read back by the env from `/shop/api/order`.
+closes. Shop sessions are a `session` cookie; every checkout of a session is kept in
+memory, and the env reads back all that the session bought from `/shop/api/order`.
 """
 
 from __future__ import annotations
@@ -163,10 +163,16 @@ def _wiki_html(text: str) -> str:
 # ----------------------------------------------------------------------------- the app
 # long: the site's routes (shop, cart, orders, wiki) are closures over one catalogue, its carts and lock
 def build_app() -> FastAPI:
-    """The FastAPI app: shop pages, the order API, wiki pages."""
+    """The FastAPI app: shop pages, the order API, wiki pages.
+
+    `GET /shop/api/order?session=S` answers what session S bought, all its checkouts together:
+    `{"items": [{"product": id, "size": "L"}, ...], "total": dollars, "orders": checkouts}`
+    (`{"items": [], "total": 0, "orders": 0}` before any checkout). A second checkout adds to
+    what the session bought; it does not replace the first.
+    """
     app = FastAPI(title="textgym web site", docs_url=None, redoc_url=None, openapi_url=None)
     carts: dict[str, list[tuple[int, str]]] = {}
-    orders: dict[str, dict[str, Any]] = {}
+    orders: dict[str, list[dict[str, Any]]] = {}  # every checkout of a session, in order
     lock = threading.Lock()
     by_id = {p.id: p for p in catalogue()}
 
@@ -252,16 +258,24 @@ def build_app() -> FastAPI:
             items = carts.pop(session, [])
             if not items:
                 raise HTTPException(400, "the cart is empty")
-            orders[session] = {
+            placed = {
                 "items": [{"product": i, "size": s} for i, s in items],
                 "total": round(sum(by_id[i].price for i, _ in items), 2),
                 "time": time.time(),
             }
-        return _page("Order placed", f"<h1>Order placed</h1><p>Total ${orders[session]['total']:.2f}.</p>")
+            orders.setdefault(session, []).append(placed)
+        return _page("Order placed", f"<h1>Order placed</h1><p>Total ${placed['total']:.2f}.</p>")
 
     @app.get("/shop/api/order")
     def order(session: str = Query(...)) -> dict[str, Any]:
-        return orders.get(session, {"items": []})
+        # what the session bought: the items of all its checkouts, their total, how many checkouts
+        with lock:
+            placed = list(orders.get(session, []))
+        return {
+            "items": [item for o in placed for item in o["items"]],
+            "total": round(sum(o["total"] for o in placed), 2),
+            "orders": len(placed),
+        }
 
     @app.get("/wiki", response_class=HTMLResponse)
     def wiki_home() -> HTMLResponse:
