@@ -11,7 +11,7 @@ import re
 
 import pytest
 from conftest import WARM_ENV
-from judge_fakes import FakeJudge, block
+from judge_fakes import FakeJudge, block, tagged
 
 from textgym.config import ConfigError, GRPOConfig, PPOConfig, validate_runtime
 from textgym.models import load_model
@@ -30,9 +30,9 @@ def length_judge(prompt: str) -> str:
     """`SCORE: len(response) % 11` per response (pointwise, or `SCORE i:` lines for a group)."""
     group = re.findall(r'<response id="(\d+)">\n(.*?)\n</response>', prompt, re.DOTALL)
     if group:
-        return "\n".join(f"SCORE {i}: {len(text) % 11}" for i, text in group)
+        return tagged(prompt, "\n".join(f"SCORE {i}: {len(text) % 11}" for i, text in group))
     (text,) = re.findall(r"<response>\n(.*?)\n</response>", prompt, re.DOTALL)
-    return f"SCORE: {len(text) % 11}"
+    return tagged(prompt, f"SCORE: {len(text) % 11}")
 
 
 def expected(t) -> float:
@@ -122,7 +122,7 @@ def test_a_judge_that_cannot_be_used_fails_before_training(tiny_model_dir, tmp_p
     with pytest.raises(ConfigError, match=r"env\.judge\.rubric: Value error, cannot read the rubric file"):
         validate_runtime(stage(GRPOConfig, judge.url, rubric=str(tmp_path / "none.txt")))
     rubric = tmp_path / "r.txt"
-    rubric.write_text("Grade {prompt} <response>{completion}</response>")
+    rubric.write_text("Grade {prompt} <response>{completion}</response> {verdict_format}")
     with pytest.raises(ConfigError, match=r"env\.judge\.rubric: .*group rubric needs the placeholder"):
         validate_runtime(stage(GRPOConfig, judge.url, rubric=str(rubric), mode="group"))
     with pytest.raises(ValueError, match="mode"):

@@ -228,7 +228,7 @@ class JudgeVerifier:
         head = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
         messages = [*head, {"role": "user", "content": text}]
         sent = tuple(m["content"] for m in messages)
-        return JudgeRequest(messages, VerdictContext(nonce, sent, (item.prompt, *cs)))
+        return JudgeRequest(messages, VerdictContext(nonce, sent, item.prompt, tuple(cs)))
 
     def messages(self, item: JudgeItem, mode: Mode | None = None) -> list[dict[str, str]]:
         """The chat messages that ask the judge about `item` in `mode`, under a fresh nonce (`request`)."""
