@@ -137,11 +137,12 @@ def validate_rubric(text: str, mode: Mode, where: str = "rubric") -> str:
                 "may use {verdict_tag}, the tag name, instead)"
             )
         raise ValueError(f"{where}: a {mode} rubric needs the placeholder(s) {missing}{why}")
-    fields: dict[str, Any] = {
+    examples: dict[Mode, dict[str, Any]] = {
         "pointwise": {"completion": "x"},
         "pairwise": {"completion_a": "x", "completion_b": "y"},
         "group": {"completions": ["x", "y"]},
-    }[mode]
+    }
+    fields = examples[mode]
     shown = render(text, prompt="q", answer="a", nonce=_EXAMPLE_NONCE, **fields).text
     if own_verdicts(shown, VerdictContext(_EXAMPLE_NONCE), mode).lines:
         raise ValueError(
