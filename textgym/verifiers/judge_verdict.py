@@ -177,8 +177,8 @@ class Verdicts:
         tag = verdict_tag(nonce)
         if self.echoed:
             return (
-                f"every verdict in the judgement ({self.echoed}) repeats text the judge was sent or the "
-                "policy wrote (an echo), so none is the judge's own"
+                f"every verdict in the judgement ({self.echoed}) repeats the prompt it was sent or the "
+                "text of the response it is about (an echo), so none is the judge's own"
             )
         reason = f"no verdict of the form <{tag}>{_SHAPES[kind]}</{tag}> in the judgement"
         if self.untagged:
