@@ -16,7 +16,9 @@ How it grades (the last message of a chat request is the judge prompt of a built
 - each response (`<response>`, `<response_a>`/`<response_b>` or numbered `<response id="i">`
   blocks; the `&lt;` textgym writes for tag-like text is read back as `<`) is scored 10 when
   `textgym.verifiers.MathVerifier` finds its final answer equal to the gold, else 0;
-- the reply ends with `SCORE: 10|0` (pointwise), `WINNER: A|B|TIE` (pairwise) or one
+- the reply ends with its verdict inside the request's verdict tags (their name, with the
+  nonce textgym draws for each request, is read from the rubric's instruction):
+  `<verdict-…>SCORE: 10|0</verdict-…>` (pointwise), `WINNER: A|B|TIE` (pairwise) or one
   `SCORE i: 10|0` line per response (group); without a gold answer it says so and gives no
   verdict (textgym then scores 0.0 with the reason).
 
@@ -40,6 +42,7 @@ from textgym.verifiers import MathVerifier
 
 VERIFIER = MathVerifier(timeout_s=5.0)
 QUESTION = re.compile(r"Compute\s+(\d+(?:\s*[-+*/]\s*\d+)*)\s*\.")
+TAG = re.compile(r"<(verdict-[0-9a-f]+)>")
 
 
 def block(prompt: str, tag: str) -> str | None:
@@ -73,18 +76,26 @@ def grade(response: str, gold: str) -> int:
 def judge(prompt: str) -> str:
     """The stand-in judge's reply to one judge prompt."""
     gold = gold_answer(prompt)
-    if gold is None:
+    tag = TAG.search(prompt)  # inserted text cannot hold one: textgym writes its `<` as `&lt;`
+    if gold is None or tag is None:
         return "I cannot tell the right answer to this question, so I give no verdict."
+
+    def verdict(text: str) -> str:
+        return f"<{tag.group(1)}>{text}</{tag.group(1)}>"
+
     group = re.findall(r'<response id="(\d+)">\n(.*?)\n</response>', prompt, re.DOTALL)
     if group:
         lines = [f"SCORE {i}: {grade(text.replace('&lt;', '<'), gold)}" for i, text in group]
-        return f"The right answer is {gold}.\n" + "\n".join(lines)
+        return f"The right answer is {gold}.\n" + verdict("\n" + "\n".join(lines) + "\n")
     a, b = block(prompt, "response_a"), block(prompt, "response_b")
     if a is not None and b is not None:
         sa, sb = grade(a, gold), grade(b, gold)
-        return f"The right answer is {gold}.\nWINNER: " + ("TIE" if sa == sb else "A" if sa > sb else "B")
+        return f"The right answer is {gold}.\n" + verdict(
+            "WINNER: " + ("TIE" if sa == sb else "A" if sa > sb else "B")
+        )
     score = grade(block(prompt, "response") or "", gold)
-    return f"The right answer is {gold}; the response's is {'right' if score else 'wrong'}.\nSCORE: {score}"
+    said = "right" if score else "wrong"
+    return f"The right answer is {gold}; the response's is {said}.\n" + verdict(f"SCORE: {score}")
 
 
 class Stats:

@@ -1,7 +1,9 @@
 """A scripted OpenAI-compatible judge on 127.0.0.1 for the LLM-judge tests (a real HTTP server in a thread).
 
 `FakeJudge(reply)` answers `POST /v1/chat/completions` with `reply(prompt_text)` as the
-assistant's message (the prompt text is the last message's content), after `delay_s`. Scripted
+assistant's message (the prompt text is the last message's content; with `whole=True`,
+`reply(messages)` gets every message of the request), after `delay_s`. A judge's verdict counts
+only inside the request's verdict tags: `tagged(prompt, "SCORE: 7")` writes it there. Scripted
 failures come first: each `fail(status, body, headers)` is answered once, in order, before any
 judgement. It records every request body, and the most requests it ever held at once
 (`max_in_flight`). `GET /v1/models` lists `models`. Imported by tests as `from judge_fakes import ...`
@@ -27,8 +29,10 @@ class FakeJudge:
         reply: Callable[[str], str] | None = None,
         delay_s: float = 0.0,
         models: tuple[str, ...] = ("judge",),
+        whole: bool = False,
     ):
-        self.reply = reply or (lambda prompt: "SCORE: 5")
+        self.reply: Callable[[Any], str] = reply or (lambda prompt: tagged(prompt, "SCORE: 5"))
+        self.whole = whole
         self.delay_s = delay_s
         self.models = list(models)
         self.requests: list[dict[str, Any]] = []
@@ -91,7 +95,7 @@ class FakeJudge:
                         msg = {"error": {"message": f"model {body.get('model')!r} not found"}}
                         answer(404, json.dumps(msg))
                         return
-                    text = fake.reply(body["messages"][-1]["content"])
+                    text = fake.reply(body["messages"] if fake.whole else body["messages"][-1]["content"])
                     out = {"choices": [{"index": 0, "message": {"role": "assistant", "content": text}}]}
                     answer(200, json.dumps(out))
                 finally:
@@ -120,6 +124,19 @@ class FakeJudge:
         self.server.server_close()
 
 
+def nonce_of(prompt: str) -> str:
+    """The nonce of a judge prompt's verdict tags (the rubric's instruction names them)."""
+    m = re.search(r"<verdict-([0-9a-f]+)>", prompt)
+    assert m is not None, "the judge prompt names no verdict tags"
+    return m.group(1)
+
+
+def tagged(prompt: str, verdict: str) -> str:
+    """`verdict` (e.g. "SCORE: 7") inside the verdict tags `prompt` asks for, as a judge writes it."""
+    tag = f"verdict-{nonce_of(prompt)}"
+    return f"<{tag}>{verdict}</{tag}>"
+
+
 def block(prompt: str, tag: str) -> str:
     """The text inside the first `<tag ...>` ... `</tag>` block of a judge prompt ("" if none)."""
     m = re.search(rf"<{tag}(?: [^>]*)?>\n?(.*?)\n?</{tag}>", prompt, re.DOTALL)
@@ -129,8 +146,8 @@ def block(prompt: str, tag: str) -> str:
 def right_answer_judge(prompt: str) -> str:
     """A judge that reads the sum in `Compute a+b.` and grades the response's last number against it.
 
-    Pointwise: `SCORE: 10` or `SCORE: 0`; pairwise: `WINNER: A|B|TIE`; group: `SCORE i: 10|0`.
-    The last line of its reply is always its own verdict, whatever the responses contain.
+    Pointwise: `SCORE: 10` or `SCORE: 0`; pairwise: `WINNER: A|B|TIE`; group: `SCORE i: 10|0`,
+    always inside the request's verdict tags, whatever the responses contain.
     """
     m = re.search(r"Compute (\d+)\+(\d+)\.", block(prompt, "question"))
     gold = str(int(m.group(1)) + int(m.group(2))) if m else None
@@ -141,11 +158,14 @@ def right_answer_judge(prompt: str) -> str:
 
     if "<response_a>" in prompt:
         a, b = right(block(prompt, "response_a")), right(block(prompt, "response_b"))
-        return "WINNER: " + ("TIE" if a == b else "A" if a else "B")
+        return tagged(prompt, "WINNER: " + ("TIE" if a == b else "A" if a else "B"))
     groups = re.findall(r'<response id="(\d+)">\n(.*?)\n</response>', prompt, re.DOTALL)
     if groups:
-        return "\n".join(f"SCORE {i}: {10 if right(t) else 0}" for i, t in groups)
-    return f"Graded against {gold}.\nSCORE: {10 if right(block(prompt, 'response')) else 0}"
+        lines = "\n".join(f"SCORE {i}: {10 if right(t) else 0}" for i, t in groups)
+        return tagged(prompt, f"\n{lines}\n")
+    return f"Graded against {gold}.\n" + tagged(
+        prompt, f"SCORE: {10 if right(block(prompt, 'response')) else 0}"
+    )
 
 
 def serve_app(app: Any) -> tuple[str, Any, threading.Thread]:

@@ -36,6 +36,7 @@ MODULES = (
     "textgym.verifiers.format",
     "textgym.verifiers.judge",
     "textgym.verifiers.judge_prompts",
+    "textgym.verifiers.judge_verdict",
     "textgym.verifiers.math",
     "textgym.evaluation.audit_set",
     "textgym.agents.trajectory",

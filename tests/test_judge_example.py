@@ -73,7 +73,7 @@ def test_its_audit_is_the_math_verifiers_and_ignores_injections(url):
     stats = httpx.get(url + "/stats").json()
     assert stats["requests"] == judge.client.stats["requests"] + 1 and stats["latency_s_mean"] > 0
     unknown = JudgeVerifier(url, "verifier-judge")(r"\boxed{1}", _task("What is love?"))
-    assert unknown.reward == 0.0 and "no line of the form SCORE" in unknown.details["error"]
+    assert unknown.reward == 0.0 and "no verdict of the form <verdict-" in unknown.details["error"]
 
 
 def _task(prompt: str):

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from judge_fakes import FakeJudge, block, right_answer_judge
+from judge_fakes import FakeJudge, block, right_answer_judge, tagged
 from typer.testing import CliRunner
 
 from textgym.cli import app
@@ -51,7 +51,9 @@ def graded(prompt: str) -> str:
     response = block(prompt, "response")
     if "nothing" in response:
         return "I cannot grade this."
-    return "Seven is right but unexplained.\nSCORE: 7" if "seven" in response else "Wrong.\nSCORE: 0"
+    if "seven" in response:
+        return "Seven is right but unexplained.\n" + tagged(prompt, "SCORE: 7")
+    return "Wrong.\n" + tagged(prompt, "SCORE: 0")
 
 
 def test_verify_judge_acceptance_in_a_subprocess(server, tmp_path):
@@ -72,7 +74,7 @@ def test_verify_judge_acceptance_in_a_subprocess(server, tmp_path):
     out = lines_of(r.stdout)
     assert [o["line"] for o in out] == [1, 2, 3] and len(r.stdout.splitlines()) == 3
     assert out[0]["reward"] == pytest.approx(0.7) and out[0]["details"]["score"] == 7.0
-    assert out[1]["reward"] == 0.0 and "no line of the form SCORE" in out[1]["details"]["error"]
+    assert out[1]["reward"] == 0.0 and "no verdict of the form <verdict-" in out[1]["details"]["error"]
     assert out[1]["details"]["judgement"] == "I cannot grade this."
     assert out[2]["reward"] == 0.0 and "error" not in out[2]["details"]
     assert len(judge.requests) == 4  # the 500, then one request per line
@@ -83,7 +85,7 @@ def test_output_keeps_input_order_under_concurrency_and_bad_lines_exit_1(server,
     def slow_first(prompt: str) -> str:
         n = int(block(prompt, "response"))
         time.sleep(0.03 * (8 - n))  # earlier lines answer later
-        return f"SCORE: {n}"
+        return tagged(prompt, f"SCORE: {n}")
 
     judge = server(slow_first)
     rows: list = [{"prompt": "q", "completion": str(i)} for i in range(8)]
@@ -100,7 +102,7 @@ def test_output_keeps_input_order_under_concurrency_and_bad_lines_exit_1(server,
 
 
 def test_pairwise_and_group_modes_and_the_cache(server, tmp_path):
-    biased = server(lambda p: "WINNER: A")
+    biased = server(lambda p: tagged(p, "WINNER: A"))
     pairs = write_jsonl(tmp_path / "pairs.jsonl", [{"prompt": "Compute 3+4.", "completion_a": r"\boxed{7}",
                                                      "completion_b": r"\boxed{8}"}] * 2)  # fmt: skip
     cache = tmp_path / "cache.jsonl"
@@ -156,5 +158,5 @@ def test_endpoint_and_usage_errors(server, tmp_path):
         "--rubric",
         bad_rubric,
     )
-    assert r.exit_code == 2 and "needs the placeholder(s) ['{completion}']" in r.stderr
+    assert r.exit_code == 2 and "needs the placeholder(s) ['{completion}', '{verdict_format}']" in r.stderr
     assert invoke("verify", "judge", "--help").exit_code == 0 and invoke("audit", "--help").exit_code == 0

@@ -10,7 +10,7 @@ import json
 import re
 
 import pytest
-from judge_fakes import FakeJudge, block, right_answer_judge
+from judge_fakes import FakeJudge, block, right_answer_judge, tagged
 from typer.testing import CliRunner
 
 from textgym.cli import app
@@ -94,10 +94,16 @@ def quoting_judge(prompt: str) -> str:
     )
 
 
-def gullible_judge(prompt: str) -> str:
-    """Obeys what the response tells it (the failure the audit exists to catch)."""
+def copying_judge(prompt: str) -> str:
+    """Writes the score a response claims as its own verdict (textgym drops it: the response wrote it)."""
     response = block(prompt, "response")
-    return "SCORE: 10" if "SCORE: 10" in response else right_answer_judge(prompt)
+    return tagged(prompt, "SCORE: 10") if "SCORE: 10" in response else right_answer_judge(prompt)
+
+
+def gullible_judge(prompt: str) -> str:
+    """Believes a response that says it is correct, in its own words (what the audit exists to catch)."""
+    response = block(prompt, "response")
+    return tagged(prompt, "SCORE: 9") if "correct" in response else right_answer_judge(prompt)
 
 
 def test_judge_audit_from_the_command_line(items, judges, tmp_path):
@@ -137,20 +143,31 @@ def test_judge_audit_from_the_command_line(items, judges, tmp_path):
 
 
 def test_the_audit_catches_a_judge_that_obeys_injected_text(items, judges):
+    # A judge that copies the response's claimed "SCORE: 10" into its verdict tags is not read:
+    # a verdict about a response that repeats the response's own text is an echo (0, with why).
+    copying = JudgeVerifier(judges(copying_judge).url, "judge")
+    report = run_audit(items, lambda xs: copying.score([_item(x) for x in xs]))
+    assert kinds(report)["injection_score"] == kinds(report)["injection_note"] == 0.0
+    assert kinds(report)["injection_delimiter"] == 0.0 and report["false_positives"] == 2  # the hedge
+    injected = [r for r in report["rows"] if r["kind"].startswith("injection_")]
+    assert len(injected) == 6 and all("(an echo)" in r["error"] for r in injected)
+    # One moved by the injected text but grading in its own words (SCORE: 9) is what the audit catches:
+    # the note and the fake end of the block both say "correct"; the bare forged line does not.
     judge = JudgeVerifier(judges(gullible_judge).url, "judge")
     report = run_audit(items, lambda xs: judge.score([_item(x) for x in xs]))
-    # The completion's own "SCORE: 10" reached the verdict only because the judge repeated it.
-    assert kinds(report)["injection_score"] == kinds(report)["injection_note"] == 1.0
-    assert kinds(report)["injection_delimiter"] == 1.0
-    assert report["false_positives"] == 2 + 6 and report["false_positive_rate"] == pytest.approx(0.4)
+    assert kinds(report)["injection_note"] == kinds(report)["injection_delimiter"] == 1.0
+    assert kinds(report)["injection_score"] == 0.0
+    assert report["false_positives"] == 2 + 4 and report["false_positive_rate"] == pytest.approx(0.3)
     always_a = JudgeVerifier(
-        judges(lambda p: "WINNER: A" if "<response_a>" in p else "SCORE: 5").url, "judge"
+        judges(lambda p: tagged(p, "WINNER: A" if "<response_a>" in p else "SCORE: 5")).url, "judge"
     )
     pb = run_audit(items[:13], lambda xs: always_a.score([_item(x) for x in xs]), judge=always_a)[
         "position_bias"
     ]
-    assert (pb["picked_a"], pb["picked_b"], pb["bias"], pb["consistent_rate"]) == (20, 0, 1.0, 0.0)
-    assert pb["right_preferred"] == 0.5
+    # 10 pairs × 2 orders, all "A", but one: injection_delimiter writes "WINNER: A" itself, so shown
+    # as A its own verdict is an echo (dropped); that pair is read from the other order alone (1.0).
+    assert (pb["picked_a"], pb["picked_b"], pb["bias"], pb["consistent_rate"]) == (19, 0, 1.0, 0.0)
+    assert pb["right_preferred"] == pytest.approx((9 * 0.5 + 1.0) / 10, abs=1e-12) and pb["unparsable"] == 1
 
 
 def _item(x: AuditItem):

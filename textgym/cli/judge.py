@@ -96,9 +96,10 @@ def verify_judge_cmd(
 ) -> None:
     """Grade completions with an LLM judge: one JSON line out per input line, in order.
 
-    Pointwise: reward = the judge's last `SCORE: <0-10>` line / 10 (0.0 with details.error when
-    there is none); pairwise: reward = the first completion's preference over both orders; group:
-    rewards, one per completion. Exit 1 when a line was unusable or the endpoint failed.
+    Pointwise: reward = the judge's last `SCORE: <0-10>` line inside the request's verdict tags
+    / 10 (0.0 with details.error when there is none); pairwise: reward = the first completion's
+    preference over both orders; group: rewards, one per completion. Exit 1 when a line was
+    unusable or the endpoint failed.
     """
     from textgym.verifiers.judge import JudgeVerifier, api_key_from_env
     from textgym.verifiers.judge_client import JudgeError
@@ -168,7 +169,8 @@ def verify_judge_cmd(
     summary = (
         f"judge: {int(m['judge/judgements'])} judgements, {int(m['judge/requests'])} requests "
         f"({int(m['judge/retries'])} retries, {int(m['judge/cache_hits'])} cached), "
-        f"{int(m['judge/unparsable'])} unparsable, {m['judge/latency_s_mean']:.3f} s mean latency"
+        f"{int(m['judge/unparsable'])} unparsable ({int(m['judge/echoed'])} with a verdict dropped as an "
+        f"echo), {m['judge/latency_s_mean']:.3f} s mean latency"
     )
     if picks["pairs"]:
         decisive = picks["a"] + picks["b"]

@@ -32,7 +32,8 @@ class JudgeTermConfig(BaseModel):
     """Scale of the judge's reward (in [0, 1]) in the episode's reward."""
     rubric: str | None = None
     """A rubric template file for `mode` (plain text with {prompt} and {completion}, or
-    {completions} in group mode; see `textgym.verifiers.judge_prompts`); null: the built-in one."""
+    {completions} in group mode, and {verdict_format}, the per-request verdict tags; see
+    `textgym.verifiers.judge_prompts`); null: the built-in one."""
     reference: bool = False
     """Show the task's gold answer to the judge (`{answer}`, `{reference}` in the rubric)."""
     temperature: float = Field(0.0, ge=0.0, le=2.0)

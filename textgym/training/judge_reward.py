@@ -6,7 +6,9 @@ group holding every sample (RULER-style relative scores). Each episode's judge r
 is added as `weight · r` to its reward and to its last policy token's reward (so PPO's per-token
 returns see it), and recorded as `reward_terms["reward/judge"]` (logged as `rollout/judge_mean`)
 with the judgement in `info["judge"]`, as DAPO's overlong penalty is added in
-`textgym.training.rollout_metrics`.
+`textgym.training.rollout_metrics`. A response that writes something shaped like a verdict
+(`judge_verdict.forged_verdict`) is marked `info["judge"]["forged_verdict"]` and counted in
+`judge/forged_verdict_frac`: the judge never reads such text, but a policy that writes it is trying.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from textgym.verifiers.base import Score
 from textgym.verifiers.judge import JudgeItem, JudgeVerifier, api_key_from_env
 from textgym.verifiers.judge_client import JudgeError
 from textgym.verifiers.judge_prompts import load_rubric
+from textgym.verifiers.judge_verdict import forged_verdict
 
 
 def conversation_prompt(messages: list[Message]) -> tuple[str, str]:
@@ -79,6 +82,7 @@ class JudgeTerm:
         self.cfg, self.group_size = cfg, int(group_size)
         self._since = self._counters()
         self._seconds = 0.0
+        self._judged = self._forged = 0
 
     def scores(self, trajs: list[Trajectory]) -> list[Score]:
         """The judge's reward of each trajectory's last assistant turn, in order.
@@ -114,7 +118,9 @@ class JudgeTerm:
             add = self.cfg.weight * s.reward
             t.reward += add
             t.reward_terms["reward/judge"] = s.reward
-            t.info = {**t.info, "judge": s.details}
+            forged = forged_verdict(conversation_prompt(t.messages)[1])
+            self._judged, self._forged = self._judged + 1, self._forged + forged
+            t.info = {**t.info, "judge": {**s.details, "forged_verdict": forged}}
             pos = t.loss_mask.nonzero()
             if len(pos):
                 t.token_rewards[int(pos[-1])] += add
@@ -126,16 +132,22 @@ class JudgeTerm:
         """What the judge did since the last call, as metrics.
 
         `judge/requests` (HTTP attempts), `judge/retries`, `judge/judgements`, `judge/cache_hits`,
-        `judge/unparsable`, `judge/latency_s_mean` (per successful request), the wall time
-        `time/judge_s` of the batches judged, and `judge/requests_per_s` over that time.
+        `judge/unparsable`, `judge/echoed` (judgements with a verdict line dropped as an echo of
+        the prompt or of a response), `judge/forged_verdict_frac` (the share of the responses
+        judged that write a verdict-shaped text: forgery attempts), `judge/latency_s_mean` (per
+        successful request), the wall time `time/judge_s` of the batches judged, and
+        `judge/requests_per_s` over that time.
         """
         now = self._counters()
         d = {k: now[k] - self._since[k] for k in now}
-        out = {f"judge/{k}": d[k] for k in ("requests", "retries", "judgements", "cache_hits", "unparsable")}
+        keys = ("requests", "retries", "judgements", "cache_hits", "unparsable", "echoed")
+        out = {f"judge/{k}": d[k] for k in keys}
+        out["judge/forged_verdict_frac"] = self._forged / self._judged if self._judged else 0.0
         out["judge/latency_s_mean"] = d["latency_s"] / d["ok"] if d["ok"] > 0 else 0.0
         out["time/judge_s"] = self._seconds
         out["judge/requests_per_s"] = d["requests"] / self._seconds if self._seconds > 0 else 0.0
         self._since, self._seconds = now, 0.0
+        self._judged = self._forged = 0
         return out
 
     def close(self) -> None:

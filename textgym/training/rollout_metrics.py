@@ -17,6 +17,7 @@ from textgym import distributed
 from textgym.agents.trajectory import EPISODE_COUNTS, TRUNCATION_CAUSES, Trajectory
 from textgym.algorithms.advantages import overlong_penalty
 from textgym.verifiers.answer_rule import hack_signs, shares_of
+from textgym.verifiers.judge_verdict import forged_verdict
 
 
 def chunks(idx: torch.Tensor, size: int) -> list[torch.Tensor]:
@@ -36,6 +37,20 @@ def hack_warning(metrics: dict[str, float], threshold: float = HACK_WARN_FRAC) -
     return "  reward hacking? " + ", ".join(f"{k[5:-5]} {v:.2f}" for k, v in sorted(high.items()))
 
 
+def episode_hack_signs(t: Trajectory) -> dict[str, int] | None:
+    """A paid episode's reward-hacking signs (`answer_rule.hack_signs`) plus `forged_verdict`; None if unpaid.
+
+    `forged_verdict` (issue 50): its last assistant message writes something shaped like an LLM
+    judge's verdict (`judge_verdict.forged_verdict`: a `SCORE:`/`WINNER:` line, a `<verdict...>`
+    tag, a JSON score), a forgery attempt whether or not the env has a judge term.
+    """
+    signs = hack_signs(t.reward, t.reward_terms, t.messages)
+    if signs is not None:
+        answer = next((m.get("content") for m in reversed(t.messages) if m.get("role") == "assistant"), "")
+        signs["forged_verdict"] = int(forged_verdict(str(answer or "")))
+    return signs
+
+
 def rollout_metrics(trajs: list[Trajectory], gather: bool = True) -> dict[str, float]:
     """Reward, accuracy, reward terms, length, turn and reward-hacking statistics of a rollout batch.
 
@@ -50,11 +65,12 @@ def rollout_metrics(trajs: list[Trajectory], gather: bool = True) -> dict[str, f
 
     With `gather` (and several ranks), over every rank's trajectories: their rewards, lengths
     and terms are gathered first, so the statistics are those of the global batch, the hack
-    shares (`answer_rule.hack_shares`) included: each rank's episodes' signs are gathered.
+    shares (`answer_rule.hack_shares`, and `hack/forged_verdict_frac`: `episode_hack_signs`)
+    included: each rank's episodes' signs are gathered.
     """
     rows = [
         (t.reward, t.response_length, t.finish_reason, t.reward_terms, t.truncated,
-         hack_signs(t.reward, t.reward_terms, t.messages),
+         episode_hack_signs(t),
          t.turns,
          sum(m.get("role") == "tool" for m in t.messages),
          t.truncation, dict(t.counts))

@@ -114,7 +114,7 @@ class Candidate:
         os.close(answers_w)
         self.requests = os.fdopen(requests_w, "w", encoding="utf-8")
         self.answers = os.fdopen(answers_r, "r", encoding="utf-8")
-        self.classes = frozenset()
+        self.classes: frozenset[str] = frozenset()
         self.gone = None
 
     def ask(self, message):

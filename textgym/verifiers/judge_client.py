@@ -5,9 +5,10 @@ at most `concurrency` in flight at once (a semaphore shared by every thread); 42
 timeouts and dropped connections are retried with exponential backoff (`backoff_s · 2^k`,
 at most `max_backoff_s`; a `Retry-After` header, in seconds or as an HTTP date, is waited
 instead), at most `max_retries` times; any other 4xx is an immediate `JudgeError` naming the
-status and the endpoint. `JudgementCache` keeps each judgement (the judge's reply text) under
-a hash of everything that determines it, in memory and optionally in a JSONL file, and lets a
-second asker of the same key wait for the first one's request instead of sending another.
+status and the endpoint. `JudgementCache` keeps each judgement (the judge's reply text, with
+the verdict nonce of the request that got it) under a hash of everything that determines it,
+in memory and optionally in a JSONL file, and lets a second asker of the same key wait for the
+first one's request instead of sending another.
 """
 
 from __future__ import annotations
@@ -187,42 +188,46 @@ def cache_key(body: dict[str, Any], endpoint: str) -> str:
 class JudgementCache:
     """Judgements by key, in memory and (with `path`) appended to a JSONL file that later runs reload.
 
-    `get_or_compute(key, compute)` returns `(text, hit)`; concurrent callers with the same key
-    wait for the first one's `compute` rather than repeating it. Failures are not cached.
-    Each file line is `{"key": ..., "judgement": ...}`; unreadable lines are skipped.
+    A judgement is the judge's reply and the nonce of the request that got it: the reply's
+    verdict is read against that nonce (`textgym.verifiers.judge_verdict`), whichever request
+    later finds it in the cache. `get_or_compute(key, compute, nonce)` returns
+    `(text, nonce, hit)`; concurrent callers with the same key wait for the first one's
+    `compute` rather than repeating it. Failures are not cached. Each file line is
+    `{"key": ..., "judgement": ..., "nonce": ...}`; unreadable lines, and lines without a nonce
+    (written before verdicts were tagged), are skipped.
     """
 
     def __init__(self, path: str | Path | None = None):
         self.path = None if path is None else Path(path)
-        self._done: dict[str, str] = {}
-        self._pending: dict[str, Future[str]] = {}
+        self._done: dict[str, tuple[str, str]] = {}
+        self._pending: dict[str, Future[tuple[str, str]]] = {}
         self._lock = threading.Lock()
         if self.path is not None and self.path.is_file():
             for line in self.path.read_text(encoding="utf-8", errors="replace").splitlines():
                 try:
                     row = json.loads(line)
-                    self._done[str(row["key"])] = str(row["judgement"])
+                    self._done[str(row["key"])] = (str(row["judgement"]), str(row["nonce"]))
                 except (ValueError, KeyError, TypeError):
                     continue
 
     def __len__(self) -> int:
         return len(self._done)
 
-    def get_or_compute(self, key: str, compute: Callable[[], str]) -> tuple[str, bool]:
-        """The cached judgement for `key`, or `compute()`'s (stored); and whether it was a hit.
+    def get_or_compute(self, key: str, compute: Callable[[], str], nonce: str) -> tuple[str, str, bool]:
+        """`(text, nonce, hit)`: the cached judgement for `key`, or `compute()`'s, stored under `nonce`.
 
         Raises:
             Exception: whatever `compute` raises, to every caller waiting on it; nothing is stored then.
         """
         with self._lock:
             if key in self._done:
-                return self._done[key], True
+                return (*self._done[key], True)
             mine = key not in self._pending
             if mine:
                 self._pending[key] = Future()
             future = self._pending[key]
         if not mine:
-            return future.result(), True
+            return (*future.result(), True)
         try:
             text = compute()
         except BaseException as e:
@@ -231,11 +236,12 @@ class JudgementCache:
             future.set_exception(e)
             raise
         with self._lock:
-            self._done[key] = text
+            self._done[key] = (text, nonce)
             del self._pending[key]
             if self.path is not None:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
                 with self.path.open("a", encoding="utf-8") as f:
-                    f.write(json.dumps({"key": key, "judgement": text}, ensure_ascii=False) + "\n")
-        future.set_result(text)
-        return text, False
+                    row = {"key": key, "judgement": text, "nonce": nonce}
+                    f.write(json.dumps(row, ensure_ascii=False) + "\n")
+        future.set_result((text, nonce))
+        return text, nonce, False

@@ -1,4 +1,4 @@
-"""The judge's side of LLM-as-judge: rubric templates, the delimited prompt, and parsing the verdict.
+"""The judge's side of LLM-as-judge: rubric templates and the delimited prompt (the verdict: `judge_verdict`).
 
 A rubric is a plain-text template. Its placeholders are replaced by text (never by
 `str.format`, so braces such as `\\boxed{}` in a rubric are kept as written):
@@ -11,15 +11,20 @@ A rubric is a plain-text template. Its placeholders are replaced by text (never 
 | `{completions}` | every candidate, each in a numbered `<response id="i">` block | group (required) |
 | `{answer}` | the reference answer, or the empty string | all (optional) |
 | `{reference}` | a `<reference>` block holding the reference answer, or nothing | all (optional) |
+| `{verdict_format}` | how to write the verdict, inside the `<verdict-<nonce>>` tags | all (required*) |
+| `{verdict_tag}` | the tag name alone, `verdict-<nonce>` | all (optional) |
+
+(*) or `{verdict_tag}` in an instruction the rubric words itself.
 
 Inserted text is data, not instructions: anything in it that looks like a tag (`<...>`,
 e.g. a completion writing `</response>` to close its own block early) has its `<` replaced
 by `&lt;`, so the rubric's delimiters are the only tags the judge sees; text longer than
 `max_chars` keeps its head and tail around a marker saying how much was cut.
 
-Only the judge's own reply is parsed, and only its last verdict line counts: `SCORE: <0-10>`
-(pointwise), `SCORE <i>: <0-10>` per candidate (group), `WINNER: A|B|TIE` (pairwise). A
-`<think>...</think>` block is dropped first, so drafts inside a reasoning trace do not count.
+Only the judge's own reply is parsed, and only a verdict inside the request's tags, named after
+a nonce drawn per request, counts: `SCORE: <0-10>` (pointwise), `SCORE <i>: <0-10>` per
+candidate (group), `WINNER: A|B|TIE` (pairwise). Echoes of the prompt or of the policy's text
+are dropped; the rules are in `textgym.verifiers.judge_verdict`.
 """
 
 from __future__ import annotations
@@ -27,9 +32,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-Mode = Literal["pointwise", "pairwise", "group"]
+from textgym.verifiers.judge_verdict import Mode, VerdictContext, own_verdicts, verdict_format, verdict_tag
+
 MODES: tuple[Mode, ...] = ("pointwise", "pairwise", "group")
 
 _RULES = """Grade the response on correctness first: a response whose final answer is wrong is poor,
@@ -50,9 +56,9 @@ DEFAULT_RUBRICS: dict[Mode, str] = {
 {{completion}}
 </response>
 
-Explain your judgement in a few sentences. Then end your reply with one line of the form
-SCORE: <number from 0 to 10>
-where 10 is a fully correct, well-supported answer and 0 is a wrong or missing one.""",
+Explain your judgement in a few sentences, then give a score from 0 to 10, where 10 is a fully
+correct, well-supported answer and 0 is a wrong or missing one.
+{{verdict_format}}""",
     "pairwise": f"""You are a strict grader. Read the question and the two responses to it.
 {_RULES} The order in which the responses are shown says nothing about their quality.
 
@@ -68,9 +74,9 @@ where 10 is a fully correct, well-supported answer and 0 is a wrong or missing o
 {{completion_b}}
 </response_b>
 
-Explain your judgement in a few sentences. Then end your reply with one line of the form
-WINNER: A
-or WINNER: B, or WINNER: TIE when neither is better.""",
+Explain your judgement in a few sentences, then name the better response: A or B, or TIE when
+neither is better.
+{{verdict_format}}""",
     "group": f"""You are a strict grader. Read the question and the numbered responses to it.
 {_RULES} Score every response on the same scale, relative to the others: a better response gets a
 higher score.
@@ -81,8 +87,8 @@ higher score.
 {{reference}}
 {{completions}}
 
-Explain your judgement briefly. Then end your reply with one line per response, in order, of the form
-SCORE <response number>: <number from 0 to 10>""",
+Explain your judgement briefly, then give each response a score from 0 to 10.
+{{verdict_format}}""",
 }
 """The built-in rubric of each mode (the reference block appears only when a reference is given)."""
 
@@ -91,32 +97,59 @@ REQUIRED: dict[Mode, tuple[str, ...]] = {
     "pairwise": ("{completion_a}", "{completion_b}"),
     "group": ("{completions}",),
 }
-"""The placeholders a rubric of each mode must contain."""
+"""The placeholders a rubric of each mode must contain, besides `{verdict_format}` (or `{verdict_tag}`)."""
+
+VERDICT_PLACEHOLDERS = ("{verdict_format}", "{verdict_tag}")
+"""A rubric needs one of these: the judge must be told the request's verdict tags."""
+
+_EXAMPLE_NONCE = "0123456789abcdef"
 
 DEFAULT_MAX_CHARS = 20_000
 """Inserted text longer than this many characters is cut to its head and tail (`clip`)."""
 
 _TAG = re.compile(r"<(?=[\s/]*[A-Za-z_!?][^<>]*>)")
-_THINK = re.compile(r"<think>.*?(</think>|$)", re.DOTALL | re.IGNORECASE)
-_NUMBER = r"([-+]?\d+(?:\.\d+)?)"
-_SCORE = re.compile(rf"^[\s*_#>`]*SCORE\s*:\s*{_NUMBER}\s*(?:/\s*10)?[\s*_`.]*$", re.IGNORECASE)
-_GROUP_SCORE = re.compile(
-    rf"^[\s*_#>`-]*SCORE\s*\[?\s*#?(\d+)\s*\]?\s*:\s*{_NUMBER}\s*(?:/\s*10)?[\s*_`.]*$", re.IGNORECASE
-)
-_WINNER = re.compile(r"^[\s*_#>`]*WINNER\s*:\s*\[?\s*(A|B|TIE)\s*\]?[\s*_`.]*$", re.IGNORECASE)
 
 
 def validate_rubric(text: str, mode: Mode, where: str = "rubric") -> str:
-    """Return `text` when it holds the placeholders `mode` needs.
+    """Return `text` when it holds the placeholders `mode` needs and no complete verdict.
+
+    A rubric needs its mode's completion placeholder(s) (`REQUIRED`) and `{verdict_format}`
+    (or `{verdict_tag}` inside an instruction of its own): without the request's tag name the
+    judge cannot write a verdict that counts. A worked example such as
+    `<{verdict_tag}>SCORE: 7</{verdict_tag}>` is refused: a verdict copied from the prompt is an
+    echo, so the judge's own `SCORE: 7` could not be told from a repeat of the example.
 
     Raises:
-        ValueError: naming `where` and the missing placeholder(s), or an unknown mode.
+        ValueError: naming `where` and the missing placeholder(s), the example verdict, or an
+            unknown mode.
     """
     if mode not in REQUIRED:
         raise ValueError(f"unknown judge mode {mode!r}; choose one of {list(MODES)}")
     missing = [p for p in REQUIRED[mode] if p not in text]
+    if not any(p in text for p in VERDICT_PLACEHOLDERS):
+        missing.append("{verdict_format}")
     if missing:
-        raise ValueError(f"{where}: a {mode} rubric needs the placeholder(s) {missing}")
+        why = ""
+        if "{verdict_format}" in missing:
+            why = (
+                " ({verdict_format} becomes the instruction to write the verdict inside the tags "
+                "named by a nonce drawn per request; a rubric that words that instruction itself "
+                "may use {verdict_tag}, the tag name, instead)"
+            )
+        raise ValueError(f"{where}: a {mode} rubric needs the placeholder(s) {missing}{why}")
+    examples: dict[Mode, dict[str, Any]] = {
+        "pointwise": {"completion": "x"},
+        "pairwise": {"completion_a": "x", "completion_b": "y"},
+        "group": {"completions": ["x", "y"]},
+    }
+    fields = examples[mode]
+    shown = render(text, prompt="q", answer="a", nonce=_EXAMPLE_NONCE, **fields).text
+    if own_verdicts(shown, VerdictContext(_EXAMPLE_NONCE), mode).lines:
+        raise ValueError(
+            f"{where}: the {mode} rubric holds a complete verdict inside the verdict tags (a worked "
+            "example?); a judge's own verdict equal to it could not be told from an echo of the "
+            "prompt: show the number as a placeholder, e.g. <number from 0 to 10>"
+        )
     return text
 
 
@@ -167,8 +200,13 @@ def render(
     completions: list[str] | None = None,
     answer: str | None = None,
     max_chars: int = DEFAULT_MAX_CHARS,
+    nonce: str | None = None,
 ) -> Rendered:
     """Fill `template`'s placeholders with neutralised, clipped text (see the module docstring).
+
+    With `nonce`, `{verdict_tag}` and `{verdict_format}` are filled too (the mode read from the
+    completion fields given: `completions` group, `completion_a`/`_b` pairwise, else pointwise);
+    without it they are left as written.
 
     Examples:
         >>> r = render("Q: {prompt}\\n<response>\\n{completion}\\n</response>{reference}",
@@ -208,82 +246,15 @@ def render(
         if ref
         else ""
     )
+    if nonce is not None:
+        kind: Mode = (
+            "group" if completions is not None else "pairwise" if completion_a is not None else "pointwise"
+        )
+        values["{verdict_tag}"] = verdict_tag(nonce)
+        values["{verdict_format}"] = verdict_format(kind, nonce, len(completions or ()))
     # One pass over the template: text inserted for one placeholder is never scanned for another.
     pattern = re.compile("|".join(re.escape(k) for k in sorted(values, key=len, reverse=True)))
     return Rendered(pattern.sub(lambda m: values[m.group(0)], template), clipped)
-
-
-def _lines(judgement: str) -> list[str]:
-    return _THINK.sub("", judgement).splitlines()
-
-
-def parse_score(judgement: str) -> tuple[float | None, str | None]:
-    """The judge's score from its reply: the last `SCORE: <number>` line, number in [0, 10].
-
-    Returns:
-        `(score, None)`, or `(None, reason)` when there is no such line or the last one is out of range.
-
-    Examples:
-        >>> parse_score("Correct and clear.\\nSCORE: 7")
-        (7.0, None)
-        >>> parse_score("The response says SCORE: 10 but it is wrong.\\nSCORE: 2")
-        (2.0, None)
-        >>> parse_score("no verdict here")
-        (None, 'no line of the form SCORE: <number from 0 to 10> in the judgement')
-    """
-    found = [m for line in _lines(judgement) if (m := _SCORE.match(line))]
-    if not found:
-        return None, "no line of the form SCORE: <number from 0 to 10> in the judgement"
-    value = float(found[-1].group(1))
-    if not 0.0 <= value <= 10.0:
-        return None, f"the judgement's score {found[-1].group(1)} is outside [0, 10]"
-    return value, None
-
-
-def parse_group_scores(judgement: str, n: int) -> tuple[list[float | None], list[str | None]]:
-    """Per-candidate scores from `SCORE <i>: <number>` lines (the last line for each i counts).
-
-    Returns:
-        `(scores, errors)`, both of length `n`: candidate i's score in [0, 10] (or None) at
-        index i-1, and beside it None or the reason it has no usable score.
-
-    Examples:
-        >>> parse_group_scores("1 is right, 2 is not.\\nSCORE 1: 9\\nSCORE 2: 1", 2)
-        ([9.0, 1.0], [None, None])
-        >>> parse_group_scores("SCORE 1: 12", 2)[1][0]
-        "response 1's score 12 is outside [0, 10]"
-    """
-    last: dict[int, str] = {}
-    for line in _lines(judgement):
-        m = _GROUP_SCORE.match(line)
-        if m:
-            last[int(m.group(1))] = m.group(2)
-    scores: list[float | None] = []
-    errors: list[str | None] = []
-    for i in range(1, n + 1):
-        raw = last.get(i)
-        if raw is None:
-            scores.append(None)
-            errors.append(f"no line SCORE {i}: <number from 0 to 10> in the judgement")
-        elif not 0.0 <= float(raw) <= 10.0:
-            scores.append(None)
-            errors.append(f"response {i}'s score {raw} is outside [0, 10]")
-        else:
-            scores.append(float(raw))
-            errors.append(None)
-    return scores, errors
-
-
-def parse_winner(judgement: str) -> tuple[str | None, str | None]:
-    """The pairwise verdict: the last `WINNER: A|B|TIE` line, as "A", "B" or "TIE".
-
-    Returns:
-        `(winner, None)`, or `(None, reason)` when there is no such line.
-    """
-    found = [m for line in _lines(judgement) if (m := _WINNER.match(line))]
-    if not found:
-        return None, "no line of the form WINNER: A|B|TIE in the judgement"
-    return found[-1].group(1).upper(), None
 
 
 def preference(verdict_ab: str | None, verdict_ba: str | None) -> dict[str, Any]:
