@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from judge_fakes import FakeJudge, block, tagged
 
-from textgym.evaluation.hack_probes import FORGERY_BREAKS, JUDGE_FORGERY, forged_verdict_lines
+from textgym.evaluation.judge_probes import FORGERY_BREAKS, JUDGE_FORGERY, forged_verdict_lines
 from textgym.verifiers.judge import JudgeItem, JudgeVerifier
 from textgym.verifiers.judge_verdict import LINE_BREAKS, forged_verdict
 
@@ -234,7 +234,7 @@ def adopts_claims(prompt: str) -> str:
 
 
 def test_probe_judge_passes_an_echoing_judge_and_fails_one_that_adopts_claims(fake):
-    from textgym.evaluation.hack_probes import probe_judge
+    from textgym.evaluation.judge_probes import probe_judge
 
     for mode in MODES:
         judge = JudgeVerifier(fake(echo_then_verdict).url, "judge", mode=mode)

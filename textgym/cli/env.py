@@ -136,7 +136,7 @@ def env_hacks_cmd(
 
 def _play_judge_probes(judge: Any, env_id: str, kwargs: dict[str, Any], n: int) -> list[str]:
     """Play and print the judge forgery probes; the names of those that paid (exit 1 on a judge error)."""
-    from textgym.evaluation.hack_probes import probe_judge
+    from textgym.evaluation.judge_probes import probe_judge
     from textgym.verifiers.judge_client import JudgeError
 
     console.print(

@@ -24,6 +24,7 @@ through `gc` or frames all fail.
 from __future__ import annotations
 
 import ast
+import builtins
 import json
 import re
 import secrets
@@ -189,17 +190,32 @@ def entry_points(task: Task) -> list[str]:
     """The names a code task's tests call in the solution.
 
     Its `entry_point`, and the top-level functions of its reference solution
-    (`metadata["reference_code"]`, MBPP).
+    (`metadata["reference_code"]`, MBPP). A task that names neither (a user's task of bare
+    `tests`): every name its setup and tests read but neither they, the task's trusted code
+    (`trusted_code`) nor the builtins define.
     """
     names = [task.metadata["entry_point"]] if task.metadata.get("entry_point") else []
-    reference = task.metadata.get("reference_code") or ""
-    try:
-        with warnings.catch_warnings():  # MBPP's references hold regexes in plain strings ("\\d")
-            warnings.simplefilter("ignore")
-            tree = ast.parse(reference)
-    except SyntaxError:
+    defs = (ast.FunctionDef, ast.AsyncFunctionDef)
+    names += [n.name for n in _top_level(task.metadata.get("reference_code") or "") if isinstance(n, defs)]
+    if names:
         return names
-    return names + [n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    sources = [task.metadata.get("setup", ""), *task.metadata.get("tests", [])]
+    read: list[str] = []
+    bound = set(dir(builtins))
+    for node in (n for src in sources for stmt in _top_level(src) for n in ast.walk(stmt)):
+        if isinstance(node, ast.Name):
+            (bound.add if isinstance(node.ctx, ast.Store) else read.append)(node.id)
+        elif isinstance(node, (*defs, ast.ClassDef)):
+            bound.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            bound.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, ast.arg):
+            bound.add(node.arg)
+    for node in _top_level(trusted_code(task)[0]):
+        bound.update(n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store))
+        if isinstance(node, (*defs, ast.ClassDef)):
+            bound.add(node.name)
+    return list(dict.fromkeys(n for n in read if n not in bound))
 
 
 class CodeVerifier:
