@@ -238,6 +238,36 @@ def test_the_judge_never_runs_or_compares_the_candidates_objects(backend, name):
 
 
 @pytest.mark.sandbox
+def test_hack_telemetry_counts_the_code_judges_refusals():
+    """A refused solution (a class as the entry point) is flagged in the env's info and counted by
+    the training metrics as `hack/judge_refused_frac`, a share of all episodes, paid or not."""
+    import torch
+
+    from textgym.agents.trajectory import Trajectory
+    from textgym.training.rollout_metrics import hack_warning, rollout_metrics
+
+    env = gym.make("textgym/HumanEval-v0")
+    task = humaneval_tasks("binary")[0]
+    flags = []
+    for reply in (f"```python\n{JUDGE_HACKS['class entry point'][1]}```", task.solution):
+        env.reset(options={"task_index": 0})
+        _, reward, _, _, info = env.step(reply)
+        flags.append((reward, info["judge_refused"]))
+    env.close()
+    assert flags == [(0.0, True), (1.0, False)]
+
+    def traj(refusals):
+        ids = torch.zeros(3, dtype=torch.long)
+        return Trajectory(ids, torch.tensor([0.0, 1.0, 1.0]), torch.zeros(3), torch.zeros(3), prompt_length=1,
+                          messages=[], reward=0.0, counts={"judge_refusals": refusals})  # fmt: skip
+
+    m = rollout_metrics([traj(1), traj(0), traj(0), traj(0)])
+    assert m["hack/judge_refused_frac"] == 0.25 and m["rollout/judge_refusals_mean"] == 0.25
+    assert "judge_refused 0.25" in hack_warning(m, threshold=0.25)
+    assert "hack/judge_refused_frac" not in rollout_metrics([traj(0)])
+
+
+@pytest.mark.sandbox
 def test_the_judge_keeps_what_tests_need_of_the_solutions_data():
     """What crosses is plain data, decoded by the judge: values the tests compare (a tuple is not a
     list, an int not a bool, -0.0 and NaN as they are), in-place changes to a list argument, the

@@ -22,7 +22,7 @@ from textgym.types import Message
 TRUNCATION_CAUSES = ("time_limit", "max_turns", "context")
 """Why a truncated episode was cut (`Trajectory.truncation`); each has its own rollout metric."""
 
-EPISODE_COUNTS = ("tool_calls", "tool_errors", "invalid_actions")
+EPISODE_COUNTS = ("tool_calls", "tool_errors", "invalid_actions", "judge_refusals")
 """The per-episode counts a rollout keeps (`Trajectory.counts`), each reported as a mean."""
 
 
@@ -31,16 +31,19 @@ def turn_counts(info: dict[str, Any]) -> dict[str, int]:
 
     `tool_calls` and `tool_errors` are the tool wrapper's counts for the step
     (`info["tool_calls"]`, `info["tool_errors"]`; non-numbers count 0); `invalid_actions` is 1
-    when the env flagged the action (`info["invalid_action"]`).
+    when the env flagged the action (`info["invalid_action"]`); `judge_refusals` is 1 when a
+    code env's judge refused what the solution offered (`info["judge_refused"]`: a value that is
+    not plain data, an entry point that is not a function: a reward-hack attempt).
 
     Examples:
         >>> turn_counts({"tool_calls": 2, "tool_errors": 1})
-        {'tool_calls': 2, 'tool_errors': 1, 'invalid_actions': 0}
+        {'tool_calls': 2, 'tool_errors': 1, 'invalid_actions': 0, 'judge_refusals': 0}
         >>> turn_counts({"invalid_action": True, "tool_calls": "n/a"})
-        {'tool_calls': 0, 'tool_errors': 0, 'invalid_actions': 1}
+        {'tool_calls': 0, 'tool_errors': 0, 'invalid_actions': 1, 'judge_refusals': 0}
     """
     raw = {"tool_calls": info.get("tool_calls", 0), "tool_errors": info.get("tool_errors", 0),
-           "invalid_actions": int(bool(info.get("invalid_action")))}  # fmt: skip
+           "invalid_actions": int(bool(info.get("invalid_action"))),
+           "judge_refusals": int(bool(info.get("judge_refused")))}  # fmt: skip
     numeric = {k: isinstance(v, int | float) and not isinstance(v, bool) for k, v in raw.items()}
     return {k: int(v) if numeric[k] else 0 for k, v in raw.items()}
 

@@ -214,7 +214,7 @@ class CodeEnv(TextEnv):
         """Run the tests on the action's code; end or give feedback (see the class docstring)."""
         assert self.task is not None
         score = self.verifier(action, self.task)
-        info: dict[str, Any] = {"details": score.details}
+        info: dict[str, Any] = {"details": score.details, "judge_refused": bool(score.details.get("refused"))}
         if score.reward < 1.0 and score.details.get("error"):
             info["error"] = str(score.details["error"]).strip().splitlines()[-1][:300]
         return self._outcome(score.reward, info)

@@ -97,6 +97,10 @@ def rollout_metrics(trajs: list[Trajectory], gather: bool = True) -> dict[str, f
         m[f"rollout/truncated_{cause}_frac"] = sum(r[8] == cause for r in rows) / len(rows)
     for key in EPISODE_COUNTS:
         m[f"rollout/{key}_mean"] = sum(r[9].get(key, 0) for r in rows) / len(rows)
+    # code judges' refusals (a class or callable as the entry point, an object that is not plain
+    # data): attempts, paid or not, so a share of every episode and not only of the paid ones
+    if any(r[9].get("judge_refusals", 0) for r in rows):
+        m["hack/judge_refused_frac"] = sum(r[9].get("judge_refusals", 0) > 0 for r in rows) / len(rows)
     terms: dict[str, list[float]] = defaultdict(list)
     for r in rows:
         for k, v in r[3].items():

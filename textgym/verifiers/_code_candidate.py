@@ -78,7 +78,7 @@ def serve(requests_fd: int, answers_fd: int, cwd: str) -> None:
         fn = namespace.get(request.get("fn", ""))
         try:
             if type(fn) is not types.FunctionType:
-                raise TypeError(f"{request.get('fn')} is a {type(fn).__name__}, not a function")
+                raise wire.WireError(f"{request.get('fn')} is a {type(fn).__name__}, not a function")
             args = wire.decode(request.get("args", []), make_object)
             kwargs = wire.decode(request.get("kwargs", {"t": "dict", "v": []}), make_object)
             value = fn(*args, **kwargs)

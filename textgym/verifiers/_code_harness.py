@@ -56,8 +56,21 @@ class CandidateError(Exception):
     """The candidate's function raised an exception a test may not catch by its own type."""
 
 
-class CandidateGoneError(Exception):
-    """The candidate process died, or answered something that is not a message."""
+class RefusedError(BaseException):
+    """The judge refused what the solution offered: a value that is not plain data, or a non-function.
+
+    (A non-function entry point: a class, a callable object.) A BaseException, so that no
+    `except Exception` (or `except TypeError`) of a test can take it for the solution's own
+    error: the unit fails.
+    """
+
+
+class CandidateGoneError(BaseException):
+    """The candidate process died, or answered something that is not a message.
+
+    A BaseException for the same reason as `RefusedError`: a test that catches everything
+    cannot pass on it.
+    """
 
 
 def _non_dumpable() -> None:
@@ -138,20 +151,26 @@ def _proxy(candidate, name, kind, make_object):
     """A function of the trusted namespace that calls `name` in the candidate process."""
 
     def call(*args, **kwargs):
+        if kind == "missing":
+            raise NameError(f"the solution does not define {name}")
         if kind != "function":
-            what = "is not defined" if kind == "missing" else f"is a {kind}, not a function"
-            raise TypeError(f"the solution's {name} {what}")
+            raise RefusedError(f"the solution's {name} is a {kind}, not a function")
         answer = candidate.ask(
             {"op": "call", "fn": name, "args": wire.encode(list(args), candidate.classes),
              "kwargs": wire.encode(dict(kwargs), candidate.classes)}
         )  # fmt: skip
         if answer.get("ok") is not True:
             kind_ = answer.get("error")
-            error = _SAFE_ERRORS.get(kind_) if type(kind_) is str else None
             message = str(answer.get("message", ""))[-2000:]
+            if kind_ in ("WireError", "RefusedError"):  # the candidate could not send plain data
+                raise RefusedError(f"the solution's {name} returned {message.strip().splitlines()[-1:]}")
+            error = _SAFE_ERRORS.get(kind_) if type(kind_) is str else None
             raise (error or CandidateError)(f"the solution raised {kind_!s:.40}: {message}")
-        value = wire.decode(answer.get("value"), make_object)
-        _write_back(args, wire.decode(answer.get("args", []), make_object))
+        try:
+            value = wire.decode(answer.get("value"), make_object)
+            _write_back(args, wire.decode(answer.get("args", []), make_object))
+        except wire.WireError as e:
+            raise RefusedError(f"the solution's {name} answered {e}") from None
         return value
 
     call.__name__ = name
@@ -231,7 +250,7 @@ def main():
         try:
             exec(compile(unit, f"test_{i}.py", "exec"), namespace)
         except BaseException as e:
-            emit({"unit": i, "ok": False, "error": _describe(e)})
+            emit({"unit": i, "ok": False, "error": _describe(e), "refused": isinstance(e, RefusedError)})
             if spec.get("stop_at_first_failure", False):
                 break
         else:

@@ -300,6 +300,9 @@ class CodeVerifier:
             "exit_code": result.exit_code,
             "timed_out": result.timed_out,
             "oom": result.oom,
+            # the judge refused what the solution offered (a value that is not plain data, an
+            # entry point that is not a function): hack telemetry counts these
+            "refused": any(rec.get("refused") is True for rec in reports.values()),
         }
         failing = None
         if not loaded:
