@@ -123,12 +123,13 @@ _STYLE = re.compile(
     r"\\(?:displaystyle|textstyle|scriptstyle|scriptscriptstyle|bf|rm|it|sf|tt|normalfont|boldmath)(?![A-Za-z])"
     r"|\\color\s*\{[^{}]*\}"
 )
-_SPACING = re.compile(r"\\[,;:> ]|\\(?:q?quad|thinspace|medspace|thickspace|enspace|enskip)(?![A-Za-z])|~")
+_SPACING = re.compile(r"(?<!\\)\\[,;:> ]|\\(?:q?quad|thinspace|medspace|thickspace|enspace|enskip)(?![A-Za-z])|~")
 _WRAPPER = re.compile(
     r"\\(?:text(?:bf|it|rm|sf|tt|normal|up|md|sl)?|math(?:rm|bf|it|sf|tt|normal)|boldsymbol|bm|mbox|hbox|emph"
     r"|underline|textcolor\s*\{[^{}]*\})\s*\{"
 )
 _MAX_WRAPPERS = 64
+_MAX_UNWRAP_CHARS = 4_000
 
 
 def _closing(text: str, start: int) -> int | None:
@@ -144,7 +145,10 @@ def _closing(text: str, start: int) -> int | None:
     return None
 
 
-def unwrap(text: str) -> str:
+_WORD = re.compile(r"(?<![\\A-Za-z])[A-Za-z]{2,}")
+
+
+def unwrap(text: str, keep_words: bool = False) -> str:
     r"""`text` without the typesetting around its maths: what the answer rule and the comparison read.
 
     Font and text wrappers keep their content (`\text{148}`, `\textbf{}`, `\mathrm{}`,
@@ -154,21 +158,34 @@ def unwrap(text: str) -> str:
     the whole are dropped. Words stay words: `\text{either 3 or 4}` is still a hedge and
     `\text{85+63}` still the question.
 
+    Args:
+        text: an answer.
+        keep_words: leave the wrappers whose content has a word of two letters or more
+            (`\text{ inches}`, `\text{Devon}`) as they are: math-verify reads units and names
+            in them (the text compared with a symbolic gold).
+
     Examples:
         >>> unwrap(r"\text{148}"), unwrap(r"\mathbf{148}"), unwrap(r"\displaystyle 148"), unwrap("{148}")
         ('148', '148', '148', '148')
         >>> unwrap(r"\textbf{\frac{3}{2}}\,\text{cm}")
         '\\frac{3}{2}    cm'
     """
+    if len(text) > _MAX_UNWRAP_CHARS:  # no real answer is that long (MathVerifier refuses it anyway)
+        return text.strip()
     t = _SPACING.sub(" ", _STYLE.sub(" ", re.sub(r"\\!\s*", "", text)))
+    start = 0
     for _ in range(_MAX_WRAPPERS):
-        m = _WRAPPER.search(t)
+        m = _WRAPPER.search(t, start)
         if m is None:
             break
         end = _closing(t, m.end())
         if end is None:
             break
+        if keep_words and _WORD.search(t[m.end() : end]):
+            start = end + 1
+            continue
         t = f"{t[: m.start()]} {t[m.end() : end]} {t[end + 1 :]}"
+        start = m.start()
     t = t.strip()
     while t.startswith("{") and _closing(t, 1) == len(t) - 1:
         t = t[1:-1].strip()
@@ -540,7 +557,7 @@ def check_answer(completion: str, question: str, gold: str, timeout_s: float = 1
     verdict = _not_the_question(plain, literal, question, gold, timeout_s)
     if verdict is not None:
         return AnswerCheck(answer, ext.kind, None, *verdict)
-    return AnswerCheck(answer, ext.kind, literal if numeric_gold else plain)
+    return AnswerCheck(answer, ext.kind, literal if numeric_gold else unwrap(answer, keep_words=True))
 
 
 MANY_ANSWERS = 3
