@@ -123,7 +123,9 @@ _STYLE = re.compile(
     r"\\(?:displaystyle|textstyle|scriptstyle|scriptscriptstyle|bf|rm|it|sf|tt|normalfont|boldmath)(?![A-Za-z])"
     r"|\\color\s*\{[^{}]*\}"
 )
-_SPACING = re.compile(r"(?<!\\)\\[,;:> ]|\\(?:q?quad|thinspace|medspace|thickspace|enspace|enskip)(?![A-Za-z])|~")
+_SPACING = re.compile(
+    r"(?<!\\)\\[,;:> ]|\\(?:q?quad|thinspace|medspace|thickspace|enspace|enskip)(?![A-Za-z])|~"
+)
 _WRAPPER = re.compile(
     r"\\(?:text(?:bf|it|rm|sf|tt|normal|up|md|sl)?|math(?:rm|bf|it|sf|tt|normal)|boldsymbol|bm|mbox|hbox|emph"
     r"|underline|textcolor\s*\{[^{}]*\})\s*\{"
@@ -146,6 +148,7 @@ def _closing(text: str, start: int) -> int | None:
 
 
 _WORD = re.compile(r"(?<![\\A-Za-z])[A-Za-z]{2,}")
+_NOT_WORDS = re.compile(rf"{_WRAPPER.pattern}[^{{}}]*\}}|\\(?:begin|end)\s*\{{[^{{}}]*\}}")
 
 
 def unwrap(text: str, keep_words: bool = False) -> str:
@@ -181,7 +184,7 @@ def unwrap(text: str, keep_words: bool = False) -> str:
         end = _closing(t, m.end())
         if end is None:
             break
-        if keep_words and _WORD.search(t[m.end() : end]):
+        if keep_words and _WORD.search(_NOT_WORDS.sub(" ", t[m.end() : end])):
             start = end + 1
             continue
         t = f"{t[: m.start()]} {t[m.end() : end]} {t[end + 1 :]}"
@@ -362,6 +365,8 @@ def _prose_answer(text: str, gold: str, kind: str) -> AnswerCheck:
     return AnswerCheck(values[0], kind, number_literal(values[0]) or values[0])
 
 
+_MATHS = re.compile(r"[0-9+\-*/^=\\]")
+"""Maths in a text (a digit, an operator, a command): words alone (`Evelyn`) may come from the question."""
 _ATOM_TEXT = re.compile(r"^[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+|[A-Za-z])$")
 _MATH_IN_LINE = re.compile(r"(?<!\\)\$\$?(.+?)(?<!\\)\$\$?|\\\[(.+?)\\\]|\\\((.+?)\\\)")
 
@@ -405,7 +410,7 @@ def restates(answer: str, question: str, gold: str | None = None, timeout_s: flo
     gold_plain = unwrap(gold) if gold is not None else None
     a = squash(plain)
     literal = number_literal(plain)
-    in_question = literal is None and len(a) >= 3 and a in squash(unwrap(question))
+    in_question = literal is None and len(a) >= 3 and bool(_MATHS.search(a)) and a in squash(unwrap(question))
     if in_question and (gold_plain is None or a != squash(gold_plain)):
         return True
     if (literal is not None and fraction_parts(literal) is None) or _ATOM_TEXT.match(a):

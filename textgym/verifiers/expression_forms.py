@@ -34,6 +34,7 @@ import re
 import unicodedata
 from dataclasses import dataclass, field
 from fractions import Fraction
+from itertools import combinations
 from typing import Any
 
 MAX_FORM_CHARS = 600
@@ -49,6 +50,7 @@ Form = tuple[int, Key]
 
 _ONE: Key = ("num", Fraction(1))
 _ZERO: Key = ("num", Fraction(0))
+_E: Key = ("atom", "Exp1", "E")
 
 _SUPERSCRIPTS = str.maketrans({"⁰": "^{0}", "¹": "^{1}", "²": "^{2}", "³": "^{3}", "⁴": "^{4}",
                                "⁵": "^{5}", "⁶": "^{6}", "⁷": "^{7}", "⁸": "^{8}", "⁹": "^{9}",
@@ -109,9 +111,9 @@ def _parse(text: str) -> _Parsed | None:
     def hide(m: re.Match[str]) -> str:
         if m.group("num") is None:
             return m.group(0)
-        symbol = f"{name}_{len(numbers)}"
-        numbers[symbol] = Fraction(m.group("num"))
-        return f"{{\\{name}_{{{len(numbers) - 1}}}}}"
+        index = len(numbers) // 2
+        numbers[f"{name}_{index}"] = numbers[f"{name}_{{{index}}}"] = Fraction(m.group("num"))
+        return f"{{\\{name}_{{{index}}}}}"
 
     t = _NUMBER.sub(hide, t)
     conversion = ConversionConfig(interpret_as_mixed_fractions=False, lowercase_symbols=False)
@@ -143,6 +145,8 @@ def _value(form: Form) -> Fraction | None:
             b = _value((1, base))
             if b is None or not isinstance(exp, Fraction) or exp.denominator != 1 or abs(exp) > 64:
                 return None
+            if abs(b.numerator) > 10**40 or b.denominator > 10**40:
+                return None
             if b == 0 and exp < 0:
                 return None
             product *= b ** int(exp)
@@ -157,8 +161,45 @@ def _sort(items: list[Any]) -> tuple[Any, ...]:
     return tuple(sorted(items, key=repr))
 
 
-def _add(terms: list[Form]) -> Form:
-    """The canonical sum of `terms`: flattened, zeros dropped, opposite terms cancelled, sign normalised."""
+_MAX_NEUTRAL_SUBSET = 4
+"""Numeric terms (factors) are dropped in groups of up to this many that sum to 0 (multiply to 1)."""
+
+
+def _drop_neutral(values: list[Fraction], product: bool) -> tuple[list[int], int]:
+    r"""Indices of `values` left once groups summing to 0 (`product`: multiplying to ±1) are dropped.
+
+    `x + 5 - 5`, `x \cdot 2 \cdot \frac{1}{2}`, `x \cdot (2-1)`, `x + 3 - 1 - 2`: an identity written
+    with numbers around an expression. Groups of 1 to `_MAX_NEUTRAL_SUBSET` values are tried
+    (up to pairs beyond 16 values), the smallest first (a padding by pairs cancels whatever
+    numbers the expression holds), in index order. Also returns the sign the dropped factors
+    multiply to (1 for sums).
+    """
+    left, sign = list(range(len(values))), 1
+    while left:
+        biggest = _MAX_NEUTRAL_SUBSET if len(left) <= 16 else 2
+        found: tuple[int, ...] = ()
+        for size in range(1, min(biggest, len(left)) + 1):
+            for group in combinations(left, size):
+                total = Fraction(1) if product else Fraction(0)
+                for i in group:
+                    total = total * values[i] if product else total + values[i]
+                if (product and abs(total) == 1) or (not product and total == 0):
+                    found = group
+                    sign *= 1 if total >= 0 else -1
+                    break
+            if found:
+                break
+        if not found:
+            break
+        left = [i for i in left if i not in found]
+    return left, sign
+
+
+def _add(terms: list[Form], settle: bool = False) -> Form:
+    """The canonical sum of `terms`: flattened, zeros dropped, opposite terms cancelled.
+
+    With `settle` (the final pass, `_settled`), numbers summing to 0 are dropped too.
+    """
     flat: list[Form] = []
     for sign, key in terms:
         if key == _ZERO:
@@ -168,12 +209,17 @@ def _add(terms: list[Form]) -> Form:
         else:
             flat.append((sign, key))
     kept: list[Form] = []
-    for term in flat:
+    for term in sorted(flat, key=lambda f: (repr(f[1]), f[0])):
         opposite = (-term[0], term[1])
         if opposite in kept:
             kept.remove(opposite)
         else:
             kept.append(term)
+    if settle:
+        numeric = [(f, _value(f)) for f in kept]
+        numbers = [f for f, v in numeric if v is not None]
+        left, _ = _drop_neutral([v for _, v in numeric if v is not None], product=False)
+        kept = [f for f, v in numeric if v is None] + [numbers[i] for i in left]
     if not kept:
         return 1, _ZERO
     if len(kept) == 1:
@@ -190,10 +236,6 @@ def _mul(factors: list[Form]) -> Form:
     pairs: list[tuple[Key, Any]] = []  # (base, exponent): a Fraction, or a Form when symbolic
     for s, key in factors:
         sign *= s
-        if key == _ZERO:
-            return 1, _ZERO
-        if key == _ONE:
-            continue
         if key[0] == "mul":
             pairs.extend(key[1])
         else:
@@ -206,22 +248,72 @@ def _negated(exp: Any) -> Any:
     return -exp if isinstance(exp, Fraction) else (-exp[0], exp[1])
 
 
-def _product(sign: int, pairs: list[tuple[Key, Any]]) -> Form:
-    """The canonical product of `(base, exponent)` pairs with an overall sign."""
+def _factor_value(base: Key, exp: Any) -> Fraction | None:
+    """The value of a numeric factor `base ** exp` (an integer exponent), else None."""
+    if not isinstance(exp, Fraction) or exp.denominator != 1:
+        return None
+    return _value((1, ("mul", ((base, exp),)) if exp != 1 else base))
+
+
+def _product(sign: int, pairs: list[tuple[Key, Any]], settle: bool = False) -> Form:
+    """The canonical product of `(base, exponent)` pairs and a sign: ones dropped, inverses cancelled.
+
+    With `settle` (the final pass, `_settled`), numbers multiplying to ±1 are dropped too.
+    """
     kept: list[tuple[Key, Any]] = []
-    for base, exp in pairs:
+    for base, exp in sorted(pairs, key=repr):
+        if base == _ZERO:
+            return 1, _ZERO
         if base == _ONE or (isinstance(exp, Fraction) and exp == 0):
             continue
+        if base[0] == "neg" and isinstance(exp, Fraction) and exp.denominator == 1:  # (-x)^n = ±x^n
+            base, sign = base[1], sign * (-1 if exp.numerator % 2 else 1)
         inverse = (base, _negated(exp))
         if inverse in kept:
             kept.remove(inverse)
         else:
             kept.append((base, exp))
+    if settle:
+        numeric = [(p, _factor_value(*p)) for p in kept]
+        numbers = [p for p, v in numeric if v is not None]
+        left, dropped_sign = _drop_neutral([v for _, v in numeric if v is not None], product=True)
+        kept = [p for p, v in numeric if v is None] + [numbers[i] for i in left]
+        sign *= dropped_sign
     if not kept:
         return sign, _ONE
     if len(kept) == 1 and kept[0][1] == 1:
         return sign, kept[0][0]
     return sign, ("mul", _sort(kept))
+
+
+def _settled_base(base: Key) -> Form:
+    """`_settled` of a product's base (a `("neg", key)` base is a negative form)."""
+    if base[0] == "neg":
+        sign, key = _settled((1, base[1]))
+        return -sign, key
+    return _settled((1, base))
+
+
+def _settled(form: Form) -> Form:
+    """The final pass: every sum and product, fully flattened now, drops its neutral groups of numbers.
+
+    Run once on a whole tree rather than while building it: a product's numbers are only all
+    known once its nested products are merged (`\frac{2(\frac{40}{8})}{2}`).
+    """
+    sign, key = form
+    if key[0] == "add":
+        s, k = _add([_settled(t) for t in key[1]], settle=True)
+        return sign * s, k
+    if key[0] == "mul":
+        pairs = []
+        for base, exp in key[1]:
+            sb, kb = _settled_base(base)
+            pairs.append((kb if sb > 0 else ("neg", kb), exp if isinstance(exp, Fraction) else _settled(exp)))
+        s, k = _product(1, pairs, settle=True)
+        return sign * s, k
+    if key[0] == "node":
+        return sign, ("node", key[1], tuple(_settled(c) for c in key[2]))
+    return form
 
 
 def _pow(base: Form, exp: Form) -> Form:
@@ -243,8 +335,9 @@ def _pow(base: Form, exp: Form) -> Form:
     if kb[0] == "mul":
         if value == -1:  # (ab)^{-1} = a^{-1} b^{-1}, (x^e)^{-1} = x^{-e}
             return _product(sign, [(b, _negated(e)) for b, e in kb[1]])
-        if len(kb[1]) == 1 and kb[1][0][1] == -1:  # (x^{-1})^v = x^{-v}
-            return _product(sign, [(kb[1][0][0], -value)])
+        inner = kb[1][0][1] if len(kb[1]) == 1 else None
+        if isinstance(inner, Fraction) and (inner == -1 or inner * value == 1):  # (x^{-1})^v, (\sqrt{x})^2
+            return _product(sign, [(kb[1][0][0], inner * value)])
     return _product(sign, [(kb, value)])
 
 
@@ -255,8 +348,8 @@ def _form(e: Any, numbers: dict[str, Fraction], depth: int = 0) -> Form:
     if depth > 4 * MAX_DEPTH:
         raise _UnreadableError("too deep")
     if isinstance(e, sympy.MatrixBase):
-        rows = tuple(tuple(_form(x, numbers, depth + 1) for x in row) for row in e.tolist())
-        return 1, ("node", "Matrix", rows)
+        cells = tuple(_form(x, numbers, depth + 1) for row in e.tolist() for x in row)
+        return 1, ("node", f"Matrix{e.rows}x{e.cols}", cells)
     atom = bool(getattr(e, "is_Atom", True))
     nested = [] if atom else [_form(a, numbers, depth + 1) for a in e.args]
     if isinstance(e, sympy.Symbol):
@@ -282,6 +375,13 @@ def _form(e: Any, numbers: dict[str, Fraction], depth: int = 0) -> Form:
         return 1, ("atom", name, str(e))
     if name in ("FiniteSet", "Union", "Intersection"):
         return 1, ("node", name, _sort(nested))
+    natural = len(nested) == 1 or (len(nested) == 2 and nested[1] == (1, _E))
+    if name == "exp" and nested[0][1][0] == "node" and nested[0][1][1] == "log" and nested[0][0] > 0:
+        inner = nested[0][1][2]
+        if len(inner) == 1 or inner[1] == (1, _E):  # e^{\ln x} = x
+            return inner[0]
+    if name == "log" and natural and nested[0][1][:2] == ("node", "exp") and nested[0][0] > 0:
+        return nested[0][1][2][0]  # \ln(e^x) = x
     return 1, ("node", name, tuple(nested))
 
 
@@ -291,7 +391,7 @@ def _read(text: str) -> tuple[Form, _Parsed] | None:
         parsed = _parse(text)
         if parsed is None:
             return None
-        return _form(parsed.tree, parsed.numbers), parsed
+        return _settled(_form(parsed.tree, parsed.numbers)), parsed
     except Exception:  # any parser failure: the text has no form
         return None
 
