@@ -157,9 +157,9 @@ def unwrap(text: str, keep_words: bool = False) -> str:
     Font and text wrappers keep their content (`\text{148}`, `\textbf{}`, `\mathrm{}`,
     `\mathbf{}`, `\mathit{}`, `\boldsymbol{}`, `\mbox{}`, `\emph{}`, `\textcolor{c}{}`, up
     to `_MAX_WRAPPERS` of them), style switches go (`\displaystyle`, `{\bf ...}`, `\color{c}`),
-    spacing commands become a space (`\,`, `\;`, `\quad`, `~`; `\!` goes), and braces around
-    the whole are dropped. Words stay words: `\text{either 3 or 4}` is still a hedge and
-    `\text{85+63}` still the question.
+    spacing commands become a space (`\,`, `\;`, `\quad`, `~`; `\!` goes), runs of white space
+    one space, and braces around the whole are dropped. Words stay words: `\text{either 3 or 4}`
+    is still a hedge and `\text{85+63}` still the question.
 
     Args:
         text: an answer.
@@ -171,7 +171,7 @@ def unwrap(text: str, keep_words: bool = False) -> str:
         >>> unwrap(r"\text{148}"), unwrap(r"\mathbf{148}"), unwrap(r"\displaystyle 148"), unwrap("{148}")
         ('148', '148', '148', '148')
         >>> unwrap(r"\textbf{\frac{3}{2}}\,\text{cm}")
-        '\\frac{3}{2}    cm'
+        '\\frac{3}{2} cm'
     """
     if len(text) > _MAX_UNWRAP_CHARS:  # no real answer is that long (MathVerifier refuses it anyway)
         return text.strip()
@@ -189,7 +189,7 @@ def unwrap(text: str, keep_words: bool = False) -> str:
             continue
         t = f"{t[: m.start()]} {t[m.end() : end]} {t[end + 1 :]}"
         start = m.start()
-    t = t.strip()
+    t = re.sub(r"\s+", " ", t).strip()
     while t.startswith("{") and _closing(t, 1) == len(t) - 1:
         t = t[1:-1].strip()
     return t

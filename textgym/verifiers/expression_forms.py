@@ -518,8 +518,8 @@ def posed_texts(question: str) -> list[str]:
             if re.search(_PLAIN_OP, span[1:]) or "\\" in span:
                 texts.append(span)
     seen: list[str] = []
-    for t in texts:
-        if t not in seen:
+    for t in (x.rstrip(".,;: ") for x in texts):
+        if t and t not in seen:
             seen.append(t)
     return seen[:MAX_SEGMENTS]
 
@@ -529,6 +529,24 @@ _FRACTION_TEXT = re.compile(
     r"|(?<![0-9.}])(-?[0-9]+)\s*(?:/|\\div(?![A-Za-z])|÷|∕|⁄)\s*([0-9]+)(?![0-9]|\.[0-9])"
 )
 """A fraction of whole numbers a question writes: `\\frac{a}{b}`, `\\frac ab`, `a/b`, `a \\div b`, `a ÷ b`."""
+
+
+def posed_fractions(question: str) -> list[list[int]]:
+    r"""The fractions of whole numbers `question` writes, `[numerator, denominator]`, in order, once each.
+
+    `\frac{a}{b}` (`\dfrac`, `\tfrac`, `\frac ab`), `a/b`, `a \div b`, `a ÷ b` (fullwidth and other
+    decimal digits read as digits); a zero denominator is left out.
+
+    Examples:
+        >>> posed_fractions(r"Compute 84/12. Then $\dfrac{-3}{4}$, and 5 ÷ 0.")
+        [[84, 12], [-3, 4]]
+    """
+    out: list[list[int]] = []
+    for m in _FRACTION_TEXT.finditer(_digits_ascii(unicodedata.normalize("NFKC", question))):
+        a, b = (int(g) for g in m.groups() if g is not None)
+        if b != 0 and [a, b] not in out:
+            out.append([a, b])
+    return out
 
 
 def posed(question: str) -> dict[str, Any]:
@@ -574,10 +592,7 @@ def posed(question: str) -> dict[str, Any]:
                 forms.append(form_key(f))
         if found:
             expressions.append(text)
-    for m in _FRACTION_TEXT.finditer(_digits_ascii(unicodedata.normalize("NFKC", question))):
-        a, b = (int(g) for g in m.groups() if g is not None)
-        if b == 0 or [a, b] in fractions:
-            continue
+    for a, b in posed_fractions(question):
         fractions.append([a, b])
         numerator = [] if abs(a) == 1 else [(("num", Fraction(abs(a))), Fraction(1))]
         written = form_key(_product(-1 if a < 0 else 1, [*numerator, (("num", Fraction(b)), Fraction(-1))]))

@@ -277,7 +277,7 @@ class MathVerifier:
 
     Examples:
         >>> from textgym.types import Task
-        >>> task = Task(task_id="half", prompt="What is 1/2 as a decimal?", answer="0.5")
+        >>> task = Task(task_id="half", prompt="What fraction of a day is 12 hours?", answer="0.5")
         >>> score = MathVerifier()(r"Half is \boxed{\frac{1}{2}}.", task)
         >>> score.reward, score.details["extracted"], score.details["marker"]
         (1.0, '\\frac{1}{2}', 'boxed')
