@@ -23,14 +23,31 @@ equivalence check (`check_answer`):
    digits with an optional sign, thousands separators, decimals or one fraction, with
    optional units around it (`\$`, `\%`, `^\circ`, `\text{...}`, words after a space) and
    an optional `x =` in front. `85+63`, `150-2`, `\sqrt{25}` earn 0
-   (`refused: "expression"`). Digits are ASCII digits.
-4. **Not the question again.** An answer that is not a number literal and is the
-   question's own text (a substring of it, spaces and `$` ignored, at least 3 characters)
-   earns 0 (`refused: "restated"`) unless it is the gold answer as written: `\sqrt{242}`
-   for "Simplify $\sqrt{242}$." is the question, not its answer, whatever sympy says.
+   (`refused: "expression"`). Digits are ASCII digits. A fraction is a number only in lowest
+   terms (denominator above 1, numerator and denominator coprime), whatever the gold:
+   `\frac{84}{12}`, `6/4`, `\frac{7}{1}` are divisions left to do (`refused: "expression"`)
+   unless the gold is written as that same fraction; `7`, `3/2`, `1.5` are numbers.
+4. **Not the question again** (`restates`). The answer earns 0 (`refused: "restated"`)
+   when it is the question's own expression, in any notation: its canonical form
+   (`textgym.verifiers.expression_forms`, read with math-verify's LaTeX parser without
+   evaluating: numbers stay as written; notation, operand order, signs, parentheses and
+   identities such as `+0`, `\cdot 1`, `^1`, `/1`, `+5-5`, `\frac{2x}{2}` forgotten) is the
+   form of an expression the question writes, or of a fraction of whole numbers it writes
+   (`\dfrac{84}{12}`, `84 \div 12`, `(84)/(12)` for "Compute 84/12."). So is an answer with
+   maths in it that is the question's own text (at least 3 characters). A single number or
+   symbol is never a restatement, and the gold answer as written (or any answer of its form)
+   is not one: `\sqrt{242}` for "Simplify $\sqrt{242}$." is the question, not its answer,
+   whatever sympy says, while `11\sqrt2` is paid. A marked answer whose structure cannot
+   be read within the time budget (or longer than 600 characters, or nested deeper than 24
+   brackets) earns 0 (`refused: "unchecked"`).
+
+Before rules 2-4 the answer is `unwrap`ped: typesetting around it (`\text{}`, `\textbf{}`,
+`\mathrm{}`, `\mathbf{}`, `\displaystyle`, `\,`, braces) is dropped, so `\boxed{\text{148}}`
+is 148 while `\boxed{\text{either 147 or 148}}` is still a hedge and `\boxed{\text{85+63}}`
+still the question.
 
 Legitimate answers keep full reward: `\boxed{148}.`, `$\boxed{148}$`, `\boxed{148.0}`,
-"I first thought 147, but it is \boxed{148}", `\boxed{\$18}`, `#### 1,000`.
+"I first thought 147, but it is \boxed{148}", `\boxed{\$18}`, `#### 1,000`, `\boxed{\mathbf{148}}`.
 No peer grader reads the question: math-verify's defaults, TRL's `accuracy_reward`, the
 `verifiers` library's boxed grader and verl's DAPO grader each pay for some of these
 (`bench/reward_hacks.py` measures them side by side).
@@ -85,9 +102,9 @@ class AnswerCheck:
         answer: the final answer's text (None when there is none).
         kind: its marker ("boxed", "answer_tag", "hashes", "answer_is", "last_line").
         compare: the text to compare with the gold answer (the bare number for a numeric
-            gold; the answer itself otherwise), or None when the answer is refused or absent.
+            gold; the answer, unwrapped, otherwise), or None when the answer is refused or absent.
         refused: None, or why the answer earns 0: "hedge", "expression", "restated",
-            "several_numbers", "no_answer".
+            "unchecked" (its structure could not be read in time), "several_numbers", "no_answer".
         reason: a sentence saying why, for `details["error"]`.
         candidates: distinct final-answer candidates the response offers (boxes with
             different values, or the parts of a hedge); 1 for a plain answer, 0 for none.
@@ -601,16 +618,27 @@ def hack_signals(completion: str, question: str, timeout_s: float = 10.0) -> dic
     r"""Reward-hacking signs in one response, read without the gold answer (for telemetry).
 
     `hedge`: more than one final-answer candidate (`answer_candidates_offered`);
-    `many_answers`: more than `MANY_ANSWERS` of them; `restates`: the final answer is the
-    question's own text (rule 4 of the module docstring, at least 3 characters, not a
-    number literal). A trainer logs their shares among the rewarded responses
-    (`textgym.training.rollout_metrics.rollout_metrics`): a verifier that pays for these is being
-    gamed.
+    `many_answers`: more than `MANY_ANSWERS` of them; `restates`: the final answer (without a
+    marker, the last line's final expression) is the question's own expression or fraction,
+    in any notation (`restates`, rule 4 of the module docstring, with no gold to exempt; a
+    structure not read within `timeout_s` counts as no). A trainer logs their shares among the
+    rewarded responses (`textgym.training.rollout_metrics.rollout_metrics`): a verifier that
+    pays for these is being gamed.
+
+    Args:
+        completion: the response.
+        question: the task's question (the episode's first user message).
+        timeout_s: budget in seconds for reading an expression's structure (math-verify worker).
+
+    Returns:
+        `{"hedge": bool, "many_answers": bool, "restates": bool}`.
 
     Examples:
         >>> hack_signals(r"\boxed{85+63}", "Compute 85+63.")
         {'hedge': False, 'many_answers': False, 'restates': True}
         >>> hack_signals(r"\boxed{147} or \boxed{148}", "Compute 85+63.")["hedge"]
+        True
+        >>> hack_signals(r"\boxed{84 \div 12}", "Compute 84/12.")["restates"]
         True
     """
     n = answer_candidates_offered(completion)
