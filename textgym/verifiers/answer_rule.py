@@ -38,7 +38,7 @@ equivalence check (`check_answer`):
    symbol is never a restatement, and the gold answer as written (or any answer of its form)
    is not one: `\sqrt{242}` for "Simplify $\sqrt{242}$." is the question, not its answer,
    whatever sympy says, while `11\sqrt2` is paid. A marked answer whose structure cannot
-   be read within the time budget (or longer than 600 characters, or nested deeper than 24
+   be read within the time budget (or longer than 600 characters, or nested deeper than 16
    brackets) earns 0 (`refused: "unchecked"`).
 
 Before rules 2-4 the answer is `unwrap`ped: typesetting around it (`\text{}`, `\textbf{}`,

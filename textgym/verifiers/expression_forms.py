@@ -39,7 +39,7 @@ from typing import Any
 
 MAX_FORM_CHARS = 600
 """Longer texts are not read (`form` returns None)."""
-MAX_DEPTH = 24
+MAX_DEPTH = 16
 """Texts nested deeper than this (brackets and braces) are not read (`form` returns None)."""
 MAX_SEGMENTS = 64
 """At most this many expressions of one question are read."""
