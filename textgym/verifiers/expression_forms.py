@@ -17,11 +17,15 @@ and then brings the tree to a canonical form that forgets notation only:
 - signs: `-(b-a)` = `a-b`, `\frac{-a}{-b}` = `\frac{a}{b}`;
 - identities: `+0`, `-0`, `\cdot 1`, `/1`, `^1`, `^0`, `0 \cdot x` (as a term), `--x`, a term
   added and subtracted (`x + 5 - 5`), a factor multiplied and divided (`\frac{2a}{2b}`),
-  `1/(1/x)`, `(x^{-1})^{-1}`, `(ab)^{-1}` = `a^{-1} b^{-1}`.
+  numbers in a sum that add up to 0 or in a product that multiply to ±1 (`x + 3 - 1 - 2`,
+  `x \cdot (2-1)`, `x \cdot 4 \cdot \frac12 \cdot \frac12`; groups of up to 4, smallest
+  first), `1/(1/x)`, `(x^{-1})^{-1}`, `(ab)^{-1}` = `a^{-1} b^{-1}`, powers whose exponents
+  multiply to 1 (`(\sqrt{x})^2`, also `\sqrt{x^2}`), `e^{\ln x}` and `\ln(e^x)`.
 
-Nothing else is rewritten: `4+3` and `7`, `x \cdot x` and `x^2`, `\frac{168}{24}` and
-`\frac{84}{12}` have different forms, so a form equal to the question's is the question's
-own operands and operations, in another notation.
+Nothing else is rewritten: `4+3` and `7`, `x \cdot x` and `x^2`, `(x^2)^3` and `x^6`,
+`\frac{168}{24}` and `\frac{84}{12}` have different forms, so a form equal to the question's
+is the question's own operands and operations, in another notation. The only arithmetic
+done is checking that a group of numbers combines to 0 or ±1, and numeric exponents.
 
 These functions run latex2sympy's ANTLR parser, which is slow on adversarial input (seconds
 for a few hundred nested brackets): the verifiers call them in the math-verify worker process,
