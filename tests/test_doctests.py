@@ -32,6 +32,7 @@ MODULES = (
     "textgym.verifiers.answer_rule",
     "textgym.verifiers.base",
     "textgym.verifiers.code",
+    "textgym.verifiers.expression_forms",
     "textgym.verifiers.extraction",
     "textgym.verifiers.format",
     "textgym.verifiers.judge",

@@ -23,14 +23,31 @@ equivalence check (`check_answer`):
    digits with an optional sign, thousands separators, decimals or one fraction, with
    optional units around it (`\$`, `\%`, `^\circ`, `\text{...}`, words after a space) and
    an optional `x =` in front. `85+63`, `150-2`, `\sqrt{25}` earn 0
-   (`refused: "expression"`). Digits are ASCII digits.
-4. **Not the question again.** An answer that is not a number literal and is the
-   question's own text (a substring of it, spaces and `$` ignored, at least 3 characters)
-   earns 0 (`refused: "restated"`) unless it is the gold answer as written: `\sqrt{242}`
-   for "Simplify $\sqrt{242}$." is the question, not its answer, whatever sympy says.
+   (`refused: "expression"`). Digits are ASCII digits. A fraction is a number only in lowest
+   terms (denominator above 1, numerator and denominator coprime), whatever the gold:
+   `\frac{84}{12}`, `6/4`, `\frac{7}{1}` are divisions left to do (`refused: "expression"`)
+   unless the gold is written as that same fraction; `7`, `3/2`, `1.5` are numbers.
+4. **Not the question again** (`restates`). The answer earns 0 (`refused: "restated"`)
+   when it is the question's own expression, in any notation: its canonical form
+   (`textgym.verifiers.expression_forms`, read with math-verify's LaTeX parser without
+   evaluating: numbers stay as written; notation, operand order, signs, parentheses and
+   identities such as `+0`, `\cdot 1`, `^1`, `/1`, `+5-5`, `\frac{2x}{2}` forgotten) is the
+   form of an expression the question writes, or of a fraction of whole numbers it writes
+   (`\dfrac{84}{12}`, `84 \div 12`, `(84)/(12)` for "Compute 84/12."). So is an answer with
+   maths in it that is the question's own text (at least 3 characters). A single number or
+   symbol is never a restatement, and the gold answer as written (or any answer of its form)
+   is not one: `\sqrt{242}` for "Simplify $\sqrt{242}$." is the question, not its answer,
+   whatever sympy says, while `11\sqrt2` is paid. A marked answer whose structure cannot
+   be read within the time budget (or longer than 600 characters, or nested deeper than 16
+   brackets) earns 0 (`refused: "unchecked"`).
+
+Before rules 2-4 the answer is `unwrap`ped: typesetting around it (`\text{}`, `\textbf{}`,
+`\mathrm{}`, `\mathbf{}`, `\displaystyle`, `\,`, braces) is dropped, so `\boxed{\text{148}}`
+is 148 while `\boxed{\text{either 147 or 148}}` is still a hedge and `\boxed{\text{85+63}}`
+still the question.
 
 Legitimate answers keep full reward: `\boxed{148}.`, `$\boxed{148}$`, `\boxed{148.0}`,
-"I first thought 147, but it is \boxed{148}", `\boxed{\$18}`, `#### 1,000`.
+"I first thought 147, but it is \boxed{148}", `\boxed{\$18}`, `#### 1,000`, `\boxed{\mathbf{148}}`.
 No peer grader reads the question: math-verify's defaults, TRL's `accuracy_reward`, the
 `verifiers` library's boxed grader and verl's DAPO grader each pay for some of these
 (`bench/reward_hacks.py` measures them side by side).
@@ -40,8 +57,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from math import gcd
 from typing import Any
 
+from textgym.verifiers.expression_forms import MAX_DEPTH, MAX_FORM_CHARS
 from textgym.verifiers.extraction import MAX_SCAN_CHARS, Extracted, all_boxed, extract_answer
 
 _SPACES = re.compile(r"\\[!,;: ]|\\(?:left|right|displaystyle)\b|~|\s+")
@@ -83,9 +102,9 @@ class AnswerCheck:
         answer: the final answer's text (None when there is none).
         kind: its marker ("boxed", "answer_tag", "hashes", "answer_is", "last_line").
         compare: the text to compare with the gold answer (the bare number for a numeric
-            gold; the answer itself otherwise), or None when the answer is refused or absent.
+            gold; the answer, unwrapped, otherwise), or None when the answer is refused or absent.
         refused: None, or why the answer earns 0: "hedge", "expression", "restated",
-            "several_numbers", "no_answer".
+            "unchecked" (its structure could not be read in time), "several_numbers", "no_answer".
         reason: a sentence saying why, for `details["error"]`.
         candidates: distinct final-answer candidates the response offers (boxes with
             different values, or the parts of a hedge); 1 for a plain answer, 0 for none.
@@ -115,6 +134,120 @@ def squash(text: str) -> str:
     """
     t = _DOLLARS.sub("", _SPACES.sub("", text))
     return t.rstrip(".")
+
+
+_STYLE = re.compile(
+    r"\\(?:displaystyle|textstyle|scriptstyle|scriptscriptstyle|bf|rm|it|sf|tt|normalfont|boldmath)(?![A-Za-z])"
+    r"|\\color\s*\{[^{}]*\}"
+)
+_SPACING = re.compile(
+    r"(?<!\\)\\[,;:> ]|\\(?:q?quad|thinspace|medspace|thickspace|enspace|enskip)(?![A-Za-z])|~"
+)
+_WRAPPER = re.compile(
+    r"\\(?:text(?:bf|it|rm|sf|tt|normal|up|md|sl)?|math(?:rm|bf|it|sf|tt|normal)|boldsymbol|bm|mbox|hbox|emph"
+    r"|underline|textcolor\s*\{[^{}]*\})\s*\{"
+)
+_MAX_WRAPPERS = 64
+_MAX_UNWRAP_CHARS = 4_000
+
+
+def _closing(text: str, start: int) -> int | None:
+    """The index of the `}` closing the brace opened just before `start`, or None."""
+    depth = 1
+    for j in range(start, len(text)):
+        if text[j] == "{":
+            depth += 1
+        elif text[j] == "}":
+            depth -= 1
+            if depth == 0:
+                return j
+    return None
+
+
+_WORD = re.compile(r"(?<![\\A-Za-z])[A-Za-z]{2,}")
+_NOT_WORDS = re.compile(rf"{_WRAPPER.pattern}[^{{}}]*\}}|\\(?:begin|end)\s*\{{[^{{}}]*\}}")
+
+
+def unwrap(text: str, keep_words: bool = False) -> str:
+    r"""`text` without the typesetting around its maths: what the answer rule and the comparison read.
+
+    Font and text wrappers keep their content (`\text{148}`, `\textbf{}`, `\mathrm{}`,
+    `\mathbf{}`, `\mathit{}`, `\boldsymbol{}`, `\mbox{}`, `\emph{}`, `\textcolor{c}{}`, up
+    to `_MAX_WRAPPERS` of them), style switches go (`\displaystyle`, `{\bf ...}`, `\color{c}`),
+    spacing commands become a space (`\,`, `\;`, `\quad`, `~`; `\!` goes), runs of white space
+    one space, and braces around the whole are dropped. Words stay words: `\text{either 3 or 4}`
+    is still a hedge and `\text{85+63}` still the question.
+
+    Args:
+        text: an answer.
+        keep_words: leave the wrappers whose content has a word of two letters or more
+            (`\text{ inches}`, `\text{Devon}`) as they are: math-verify reads units and names
+            in them (the text compared with a symbolic gold).
+
+    Examples:
+        >>> unwrap(r"\text{148}"), unwrap(r"\mathbf{148}"), unwrap(r"\displaystyle 148"), unwrap("{148}")
+        ('148', '148', '148', '148')
+        >>> unwrap(r"\textbf{\frac{3}{2}}\,\text{cm}")
+        '\\frac{3}{2} cm'
+    """
+    if len(text) > _MAX_UNWRAP_CHARS:  # no real answer is that long (MathVerifier refuses it anyway)
+        return text.strip()
+    t = _SPACING.sub(" ", _STYLE.sub(" ", re.sub(r"\\!\s*", "", text)))
+    start = 0
+    for _ in range(_MAX_WRAPPERS):
+        m = _WRAPPER.search(t, start)
+        if m is None:
+            break
+        end = _closing(t, m.end())
+        if end is None:
+            break
+        if keep_words and _WORD.search(_NOT_WORDS.sub(" ", t[m.end() : end])):
+            start = end + 1
+            continue
+        t = f"{t[: m.start()]} {t[m.end() : end]} {t[end + 1 :]}"
+        start = m.start()
+    t = re.sub(r"\s+", " ", t).strip()
+    while t.startswith("{") and _closing(t, 1) == len(t) - 1:
+        t = t[1:-1].strip()
+    return t
+
+
+_FRACTION_LITERAL = re.compile(
+    r"^([+-]?)(?:\\[dtc]?frac\{?([+-]?[0-9]+)\}?\{?([0-9]+)\}?|([+-]?[0-9]+)/([0-9]+))$"
+)
+
+
+def fraction_parts(literal: str) -> tuple[int, int] | None:
+    r"""(numerator, denominator) of a fraction literal (`number_literal`'s output), or None when not one.
+
+    The sign goes to the numerator.
+
+    Examples:
+        >>> fraction_parts(r"\frac{6}{4}"), fraction_parts(r"-\frac{-3}{2}"), fraction_parts("3/2")
+        ((6, 4), (3, 2), (3, 2))
+        >>> fraction_parts("1.5") is None
+        True
+    """
+    m = _FRACTION_LITERAL.match(literal)
+    if m is None:
+        return None
+    sign, *groups = m.groups()
+    a, b = (int(g) for g in groups if g is not None)
+    return (-a if sign == "-" else a), b
+
+
+def in_lowest_terms(literal: str) -> bool:
+    r"""Whether a number literal is not a fraction left to reduce (rule 3).
+
+    True for integers and decimals, and for a fraction `a/b` with `b > 1` and gcd(a, b) = 1;
+    False for `\frac{84}{12}`, `6/4`, `\frac{7}{1}`, `1/0`.
+
+    Examples:
+        >>> [in_lowest_terms(x) for x in ("3/2", r"\frac{6}{4}", "7", "14/2")]
+        [True, False, True, False]
+    """
+    parts = fraction_parts(literal)
+    return parts is None or (parts[1] > 1 and gcd(parts[0], parts[1]) == 1)
 
 
 def number_literal(text: str) -> str | None:
@@ -176,7 +309,8 @@ def _hedge_in(text: str, gold: str, lists: bool = True) -> str | None:
 
 
 def _same_value(a: str, b: str) -> bool:
-    """Whether two answers are the same text (squashed) or the same number literal."""
+    """Whether two answers are the same text (squashed, unwrapped) or the same number literal."""
+    a, b = unwrap(a), unwrap(b)
     if squash(a) == squash(b):
         return True
     na, nb = number_literal(a), number_literal(b)
@@ -248,7 +382,113 @@ def _prose_answer(text: str, gold: str, kind: str) -> AnswerCheck:
     return AnswerCheck(values[0], kind, number_literal(values[0]) or values[0])
 
 
-def check_answer(completion: str, question: str, gold: str) -> AnswerCheck:
+_MATHS = re.compile(r"[0-9+\-*/^=\\]")
+"""Maths in a text (a digit, an operator, a command): words alone (`Evelyn`) may come from the question."""
+_ATOM_TEXT = re.compile(r"^[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+|[A-Za-z])$")
+_MATH_IN_LINE = re.compile(r"(?<!\\)\$\$?(.+?)(?<!\\)\$\$?|\\\[(.+?)\\\]|\\\((.+?)\\\)")
+
+
+def restates(answer: str, question: str, gold: str | None = None, timeout_s: float = 10.0) -> bool | None:
+    r"""Whether `answer` is the question's own expression again (rule 4), read without evaluating it.
+
+    Two tests, on the answer unwrapped (`unwrap`):
+
+    - its text: not a number literal, at least 3 characters, and part of the question's text
+      (spaces, `$`, `\left`/`\right` ignored);
+    - its structure: its canonical form (`textgym.verifiers.expression_forms`: numbers kept as
+      written, notation, operand order, signs and identity operations forgotten) is the form
+      of an expression the question writes, or of a fraction of whole numbers it writes. A
+      single number or symbol is never a restatement (an answer may be a number the question
+      mentions); a fraction is not a single number.
+
+    Either way the gold answer as written (or an answer of the same form) is not a restatement.
+
+    Args:
+        answer: the final answer (as extracted; wrappers allowed).
+        question: the task's question.
+        gold: the gold answer, or None (telemetry: no gold known).
+        timeout_s: budget in seconds for each parse (run in the math-verify worker).
+
+    Returns:
+        True or False, or None when the structure could not be read in time (or the answer is
+        longer than `MAX_FORM_CHARS` or nested deeper than `MAX_DEPTH`, which no real answer is).
+
+    Examples:
+        >>> restates(r"\dfrac{84}{12}", "Compute 84/12."), restates("7", "Compute 84/12.")
+        (True, False)
+        >>> restates(r"1\cdot\left(4-k+3k-2\right)", r"Simplify $(-k + 4) + (-2 + 3k)$.", "2k+2")
+        True
+        >>> restates(r"\sqrt{242}", r"Simplify $\sqrt{242}$.", r"11\sqrt2")
+        True
+    """
+    from textgym.verifiers.math import read_forms
+
+    plain = unwrap(answer)
+    gold_plain = unwrap(gold) if gold is not None else None
+    a = squash(plain)
+    literal = number_literal(plain)
+    in_question = literal is None and len(a) >= 3 and bool(_MATHS.search(a)) and a in squash(unwrap(question))
+    if in_question and (gold_plain is None or a != squash(gold_plain)):
+        return True
+    if (literal is not None and fraction_parts(literal) is None) or _ATOM_TEXT.match(a):
+        return False
+    if len(plain) > MAX_FORM_CHARS or _depth(plain) > MAX_DEPTH:
+        return None
+    posed = read_forms("posed", question, timeout_s)
+    if not posed or not posed["forms"]:
+        return False
+    mine = read_forms("value_form", literal or plain, timeout_s)
+    if mine is None:
+        return None
+    if mine["form"] is None or mine["atom"] or mine["form"] not in posed["forms"]:
+        return False
+    if gold_plain is not None:
+        theirs = read_forms("value_form", number_literal(gold_plain) or gold_plain, timeout_s)
+        if theirs is not None and theirs["form"] == mine["form"]:
+            return False
+    return True
+
+
+def _depth(text: str) -> int:
+    """The deepest nesting of (), [] and {} in `text`."""
+    depth = best = 0
+    for c in text:
+        if c in "([{":
+            depth += 1
+            best = max(best, depth)
+        elif c in ")]}":
+            depth -= 1
+    return best
+
+
+def _not_the_question(
+    answer: str, literal: str | None, question: str, gold: str, timeout_s: float, marked: bool = True
+) -> tuple[str, str] | None:
+    """Rule 4 and the fraction half of rule 3 for an answer that passed rules 1-3: (refused, reason) or None.
+
+    A marked answer whose structure could not be read in time is refused ("unchecked"); an
+    unmarked final line (prose, possibly long) is then let through to math-verify.
+    """
+    said = restates(answer, question, gold, timeout_s)
+    if said is None and marked:
+        return "unchecked", "the final answer could not be compared with the question in time"
+    if said:
+        return "restated", "the final answer restates the question (its own expression, in another form)"
+    if literal is not None and not in_lowest_terms(literal):
+        gold_literal = number_literal(unwrap(gold))
+        if gold_literal is None or fraction_parts(gold_literal) != fraction_parts(literal):
+            return "expression", "the final answer is a fraction not in lowest terms (a division left to do)"
+    return None
+
+
+def _final_expression(line: str) -> str:
+    """The expression a final line ends on: its last math segment, after its last `=`."""
+    segments = [next(g for g in m.groups() if g is not None) for m in _MATH_IN_LINE.finditer(line)]
+    text = segments[-1] if segments else line
+    return text.rsplit("=", 1)[-1].strip().rstrip(".").strip()
+
+
+def check_answer(completion: str, question: str, gold: str, timeout_s: float = 10.0) -> AnswerCheck:
     r"""Read the final answer of `completion` by the rule of the module docstring.
 
     Pure and bounded: regular expressions over at most `MAX_SCAN_CHARS` characters. A
@@ -263,6 +503,8 @@ def check_answer(completion: str, question: str, gold: str) -> AnswerCheck:
         question: the task's question (`Task.prompt`), for rule 4.
         gold: the gold answer, which decides rules 2 and 3 (a numeric gold asks for a number
             literal; a gold with `\pm`, a list, an inequality or several boxes allows them).
+        timeout_s: budget in seconds for reading an expression's structure (rule 4, in the
+            math-verify worker).
 
     Returns:
         The `AnswerCheck`; `compare` is what to test for equivalence with `gold`.
@@ -305,27 +547,39 @@ def check_answer(completion: str, question: str, gold: str) -> AnswerCheck:
         prose = text if ext is None else ext.text
         kind = "last_line" if ext is None else ext.kind
         if numeric_gold:
-            return _prose_answer(prose, gold, kind)
+            check = _prose_answer(prose, gold, kind)
+            if check.refused is None and check.answer is not None and check.compare is not None:
+                verdict = _not_the_question(check.answer, check.compare, question, gold, timeout_s)
+                if verdict is not None:
+                    return AnswerCheck(check.answer, kind, None, *verdict)
+            return check
         if _NUMERIC_HEDGE.search(prose[-FALLBACK_CHARS:]):
             return AnswerCheck(
                 None, kind, None, "hedge", "the answer offers alternatives (a number or another)", 2
             )
         if ext is None:
+            line = _last_line(text)
+            if line is not None:
+                expression = _final_expression(line)
+                verdict = _not_the_question(expression, None, question, gold, timeout_s, marked=False)
+                if verdict is not None:
+                    return AnswerCheck(None, kind, None, *verdict)
             return AnswerCheck(None, kind, text[-FALLBACK_CHARS:] if text.strip() else None, None, None)
     answer = ext.text
-    hedge = _hedge_in(answer, gold, lists=single)
+    plain = unwrap(answer)
+    if not plain:
+        return AnswerCheck(answer, ext.kind, None, "no_answer", "empty final answer", 0)
+    hedge = _hedge_in(plain, gold, lists=single)
     if hedge is not None:
         return AnswerCheck(answer, ext.kind, None, "hedge", f"the final answer hedges: {hedge}", 2)
-    literal = number_literal(answer)
-    if numeric_gold:
-        if literal is None:
-            reason = "the gold answer is a number and the final answer is not a number literal (evaluate it)"
-            return AnswerCheck(answer, ext.kind, None, "expression", reason)
-        return AnswerCheck(answer, ext.kind, literal)
-    a = squash(answer)
-    if literal is None and len(a) >= 3 and a != squash(gold) and a in squash(question):
-        return AnswerCheck(answer, ext.kind, None, "restated", "the final answer restates the question")
-    return AnswerCheck(answer, ext.kind, answer)
+    literal = number_literal(plain)
+    if numeric_gold and literal is None:
+        reason = "the gold answer is a number and the final answer is not a number literal (evaluate it)"
+        return AnswerCheck(answer, ext.kind, None, "expression", reason)
+    verdict = _not_the_question(plain, literal, question, gold, timeout_s)
+    if verdict is not None:
+        return AnswerCheck(answer, ext.kind, None, *verdict)
+    return AnswerCheck(answer, ext.kind, literal if numeric_gold else unwrap(answer, keep_words=True))
 
 
 MANY_ANSWERS = 3
@@ -360,28 +614,39 @@ def answer_candidates_offered(completion: str) -> int:
     return max(1, sum(1 for p in parts if p.strip()))
 
 
-def hack_signals(completion: str, question: str) -> dict[str, bool]:
+def hack_signals(completion: str, question: str, timeout_s: float = 10.0) -> dict[str, bool]:
     r"""Reward-hacking signs in one response, read without the gold answer (for telemetry).
 
     `hedge`: more than one final-answer candidate (`answer_candidates_offered`);
-    `many_answers`: more than `MANY_ANSWERS` of them; `restates`: the final answer is the
-    question's own text (rule 4 of the module docstring, at least 3 characters, not a
-    number literal). A trainer logs their shares among the rewarded responses
-    (`textgym.training.rollout_metrics.rollout_metrics`): a verifier that pays for these is being
-    gamed.
+    `many_answers`: more than `MANY_ANSWERS` of them; `restates`: the final answer (without a
+    marker, the last line's final expression) is the question's own expression or fraction,
+    in any notation (`restates`, rule 4 of the module docstring, with no gold to exempt; a
+    structure not read within `timeout_s` counts as no). A trainer logs their shares among the
+    rewarded responses (`textgym.training.rollout_metrics.rollout_metrics`): a verifier that
+    pays for these is being gamed.
+
+    Args:
+        completion: the response.
+        question: the task's question (the episode's first user message).
+        timeout_s: budget in seconds for reading an expression's structure (math-verify worker).
+
+    Returns:
+        `{"hedge": bool, "many_answers": bool, "restates": bool}`.
 
     Examples:
         >>> hack_signals(r"\boxed{85+63}", "Compute 85+63.")
         {'hedge': False, 'many_answers': False, 'restates': True}
         >>> hack_signals(r"\boxed{147} or \boxed{148}", "Compute 85+63.")["hedge"]
         True
+        >>> hack_signals(r"\boxed{84 \div 12}", "Compute 84/12.")["restates"]
+        True
     """
     n = answer_candidates_offered(completion)
-    ext = extract_answer(completion[-MAX_SCAN_CHARS:])
-    final = ext.text if ext is not None else (_last_line(completion[-MAX_SCAN_CHARS:]) or "")
-    a = squash(final)
-    restates = len(a) >= 3 and number_literal(final) is None and a in squash(question)
-    return {"hedge": n > 1, "many_answers": n > MANY_ANSWERS, "restates": restates}
+    text = completion[-MAX_SCAN_CHARS:]
+    ext = extract_answer(text)
+    final = ext.text if ext is not None else _final_expression(_last_line(text) or "")
+    restated = bool(final.strip()) and bool(restates(final, question, None, timeout_s))
+    return {"hedge": n > 1, "many_answers": n > MANY_ANSWERS, "restates": restated}
 
 
 def hack_shares(episodes: list[tuple[float, dict[str, float], list[dict[str, Any]]]]) -> dict[str, float]:

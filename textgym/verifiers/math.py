@@ -204,6 +204,55 @@ def math_equal(
     return reply
 
 
+_FORMS: OrderedDict[str, dict[str, Any]] = OrderedDict()
+_FORMS_MAX = 16384
+
+
+def read_forms(op: str, text: str, timeout_s: float = 10.0) -> dict[str, Any] | None:
+    r"""Ask a math-verify worker for the structural form of `text` (`textgym.verifiers.expression_forms`).
+
+    The parse runs in the killable worker because latex2sympy's parser takes seconds on some
+    adversarial inputs; replies are cached (the last `_FORMS_MAX` texts).
+
+    Args:
+        op: "value_form" (`text` is an answer: `{"form": str|None, "atom": bool}`) or "posed"
+            (`text` is a question: `{"forms": [...], "fractions": [[a, b]...], "expressions": [...]}`).
+        text: the answer or question.
+        timeout_s: wall-clock budget in seconds.
+
+    Returns:
+        The reply, or None when the worker did not answer in time, failed, or could not start.
+
+    Raises:
+        ValueError: an unknown `op` (a programming error).
+
+    Examples:
+        >>> read_forms("value_form", r"\frac{84}{12}") == read_forms("value_form", "84 \\div 12")
+        True
+        >>> read_forms("posed", "Compute 84/12.")["fractions"]
+        [[84, 12]]
+    """
+    if op not in ("value_form", "posed"):
+        raise ValueError(f"unknown form request {op!r}")
+    key = f"{op}\n{text}"
+    with _RESULTS_LOCK:
+        cached = _FORMS.get(key)
+        if cached is not None:
+            _FORMS.move_to_end(key)
+            return cached
+    try:
+        reply = POOL.request({"op": op, "text": text}, timeout_s)
+    except Exception:  # the worker could not start: no form
+        return None
+    if reply is None or "error" in reply:
+        return None
+    with _RESULTS_LOCK:
+        _FORMS[key] = reply
+        if len(_FORMS) > _FORMS_MAX:
+            _FORMS.popitem(last=False)
+    return reply
+
+
 def answer_candidates(answer: str) -> list[str]:
     """Renderings of an extracted or gold answer for math-verify, most specific first."""
     return [f"\\boxed{{{answer}}}", answer, f"${answer}$"]
@@ -228,7 +277,7 @@ class MathVerifier:
 
     Examples:
         >>> from textgym.types import Task
-        >>> task = Task(task_id="half", prompt="What is 1/2 as a decimal?", answer="0.5")
+        >>> task = Task(task_id="half", prompt="What fraction of a day is 12 hours?", answer="0.5")
         >>> score = MathVerifier()(r"Half is \boxed{\frac{1}{2}}.", task)
         >>> score.reward, score.details["extracted"], score.details["marker"]
         (1.0, '\\frac{1}{2}', 'boxed')
