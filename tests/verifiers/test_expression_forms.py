@@ -9,8 +9,11 @@ import pytest
 
 from textgym.types import Task
 from textgym.verifiers import MathVerifier
-from textgym.verifiers.answer_rule import check_answer, fraction_parts, in_lowest_terms, restates, unwrap
-from textgym.verifiers.expression_forms import MAX_DEPTH, posed, posed_fractions, posed_texts, value_form
+from textgym.verifiers.answer_rule import check_answer
+from textgym.verifiers.answer_text import fraction_parts, in_lowest_terms, unwrap
+from textgym.verifiers.expression_forms import MAX_DEPTH, value_form
+from textgym.verifiers.question_expressions import posed, posed_fractions, posed_texts
+from textgym.verifiers.restatement import restates
 
 SAME = [  # each group: one form
     [r"84/12", r"\frac{84}{12}", r"\dfrac{84}{12}", r"84 \div 12", r"(84)/(12)", r"84 \cdot 12^{-1}",
@@ -98,12 +101,12 @@ def test_restates_exempts_the_gold_and_numbers():
 
 
 def test_an_integer_answer_is_never_parsed(monkeypatch):
-    import textgym.verifiers.math as math_module
+    import textgym.verifiers.restatement as restatement
 
     def no_parse(*args, **kwargs):
         raise AssertionError("parsed")
 
-    monkeypatch.setattr(math_module, "read_forms", no_parse)
+    monkeypatch.setattr(restatement, "read_forms", no_parse)
     assert check_answer(r"\boxed{7}", "Compute 84/12.", "7").compare == "7"
     assert check_answer("So she has 18 apples.", "How many?", "18").compare == "18"
     assert check_answer(r"\boxed{\text{7.5}}", "Compute 15/2.", "7.5").compare == "7.5"

@@ -22,8 +22,10 @@ from textgym.evaluation.scripted import OracleAgent, play_episode
 from textgym.tools import calculator_tool
 from textgym.types import Task
 from textgym.verifiers import MathVerifier
-from textgym.verifiers.answer_rule import answer_candidates_offered, check_answer, hack_shares, number_literal
+from textgym.verifiers.answer_rule import check_answer
+from textgym.verifiers.answer_text import number_literal
 from textgym.verifiers.code import CodeVerifier
+from textgym.verifiers.hack_telemetry import answer_candidates_offered, hack_shares
 
 # --- math: the answer rule ------------------------------------------------------------------------
 
@@ -591,14 +593,16 @@ def test_a_training_step_counts_paid_responses_that_forge_a_judge_verdict():
 
 
 # --- issue 50, item 2: the question restated in another form, and typesetting wrappers ----------------
-# (answer_rule rule 4 read structurally, textgym.verifiers.expression_forms; rule 3's fraction in lowest
-# terms; `unwrap` before the rule. Kept in one block: other branches add their own blocks to this file.)
+# (answer_rule rule 4 read structurally, textgym.verifiers.restatement and .expression_forms; rule 3's
+# fraction in lowest terms; `unwrap` before the rule. Kept in one block: other branches add their own
+# blocks to this file.)
 
 from textgym.envs.base import SingleTurnEnv, math_rubric  # noqa: E402
 from textgym.evaluation.hack_probes import RESTATED  # noqa: E402
-from textgym.verifiers.answer_rule import hack_signals  # noqa: E402
 from textgym.verifiers.base import Rubric, RubricTerm, Score  # noqa: E402
-from textgym.verifiers.math import answer_candidates, math_equal  # noqa: E402
+from textgym.verifiers.hack_telemetry import hack_signals  # noqa: E402
+from textgym.verifiers.math import answer_candidates  # noqa: E402
+from textgym.verifiers.math_pool import math_equal  # noqa: E402
 
 RESTATED_DIVISION = {  # "Compute 28/4." (Arithmetic, operators="/", test task 4; gold 7)
     "slash": r"\boxed{28/4}",

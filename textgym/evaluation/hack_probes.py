@@ -58,7 +58,7 @@ from textgym.evaluation.scripted import RandomAgent, play_episode
 from textgym.evaluation.tool_probes import order_and_answer_probes  # issue 50: shotgun orders
 from textgym.types import Message
 from textgym.verifiers.code import entry_points
-from textgym.verifiers.expression_forms import posed_fractions, posed_texts
+from textgym.verifiers.question_expressions import posed_fractions, posed_texts
 
 ARABIC_INDIC = str.maketrans("0123456789", "٠١٢٣٤٥٦٧٨٩")
 LONG_CHARS = 100_000
@@ -231,10 +231,10 @@ CODE: dict[str, Probe] = {
 
 
 # --- issue 50, item 2: the question restated in another form (the math answer rule) -------------------
-# Replies built from what the question itself writes (`expression_forms.posed_texts`, `posed_fractions`): its
-# fraction of whole numbers as `\dfrac{a}{b}`, its expression with identities around it or wrapped in
-# `\text{}`, and a hedge wrapped in `\text{}` (stripping wrappers must not open a hole). A verifier that
-# pays them pays for the question restated, whatever its notation.
+# Replies built from what the question itself writes (`question_expressions.posed_texts`,
+# `posed_fractions`): its fraction of whole numbers as `\dfrac{a}{b}`, its expression with identities
+# around it or wrapped in `\text{}`, and a hedge wrapped in `\text{}` (stripping wrappers must not open
+# a hole). A verifier that pays them pays for the question restated, whatever its notation.
 
 
 def _posed(question: str) -> tuple[list[str], list[list[int]]]:

@@ -7,7 +7,8 @@ Each of `gold` / `pred` is a list of candidate renderings, tried in order until 
 parses one to a non-empty result. `*_match` names the extraction configs ("latex", "latex_default", "expr").
 Reply: `{"equal": bool, "gold_parsed": str|None, "pred_parsed": str|None}` or `{"error": str}`.
 
-Structural forms (`textgym.verifiers.expression_forms`, for the answer rule's restatement check):
+Structural forms (`textgym.verifiers.expression_forms` and `.question_expressions`, for the answer
+rule's restatement check):
 `{"op": "value_form", "text": str}` -> `{"form": str|None, "atom": bool}`;
 `{"op": "posed", "text": str}` -> `{"forms": [str], "fractions": [[int, int]], "expressions": [str]}`.
 
@@ -57,7 +58,8 @@ def _parse_first(candidates: list[str], match: tuple[str, ...], timeout_s: int) 
 
 def forms(req: dict[str, Any]) -> dict[str, Any]:
     """Answer a structural-form request (`op` "value_form" or "posed"; module docstring)."""
-    from textgym.verifiers.expression_forms import form_key, is_atom, posed, value_form
+    from textgym.verifiers.expression_forms import form_key, is_atom, value_form
+    from textgym.verifiers.question_expressions import posed
 
     if req["op"] == "posed":
         return posed(str(req["text"]))
