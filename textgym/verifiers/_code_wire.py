@@ -23,7 +23,8 @@ lines. A value crosses as JSON of exact built-in types, with a tag for what JSON
 
 `encode` accepts exact types only (a subclass of int, an object whose `__eq__` always says
 True, a class, a function: `WireError`; a namedtuple is sent as its items), and `decode`
-builds fresh objects of the receiving process's own types, so whatever the candidate sends, the judge holds only data it built.
+builds fresh objects of the receiving process's own types, so whatever the candidate sends,
+the judge holds only data it built.
 """
 
 from __future__ import annotations
