@@ -209,6 +209,11 @@ JUDGE_HACKS = {
         "def has_close_elements(numbers, threshold):\n    return has_close_elements\n",
     ),
     "stop iteration": (0, "def has_close_elements(numbers, threshold):\n    raise StopIteration\n"),
+    "a class claiming to wrap a function": (
+        0,
+        ANY + "def _f(numbers, threshold):\n    return True\n\n"
+        "class has_close_elements(Any_):\n    __wrapped__ = func = __func__ = _f\n",
+    ),
 }
 
 
@@ -300,6 +305,40 @@ def test_the_judge_keeps_what_tests_need_of_the_solutions_data():
         "    return 1 + max(max_height(node.left), max_height(node.right))\n"
     )
     assert CodeVerifier("process")(bare, node).reward == 1.0
+
+
+@pytest.mark.sandbox
+def test_functions_behind_standard_wrappers_and_standard_values_are_paid():
+    """Correct solutions in common idioms earn 1: an entry point behind `lru_cache`, a bound method
+    or `functools.partial`; a namedtuple, a Fraction or a Decimal returned (the judge holds a
+    plain tuple, a Fraction, a Decimal of its own making)."""
+    from textgym.types import Task
+
+    tests = [
+        "assert fib(30) == 832040",
+        "assert similar((3, 4, 5), (5, 4, 9)) == (4, 5)",
+        "assert add3(4) == 7",
+        "assert span('ab') == (0, 2) and type(span('ab')) is tuple",
+        "assert half(3) == 1.5 and half(3) == __import__('fractions').Fraction(3, 2)",
+        "assert str(tenth()) == '0.1'",
+    ]
+    program = (
+        "import functools, decimal, fractions\nfrom collections import namedtuple\n"
+        "@functools.lru_cache(maxsize=None)\ndef fib(n):\n"
+        "    return n if n < 2 else fib(n - 1) + fib(n - 2)\n"
+        "class Solution:\n    def similar(self, a, b):\n        return tuple(sorted(set(a) & set(b)))\n"
+        "similar = Solution().similar\n"
+        "def _add(a, b):\n    return a + b\nadd3 = functools.partial(_add, 3)\n"
+        "Span = namedtuple('Span', 'start end')\ndef span(s):\n    return Span(0, len(s))\n"
+        "def half(x):\n    return fractions.Fraction(x, 2)\n"
+        "def tenth():\n    return decimal.Decimal('0.1')\n"
+    )
+    reference = "".join(
+        f"def {name}(*a):\n    pass\n" for name in ("fib", "similar", "add3", "span", "half", "tenth")
+    )
+    task = Task(task_id="t", prompt="", metadata={"tests": tests, "reference_code": reference})
+    score = CodeVerifier("process", mode="fraction")(program, task)
+    assert score.reward == 1.0, score.details
 
 
 # --- probes over every registered id, and the CLI -------------------------------------------------

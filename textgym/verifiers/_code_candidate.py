@@ -19,12 +19,33 @@ Requests (one JSON line each) and answers:
 
 from __future__ import annotations
 
+import functools
 import os
 import traceback
 import types
 from typing import Any
 
 import _code_wire as wire
+
+_WRAPPERS = (functools.partial, type(functools.lru_cache(None)(lambda: None)))
+
+
+def _is_function(value: Any) -> bool:
+    """A plain function, or one behind a bound method, `functools.partial` or `lru_cache`/`cache`.
+
+    Exact types only: a class, a callable object or anything claiming to wrap a function
+    (`__wrapped__` on a class) is not one. What it returns still crosses as plain data.
+    """
+    for _ in range(8):
+        if type(value) in (types.FunctionType, types.BuiltinFunctionType):
+            return True
+        if type(value) is types.MethodType:
+            value = value.__func__
+        elif type(value) in _WRAPPERS:
+            value = value.func if type(value) is functools.partial else value.__wrapped__
+        else:
+            return False
+    return False
 
 
 def _describe(exc: BaseException) -> str:
@@ -71,13 +92,13 @@ def serve(requests_fd: int, answers_fd: int, cwd: str) -> None:
             kinds = {}
             for name in request.get("entry_points", []):
                 value = namespace.get(name)
-                kind = "function" if type(value) is types.FunctionType else type(value).__name__
+                kind = "function" if _is_function(value) else type(value).__name__
                 kinds[name] = kind if name in namespace else "missing"
             wire.send(answers, {"ok": True, "kinds": kinds})
             continue
         fn = namespace.get(request.get("fn", ""))
         try:
-            if type(fn) is not types.FunctionType:
+            if not _is_function(fn):
                 raise wire.WireError(f"{request.get('fn')} is a {type(fn).__name__}, not a function")
             args = wire.decode(request.get("args", []), make_object)
             kwargs = wire.decode(request.get("kwargs", {"t": "dict", "v": []}), make_object)

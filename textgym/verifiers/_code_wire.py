@@ -12,6 +12,8 @@ lines. A value crosses as JSON of exact built-in types, with a tag for what JSON
 | dict, Counter, OrderedDict | `{"t": "dict", "v": [[key, value], ...]}` (tag "counter", ...) |
 | defaultdict of a built-in type | `{"t": "defaultdict", "f": "list", "v": [[key, value], ...]}` |
 | bytes, complex | `{"t": "bytes", "v": "<hex>"}`, `{"t": "complex", "v": [re, im]}` |
+| Fraction, Decimal | `{"t": "fraction", "v": [numerator, denominator]}`, `{"t": "decimal", "v": "<str>"}` |
+| a namedtuple | as the tuple of its items (the judge holds a plain tuple) |
 | a built-in type (`remove_datatype(xs, int)`) | `{"t": "type", "v": "int"}` |
 | a regular-expression match | `{"t": "match", "v": [text, [groups], [start, end]]}`: a `Match` |
 | an iterator or generator | `{"t": "iter", "v": [items]}`, drawn to the end (`MAX_ITEMS`) |
@@ -20,13 +22,16 @@ lines. A value crosses as JSON of exact built-in types, with a tag for what JSON
 (The last: MBPP's `Node` and `Pair`, which the test setup builds from the task's class.)
 
 `encode` accepts exact types only (a subclass of int, an object whose `__eq__` always says
-True, a class, a function: `WireError`), and `decode` builds fresh objects of the receiving
-process's own types, so whatever the candidate sends, the judge holds only data it built.
+True, a class, a function: `WireError`; a namedtuple is sent as its items), and `decode`
+builds fresh objects of the receiving process's own types, so whatever the candidate sends,
+the judge holds only data it built.
 """
 
 from __future__ import annotations
 
 import collections
+import decimal
+import fractions
 import json
 import re
 import sys
@@ -143,6 +148,12 @@ def encode(value: Any, classes: frozenset[str] = frozenset(), depth: int = 0) ->
         return {"t": "defaultdict", "f": None if factory is None else name, "v": items}
     if t is bytes:
         return {"t": "bytes", "v": value.hex()}
+    if t is fractions.Fraction:
+        return {"t": "fraction", "v": [int(value.numerator), int(value.denominator)]}
+    if t is decimal.Decimal:
+        return {"t": "decimal", "v": str(value)}
+    if issubclass(t, tuple) and type(getattr(t, "_fields", None)) is tuple:  # a namedtuple: its items
+        return {"t": "tuple", "v": [encode(x, classes, depth + 1) for x in tuple.__iter__(value)]}
     if t is complex:
         return {"t": "complex", "v": [value.real, value.imag]}
     if t is type and _BUILTIN_TYPES.get(getattr(value, "__name__", "")) is value:
@@ -220,6 +231,16 @@ def decode(data: Any, make_object: Callable[[str, dict[str, Any]], Any] | None =
             return bytes.fromhex(v)
         if tag == "complex" and type(v) is list and len(v) == 2 and all(type(x) in (int, float) for x in v):
             return complex(v[0], v[1])
+        if (
+            tag == "fraction"
+            and type(v) is list
+            and len(v) == 2
+            and all(type(x) is int for x in v)
+            and v[1] > 0
+        ):
+            return fractions.Fraction(v[0], v[1])
+        if tag == "decimal" and type(v) is str:
+            return decimal.Decimal(v)
         if tag == "type" and type(v) is str and v in _BUILTIN_TYPES:
             return _BUILTIN_TYPES[v]
         if tag == "match" and type(v) is list and len(v) == 3:
@@ -238,7 +259,7 @@ def decode(data: Any, make_object: Callable[[str, dict[str, Any]], Any] | None =
         if tag == "obj" and make_object is not None and type(v) is dict and type(data.get("c")) is str:
             attrs = {str(k): decode(x, make_object, depth + 1) for k, x in v.items()}
             return make_object(data["c"], attrs)
-    except (TypeError, ValueError) as e:  # an unhashable key or set item, bad hex
+    except (TypeError, ValueError, ArithmeticError) as e:  # an unhashable key or set item, bad hex or decimal
         raise WireError(f"a malformed {tag}: {e}") from None
     raise WireError(f"not a wire value: tag {tag!r}")
 
