@@ -85,7 +85,10 @@ def test_equivalence_is_math_not_strings():
     v = MathVerifier()
     t = Task("t", "q", "\\frac{1}{2}")
     assert v("\\boxed{0.5}", t).reward == 1.0
-    assert v("\\boxed{\\dfrac{2}{4}}", t).reward == 1.0
+    assert v("\\boxed{\\dfrac{1}{2}}", t).reward == 1.0
+    assert v("\\boxed{1/2}", t).reward == 1.0
+    unreduced = v("\\boxed{\\dfrac{2}{4}}", t)  # the answer rule: a fraction is written in lowest terms
+    assert unreduced.reward == 0.0 and unreduced.details["refused"] == "expression"
     assert v("\\boxed{0.51}", t).reward == 0.0
     assert v("#### 1,000", Task("t", "q", "1000")).reward == 1.0
     assert v("The answer is $18.", Task("t", "q", "18")).reward == 1.0
@@ -152,6 +155,8 @@ VERIFIER_EXCEPTIONS = {
     # the answer rule: the gold is a number and the answer an expression to evaluate
     30,
     189,
+    # the answer rule: a fraction not in lowest terms is a division left to do (`\frac3{3}` for 1)
+    37,
 }
 
 

@@ -174,7 +174,7 @@ def _print_suite(report: dict[str, Any], written: dict[str, Path]) -> None:
 def _result_table(res: Any, title: str) -> Table:
     """One row of an `EvalResult`: n, samples, accuracy, mean reward, pass@k, response tokens, tokens/s."""
     hacks = res.hacks()
-    if hacks:  # shares of the rewarded episodes that hedge, restate the question, ... (answer_rule)
+    if hacks:  # shares of the rewarded episodes that hedge, restate the question, ... (hack_telemetry)
         title += "\nrewarded episodes that " + ", ".join(f"{k[5:-5]}: {v:.2f}" for k, v in hacks.items())
     turns = res.turn_stats() if hasattr(res, "turn_stats") else {}
     if turns and turns["turns_mean"] > 1:  # multi-turn: what the agent did per episode

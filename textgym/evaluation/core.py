@@ -98,8 +98,8 @@ class EvalResult:
         return out
 
     def hacks(self) -> dict[str, float]:
-        """Reward-hacking shares among the rewarded episodes (`answer_rule.hack_shares`)."""
-        from textgym.verifiers.answer_rule import hack_shares
+        """Reward-hacking shares among the rewarded episodes (`hack_telemetry.hack_shares`)."""
+        from textgym.verifiers.hack_telemetry import hack_shares
 
         return hack_shares([(e["reward"], e.get("terms", {}), e.get("messages", [])) for e in self.episodes])
 

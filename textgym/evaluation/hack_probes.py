@@ -18,6 +18,10 @@ last six follow the env's oracle and change what it does at the end):
 | `unevaluated` | `\boxed{(gold − 1) + 1}` | envs with a numeric gold |
 | `restated` | the question inside `\boxed{}` | envs with a gold answer |
 | `unicode digits` | the gold in Arabic-Indic digits | envs with a numeric gold |
+| `restated fraction` | the question's fraction `a/b` as `\dfrac{a}{b}` | a gold, a question with maths |
+| `restated rewrite` | its expression E as `1\cdot\left(E\right)^{1}+0` | a gold, a question with maths |
+| `restated in text` | its expression inside `\text{}` | a gold, a question with maths |
+| `hedge in text` | `\boxed{\text{either wrong or gold}}` | envs with a gold answer |
 | `always equal` | returns an object whose `==` is always True | code envs |
 | `int subclass` | returns an int whose `==` is always True | code envs |
 | `patched builtins` | rebinds `abs`, `isinstance`, `math.isclose` and `AssertionError` | code envs |
@@ -43,6 +47,7 @@ move `[5]` wins the task whose number is 5; a hack that matters pays far more).
 from __future__ import annotations
 
 import ast
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -53,6 +58,7 @@ from textgym.evaluation.scripted import RandomAgent, play_episode
 from textgym.evaluation.tool_probes import order_and_answer_probes  # issue 50: shotgun orders
 from textgym.types import Message
 from textgym.verifiers.code import entry_points
+from textgym.verifiers.question_expressions import posed_fractions, posed_texts
 
 ARABIC_INDIC = str.maketrans("0123456789", "٠١٢٣٤٥٦٧٨٩")
 LONG_CHARS = 100_000
@@ -224,6 +230,56 @@ CODE: dict[str, Probe] = {
 }
 
 
+# --- issue 50, item 2: the question restated in another form (the math answer rule) -------------------
+# Replies built from what the question itself writes (`question_expressions.posed_texts`,
+# `posed_fractions`): its fraction of whole numbers as `\dfrac{a}{b}`, its expression with identities
+# around it or wrapped in `\text{}`, and a hedge wrapped in `\text{}` (stripping wrappers must not open
+# a hole). A verifier that pays them pays for the question restated, whatever its notation.
+
+
+def _posed(question: str) -> tuple[list[str], list[list[int]]]:
+    """The expressions a question writes (as text, with an operator or command) and its fractions `[a, b]`."""
+    expressions = [t for t in posed_texts(question) if re.search(r"[-+*/^×÷·\\]", t)]
+    return expressions, posed_fractions(question)
+
+
+def _restated(c: dict[str, Any], template: str) -> str:
+    """`template` with the question's first expression for `§` (an empty box when it writes none)."""
+    expressions, _ = _posed(c["question"] or c["last"])
+    return template.replace("§", expressions[0]) if expressions else "\\boxed{}"
+
+
+def _restated_fraction(c: dict[str, Any]) -> str:
+    """The question's first fraction `a/b` as `\\dfrac{a}{b}`; else its expression over 1."""
+    expressions, fractions = _posed(c["question"] or c["last"])
+    if fractions:
+        return f"\\boxed{{\\dfrac{{{fractions[0][0]}}}{{{fractions[0][1]}}}}}"
+    return f"\\boxed{{\\dfrac{{{expressions[0]}}}{{1}}}}" if expressions else "\\boxed{}"
+
+
+RESTATED: dict[str, Probe] = {
+    "restated fraction": _restated_fraction,
+    "restated rewrite": lambda c: _restated(c, "\\boxed{1\\cdot\\left(§\\right)^{1}+0}"),
+    "restated in text": lambda c: _restated(c, "\\boxed{\\text{§}}"),
+}
+HEDGE_IN_TEXT: dict[str, Probe] = {
+    "hedge in text": lambda c: f"\\boxed{{\\text{{either {wrong_value(c['gold'])} or {c['gold']}}}}}",
+}
+
+
+def restatement_probes(question: str) -> dict[str, Probe]:
+    """This block's probes that apply to a task with a gold answer and `question`.
+
+    The `restated ...` probes when the question writes an expression or a fraction; `hedge in
+    text` always.
+    """
+    expressions, fractions = _posed(question)
+    return (RESTATED if expressions or fractions else {}) | HEDGE_IN_TEXT
+
+
+# --- end of issue 50, item 2 -------------------------------------------------------------------------
+
+
 def _entry_point(task: Any) -> str | None:
     """The function a code task's tests call (`verifiers.code.entry_points`); None if not code."""
     meta = getattr(task, "metadata", None) or {}
@@ -286,7 +342,7 @@ class ProbeAgent:
 def probes_for(env: Any) -> dict[str, Probe]:
     """The probes that apply to `env`, by what its first task carries (gold, code tests, turns)."""
     task = getattr(env.unwrapped, "tasks", [None])[0] if task_count(env) else None
-    _, info = env.reset(options={"task_index": 0})
+    obs, info = env.reset(options={"task_index": 0})
     gold = str(info.get("answer") or "")
     probes = dict(GENERAL)
     spec = getattr(env, "spec", None) or getattr(env.unwrapped, "spec", None)
@@ -296,6 +352,8 @@ def probes_for(env: Any) -> dict[str, Probe]:
         probes |= GOLD
         if gold.strip().lstrip("-").isdigit():
             probes |= NUMERIC_GOLD
+        first = str(getattr(task, "prompt", "") or (obs[0].get("content", "") if obs else ""))
+        probes |= restatement_probes(first)  # issue 50, item 2 (the block above)
     if _entry_point(task) is not None:
         probes |= CODE
     probes |= order_and_answer_probes(env, gold, info)  # issue 50: `textgym.evaluation.tool_probes`

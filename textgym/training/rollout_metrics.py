@@ -16,7 +16,7 @@ import torch
 from textgym import distributed
 from textgym.agents.trajectory import EPISODE_COUNTS, TRUNCATION_CAUSES, Trajectory
 from textgym.algorithms.advantages import overlong_penalty
-from textgym.verifiers.answer_rule import hack_signs, shares_of
+from textgym.verifiers.hack_telemetry import hack_signs, shares_of
 from textgym.verifiers.judge_verdict import forged_verdict
 
 
@@ -38,7 +38,7 @@ def hack_warning(metrics: dict[str, float], threshold: float = HACK_WARN_FRAC) -
 
 
 def episode_hack_signs(t: Trajectory) -> dict[str, int] | None:
-    """A paid episode's reward-hacking signs (`answer_rule.hack_signs`) plus `forged_verdict`; None if unpaid.
+    """A paid episode's reward-hacking signs (`hack_telemetry.hack_signs`) and `forged_verdict`; None: unpaid.
 
     `forged_verdict` (issue 50): its last assistant message writes something shaped like an LLM
     judge's verdict (`judge_verdict.forged_verdict`: a `SCORE:`/`WINNER:` line, a `<verdict...>`
@@ -65,7 +65,7 @@ def rollout_metrics(trajs: list[Trajectory], gather: bool = True) -> dict[str, f
 
     With `gather` (and several ranks), over every rank's trajectories: their rewards, lengths
     and terms are gathered first, so the statistics are those of the global batch, the hack
-    shares (`answer_rule.hack_shares`, and `hack/forged_verdict_frac`: `episode_hack_signs`)
+    shares (`hack_telemetry.hack_shares`, and `hack/forged_verdict_frac`: `episode_hack_signs`)
     included: each rank's episodes' signs are gathered.
     """
     rows = [

@@ -10,7 +10,8 @@ from textgym.verifiers.base import Rubric, RubricTerm, Score, Verifier
 from textgym.verifiers.code import CodeVerifier, extract_code
 from textgym.verifiers.extraction import extract_answer
 from textgym.verifiers.format import FormatVerifier
-from textgym.verifiers.math import DigitMatchVerifier, HedgeVerifier, MathVerifier, math_equal
+from textgym.verifiers.math import DigitMatchVerifier, HedgeVerifier, MathVerifier
+from textgym.verifiers.math_pool import math_equal
 
 # imported from `textgym.verifiers.judge` when first asked for
 __getattr__ = lazy_exports(

@@ -7,6 +7,11 @@ Each of `gold` / `pred` is a list of candidate renderings, tried in order until 
 parses one to a non-empty result. `*_match` names the extraction configs ("latex", "latex_default", "expr").
 Reply: `{"equal": bool, "gold_parsed": str|None, "pred_parsed": str|None}` or `{"error": str}`.
 
+Structural forms (`textgym.verifiers.expression_forms` and `.question_expressions`, for the answer
+rule's restatement check):
+`{"op": "value_form", "text": str}` -> `{"form": str|None, "atom": bool}`;
+`{"op": "posed", "text": str}` -> `{"forms": [str], "fractions": [[int, int]], "expressions": [str]}`.
+
 The parent process kills and restarts this worker when a request overruns its wall-clock
 budget, so pathological input (huge powers, deep nesting) can never hang a caller; the
 signal-based timeouts of math-verify below keep most such cases from reaching that point.
@@ -51,9 +56,23 @@ def _parse_first(candidates: list[str], match: tuple[str, ...], timeout_s: int) 
     return []
 
 
+def forms(req: dict[str, Any]) -> dict[str, Any]:
+    """Answer a structural-form request (`op` "value_form" or "posed"; module docstring)."""
+    from textgym.verifiers.expression_forms import form_key, is_atom, value_form
+    from textgym.verifiers.question_expressions import posed
+
+    if req["op"] == "posed":
+        return posed(str(req["text"]))
+    form = value_form(str(req["text"]))
+    return {"form": None if form is None else form_key(form), "atom": form is not None and is_atom(form)}
+
+
 def handle(req: dict[str, Any]) -> dict[str, Any]:
     """Parse gold and prediction and compare them with math-verify; return the reply dict."""
     from math_verify import verify
+
+    if "op" in req:
+        return forms(req)
 
     t = max(1, int(req.get("timeout_s", 3)))
     gold = _parse_first(req["gold"], tuple(req.get("gold_match", ("latex", "expr"))), t)

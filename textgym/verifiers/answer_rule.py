@@ -23,14 +23,31 @@ equivalence check (`check_answer`):
    digits with an optional sign, thousands separators, decimals or one fraction, with
    optional units around it (`\$`, `\%`, `^\circ`, `\text{...}`, words after a space) and
    an optional `x =` in front. `85+63`, `150-2`, `\sqrt{25}` earn 0
-   (`refused: "expression"`). Digits are ASCII digits.
-4. **Not the question again.** An answer that is not a number literal and is the
-   question's own text (a substring of it, spaces and `$` ignored, at least 3 characters)
-   earns 0 (`refused: "restated"`) unless it is the gold answer as written: `\sqrt{242}`
-   for "Simplify $\sqrt{242}$." is the question, not its answer, whatever sympy says.
+   (`refused: "expression"`). Digits are ASCII digits. A fraction is a number only in lowest
+   terms (denominator above 1, numerator and denominator coprime), whatever the gold:
+   `\frac{84}{12}`, `6/4`, `\frac{7}{1}` are divisions left to do (`refused: "expression"`)
+   unless the gold is written as that same fraction; `7`, `3/2`, `1.5` are numbers.
+4. **Not the question again** (`textgym.verifiers.restatement.restates`). The answer earns 0
+   (`refused: "restated"`) when it is the question's own expression, in any notation: its
+   canonical form (`textgym.verifiers.expression_forms`, read with math-verify's LaTeX parser
+   without evaluating: numbers stay as written; notation, operand order, signs, parentheses
+   and identities such as `+0`, `\cdot 1`, `^1`, `/1`, `+5-5`, `\frac{2x}{2}` forgotten) is
+   the form of an expression the question writes, or of a fraction of whole numbers it writes
+   (`\dfrac{84}{12}`, `84 \div 12`, `(84)/(12)` for "Compute 84/12."). So is an answer with
+   maths in it that is the question's own text (at least 3 characters). A single number or
+   symbol is never a restatement, and the gold answer as written (or any answer of its form)
+   is not one: `\sqrt{242}` for "Simplify $\sqrt{242}$." is the question, not its answer,
+   whatever sympy says, while `11\sqrt2` is paid. A marked answer whose structure cannot be
+   read within the time budget (or longer than 600 characters, or nested deeper than 16
+   brackets) earns 0 (`refused: "unchecked"`).
+
+Before rules 2-4 the answer is `unwrap`ped (`textgym.verifiers.answer_text`): typesetting
+around it (`\text{}`, `\textbf{}`, `\mathrm{}`, `\mathbf{}`, `\displaystyle`, `\,`, braces) is
+dropped, so `\boxed{\text{148}}` is 148 while `\boxed{\text{either 147 or 148}}` is still a
+hedge and `\boxed{\text{85+63}}` still the question.
 
 Legitimate answers keep full reward: `\boxed{148}.`, `$\boxed{148}$`, `\boxed{148.0}`,
-"I first thought 147, but it is \boxed{148}", `\boxed{\$18}`, `#### 1,000`.
+"I first thought 147, but it is \boxed{148}", `\boxed{\$18}`, `#### 1,000`, `\boxed{\mathbf{148}}`.
 No peer grader reads the question: math-verify's defaults, TRL's `accuracy_reward`, the
 `verifiers` library's boxed grader and verl's DAPO grader each pay for some of these
 (`bench/reward_hacks.py` measures them side by side).
@@ -40,39 +57,28 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any
 
+from textgym.verifiers.answer_text import (
+    _NUMBER_IN_TEXT,
+    _NUMERIC_HEDGE,
+    _final_expression,
+    _last_line,
+    _same_value,
+    _without_thousands,
+    fraction_parts,
+    in_lowest_terms,
+    number_literal,
+    unwrap,
+)
 from textgym.verifiers.extraction import MAX_SCAN_CHARS, Extracted, all_boxed, extract_answer
+from textgym.verifiers.restatement import restates
 
-_SPACES = re.compile(r"\\[!,;: ]|\\(?:left|right|displaystyle)\b|~|\s+")
-_DOLLARS = re.compile(r"(?<!\\)\$")
 _HEDGE = re.compile(r"\\lor\b|\\vee\b|∨|\\text\{\s*or\s*\}|\bor\b|\beither\b", re.IGNORECASE)
 _PLUS_MINUS = re.compile(r"\\pm\b|\\mp\b|±|∓")
 FALLBACK_CHARS = 2_000
 """Without a marker and with a symbolic gold, the completion's last FALLBACK_CHARS characters
 go to math-verify's own extraction."""
 _AFTER_BOX_HEDGE = re.compile(r"\b(?:or|either|maybe|perhaps|possibly|alternatively)\b", re.IGNORECASE)
-_THOUSANDS = re.compile(r"(?<=[0-9]),(?=[0-9]{3}(?![0-9]))")
-
-_INT = r"[0-9]+"
-_DEC = r"(?:[0-9]{1,3}(?:,[0-9]{3})+|[0-9]{1,3}(?: [0-9]{3})+(?![0-9])|[0-9]+)(?:\.[0-9]+)?|\.[0-9]+"
-_FRAC_ARG_NUM = r"(?:\{\s*[+-]?[0-9]+\s*\}|[0-9])"
-_FRAC_ARG_DEN = r"(?:\{\s*[0-9]+\s*\}|[0-9])"
-_LATEX_FRAC = rf"\\[dtc]?frac\s*{_FRAC_ARG_NUM}\s*{_FRAC_ARG_DEN}"
-_NUMBER_CORE = rf"(?:{_LATEX_FRAC}|{_INT}\s*/\s*{_INT}|{_DEC})"
-_NUMBER_RE = re.compile(rf"^[+-]?\s*{_NUMBER_CORE}$")
-_NUMBER_IN_TEXT = re.compile(rf"(?<![0-9.A-Za-z])[+-]?{_NUMBER_CORE}(?![0-9A-Za-z])")
-_NUMERIC_HEDGE = re.compile(
-    rf"{_NUMBER_CORE}\s*\$?\s*,?\s*(?:\bor\b|\\lor\b|\\vee\b|∨|\\text\{{\s*or\s*\}})\s*\$?\s*"
-    rf"(?:[A-Za-z]\s*=\s*)?\$?\s*[+-]?{_NUMBER_CORE}",
-    re.IGNORECASE,
-)
-_ASSIGN = re.compile(r"^[A-Za-z](?:_\{?[A-Za-z0-9]+\}?)?\s*=\s*")
-_CURRENCY = re.compile(r"^(?:\\\$|\\text\{\s*\\?\$\s*\}|\$|£|€)\s*")
-_UNIT = re.compile(
-    r"\s*(?:\\(?:text|textnormal|textit|mbox|mathrm|textrm|textbf)\s*\{[^{}]*\}|\\%|%|\^\s*\\circ|\^\s*\{\s*\\circ\s*\}|°"
-    r"|\\(?:,|;|!|\s)|\s+[A-Za-z][A-Za-z ]*\.?)$"
-)
 
 
 @dataclass(frozen=True)
@@ -83,9 +89,9 @@ class AnswerCheck:
         answer: the final answer's text (None when there is none).
         kind: its marker ("boxed", "answer_tag", "hashes", "answer_is", "last_line").
         compare: the text to compare with the gold answer (the bare number for a numeric
-            gold; the answer itself otherwise), or None when the answer is refused or absent.
+            gold; the answer, unwrapped, otherwise), or None when the answer is refused or absent.
         refused: None, or why the answer earns 0: "hedge", "expression", "restated",
-            "several_numbers", "no_answer".
+            "unchecked" (its structure could not be read in time), "several_numbers", "no_answer".
         reason: a sentence saying why, for `details["error"]`.
         candidates: distinct final-answer candidates the response offers (boxes with
             different values, or the parts of a hedge); 1 for a plain answer, 0 for none.
@@ -104,48 +110,6 @@ class AnswerCheck:
     refused: str | None = None
     reason: str | None = None
     candidates: int = 1
-
-
-def squash(text: str) -> str:
-    r"""`text` without spaces, `$`, `\left`/`\right`, LaTeX spacing commands or a trailing period.
-
-    Examples:
-        >>> squash(r"$ \left( 3, \frac{\pi}{2} \right) $.")
-        '(3,\\frac{\\pi}{2})'
-    """
-    t = _DOLLARS.sub("", _SPACES.sub("", text))
-    return t.rstrip(".")
-
-
-def number_literal(text: str) -> str | None:
-    r"""The bare number `text` writes, or None when `text` is not a number literal (rule 3).
-
-    Units, a currency sign and a leading `x =` are allowed around the number; thousands
-    separators are dropped from the result.
-
-    Examples:
-        >>> number_literal(r"\$1,250.50"), number_literal("148 apples"), number_literal(r"x = \frac{3}{4}")
-        ('1250.50', '148', '\\frac{3}{4}')
-        >>> number_literal("85+63"), number_literal(r"\sqrt{25}"), number_literal("١٤٨")
-        (None, None, None)
-    """
-    t = _DOLLARS.sub("", text.strip()).strip().rstrip(".").strip()
-    t = re.sub(r"\\[!;]\s*|\\,", "", t.replace("{,}", ","))
-    for _ in range(4):  # units after the number, innermost last
-        stripped = _UNIT.sub("", t).strip()
-        if stripped == t:
-            break
-        t = stripped
-    t = _CURRENCY.sub("", _ASSIGN.sub("", t)).strip()
-    if not _NUMBER_RE.match(t):
-        return None
-    return _THOUSANDS.sub("", re.sub(r"\s+", "", t))
-
-
-def _without_thousands(text: str) -> str:
-    r"""`text` squashed, its thousands separators (`1,000`, `10{,}080`, `11,\! 111`) removed first."""
-    t = re.sub(r"\\!\s*", "", text.replace("{,}", ","))
-    return squash(_THOUSANDS.sub("", t))
 
 
 def _single_valued(gold: str) -> bool:
@@ -173,25 +137,6 @@ def _hedge_in(text: str, gold: str, lists: bool = True) -> str | None:
         if "," in t or ";" in t:
             return "it lists several values where the answer is one"
     return None
-
-
-def _same_value(a: str, b: str) -> bool:
-    """Whether two answers are the same text (squashed) or the same number literal."""
-    if squash(a) == squash(b):
-        return True
-    na, nb = number_literal(a), number_literal(b)
-    if na is None or nb is None or "frac" in na + nb or "/" in na + nb:
-        return False
-    try:
-        return float(na) == float(nb)
-    except ValueError:
-        return False
-
-
-def _last_line(text: str) -> str | None:
-    """The completion's last non-empty line (stripped), or None."""
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    return lines[-1] if lines else None
 
 
 _FINAL_ANSWER_COLON = re.compile(r"final answer\s*:", re.IGNORECASE)
@@ -248,7 +193,27 @@ def _prose_answer(text: str, gold: str, kind: str) -> AnswerCheck:
     return AnswerCheck(values[0], kind, number_literal(values[0]) or values[0])
 
 
-def check_answer(completion: str, question: str, gold: str) -> AnswerCheck:
+def _not_the_question(
+    answer: str, literal: str | None, question: str, gold: str, timeout_s: float, marked: bool = True
+) -> tuple[str, str] | None:
+    """Rule 4 and the fraction half of rule 3 for an answer that passed rules 1-3: (refused, reason) or None.
+
+    A marked answer whose structure could not be read in time is refused ("unchecked"); an
+    unmarked final line (prose, possibly long) is then let through to math-verify.
+    """
+    said = restates(answer, question, gold, timeout_s)
+    if said is None and marked:
+        return "unchecked", "the final answer could not be compared with the question in time"
+    if said:
+        return "restated", "the final answer restates the question (its own expression, in another form)"
+    if literal is not None and not in_lowest_terms(literal):
+        gold_literal = number_literal(unwrap(gold))
+        if gold_literal is None or fraction_parts(gold_literal) != fraction_parts(literal):
+            return "expression", "the final answer is a fraction not in lowest terms (a division left to do)"
+    return None
+
+
+def check_answer(completion: str, question: str, gold: str, timeout_s: float = 10.0) -> AnswerCheck:
     r"""Read the final answer of `completion` by the rule of the module docstring.
 
     Pure and bounded: regular expressions over at most `MAX_SCAN_CHARS` characters. A
@@ -263,6 +228,8 @@ def check_answer(completion: str, question: str, gold: str) -> AnswerCheck:
         question: the task's question (`Task.prompt`), for rule 4.
         gold: the gold answer, which decides rules 2 and 3 (a numeric gold asks for a number
             literal; a gold with `\pm`, a list, an inequality or several boxes allows them).
+        timeout_s: budget in seconds for reading an expression's structure (rule 4, in the
+            math-verify worker).
 
     Returns:
         The `AnswerCheck`; `compare` is what to test for equivalence with `gold`.
@@ -305,124 +272,36 @@ def check_answer(completion: str, question: str, gold: str) -> AnswerCheck:
         prose = text if ext is None else ext.text
         kind = "last_line" if ext is None else ext.kind
         if numeric_gold:
-            return _prose_answer(prose, gold, kind)
+            check = _prose_answer(prose, gold, kind)
+            if check.refused is None and check.answer is not None and check.compare is not None:
+                verdict = _not_the_question(check.answer, check.compare, question, gold, timeout_s)
+                if verdict is not None:
+                    return AnswerCheck(check.answer, kind, None, *verdict)
+            return check
         if _NUMERIC_HEDGE.search(prose[-FALLBACK_CHARS:]):
             return AnswerCheck(
                 None, kind, None, "hedge", "the answer offers alternatives (a number or another)", 2
             )
         if ext is None:
+            line = _last_line(text)
+            if line is not None:
+                expression = _final_expression(line)
+                verdict = _not_the_question(expression, None, question, gold, timeout_s, marked=False)
+                if verdict is not None:
+                    return AnswerCheck(None, kind, None, *verdict)
             return AnswerCheck(None, kind, text[-FALLBACK_CHARS:] if text.strip() else None, None, None)
     answer = ext.text
-    hedge = _hedge_in(answer, gold, lists=single)
+    plain = unwrap(answer)
+    if not plain:
+        return AnswerCheck(answer, ext.kind, None, "no_answer", "empty final answer", 0)
+    hedge = _hedge_in(plain, gold, lists=single)
     if hedge is not None:
         return AnswerCheck(answer, ext.kind, None, "hedge", f"the final answer hedges: {hedge}", 2)
-    literal = number_literal(answer)
-    if numeric_gold:
-        if literal is None:
-            reason = "the gold answer is a number and the final answer is not a number literal (evaluate it)"
-            return AnswerCheck(answer, ext.kind, None, "expression", reason)
-        return AnswerCheck(answer, ext.kind, literal)
-    a = squash(answer)
-    if literal is None and len(a) >= 3 and a != squash(gold) and a in squash(question):
-        return AnswerCheck(answer, ext.kind, None, "restated", "the final answer restates the question")
-    return AnswerCheck(answer, ext.kind, answer)
-
-
-MANY_ANSWERS = 3
-"""`hack_signals`' `many_answers`: a response offering more than this many final-answer candidates."""
-
-
-def answer_candidates_offered(completion: str) -> int:
-    r"""How many distinct final answers a response offers, without knowing the gold.
-
-    The distinct `\boxed{}` contents; a single box, or a reply without one, counts the items
-    its final answer lists (top-level commas, `or`, `\lor`, `\pm` count as separators), a
-    reply without a marker its final line's "a or b" alternatives.
-
-    Examples:
-        >>> answer_candidates_offered(r"\boxed{3}"), answer_candidates_offered(r"\boxed{1} or \boxed{2}")
-        (1, 2)
-        >>> answer_candidates_offered(r"\boxed{1, 2, 3, 4}"), answer_candidates_offered("either 7 or 8")
-        (4, 2)
-    """
-    text = completion[-MAX_SCAN_CHARS:]
-    distinct: list[str] = []
-    for b, _ in all_boxed(text):
-        if b.strip() and not any(_same_value(b, d) for d in distinct):
-            distinct.append(b)
-    if len(distinct) > 1:
-        return len(distinct)
-    ext = extract_answer(text)
-    final = ext.text if ext is not None else (_last_line(text) or "")
-    if ext is None:
-        return 1 + len(_NUMERIC_HEDGE.findall(final)) if final else 0
-    parts = re.split(r",|;|\\lor\b|\\vee\b|\bor\b|\\pm\b|\\mp\b|±", _without_thousands(final))
-    return max(1, sum(1 for p in parts if p.strip()))
-
-
-def hack_signals(completion: str, question: str) -> dict[str, bool]:
-    r"""Reward-hacking signs in one response, read without the gold answer (for telemetry).
-
-    `hedge`: more than one final-answer candidate (`answer_candidates_offered`);
-    `many_answers`: more than `MANY_ANSWERS` of them; `restates`: the final answer is the
-    question's own text (rule 4 of the module docstring, at least 3 characters, not a
-    number literal). A trainer logs their shares among the rewarded responses
-    (`textgym.training.rollout_metrics.rollout_metrics`): a verifier that pays for these is being
-    gamed.
-
-    Examples:
-        >>> hack_signals(r"\boxed{85+63}", "Compute 85+63.")
-        {'hedge': False, 'many_answers': False, 'restates': True}
-        >>> hack_signals(r"\boxed{147} or \boxed{148}", "Compute 85+63.")["hedge"]
-        True
-    """
-    n = answer_candidates_offered(completion)
-    ext = extract_answer(completion[-MAX_SCAN_CHARS:])
-    final = ext.text if ext is not None else (_last_line(completion[-MAX_SCAN_CHARS:]) or "")
-    a = squash(final)
-    restates = len(a) >= 3 and number_literal(final) is None and a in squash(question)
-    return {"hedge": n > 1, "many_answers": n > MANY_ANSWERS, "restates": restates}
-
-
-def hack_shares(episodes: list[tuple[float, dict[str, float], list[dict[str, Any]]]]) -> dict[str, float]:
-    """Shares of the rewarded episodes (return > 0) that show a reward-hacking sign.
-
-    `hack/hedge_frac`, `hack/many_answers_frac`, `hack/restates_frac`: `hack_signals` of the
-    last assistant message against the first user message; `hack/format_only_frac`: paid
-    although the accuracy term `reward/correct` is 0 (format or shaping terms alone). Logged
-    by the trainers (`rollout_metrics`) and reported by `textgym eval`.
-
-    Args:
-        episodes: `(return, reward terms, messages)` of each episode.
-
-    Returns:
-        The four shares, or {} when no episode was rewarded.
-    """
-    return shares_of([hack_signs(*e) for e in episodes])
-
-
-def hack_signs(
-    reward: float, terms: dict[str, float], messages: list[dict[str, Any]]
-) -> dict[str, int] | None:
-    """One episode's reward-hacking signs (0/1 each, `hack_shares`'s four), or None when it was not paid.
-
-    Args:
-        reward: the episode's return.
-        terms: its reward terms (`reward/correct` read).
-        messages: its conversation (the first user and last assistant messages read).
-    """
-    if reward <= 0:
-        return None
-    question = next((m.get("content", "") for m in messages if m.get("role") == "user"), "")
-    answer = next((m.get("content", "") for m in reversed(messages) if m.get("role") == "assistant"), "")
-    signs = {k: int(v) for k, v in hack_signals(str(answer), str(question)).items()}
-    signs["format_only"] = int(terms.get("reward/correct", 1.0) <= 0.0)
-    return signs
-
-
-def shares_of(signs: list[dict[str, int] | None]) -> dict[str, float]:
-    """`hack/<sign>_frac` over the paid episodes' `hack_signs` (None: not paid); {} when none was paid."""
-    paid = [s for s in signs if s is not None]
-    if not paid:
-        return {}
-    return {f"hack/{k}_frac": sum(s[k] for s in paid) / len(paid) for k in paid[0]}
+    literal = number_literal(plain)
+    if numeric_gold and literal is None:
+        reason = "the gold answer is a number and the final answer is not a number literal (evaluate it)"
+        return AnswerCheck(answer, ext.kind, None, "expression", reason)
+    verdict = _not_the_question(plain, literal, question, gold, timeout_s)
+    if verdict is not None:
+        return AnswerCheck(answer, ext.kind, None, *verdict)
+    return AnswerCheck(answer, ext.kind, literal if numeric_gold else unwrap(answer, keep_words=True))

@@ -7,201 +7,23 @@ an `<answer>` tag, `#### N` or "the answer is"). Before any equivalence check,
 is one, and not the question restated.
 
 Equivalence is decided by Hugging Face's `math-verify` (`parse` + `verify`, backed by
-sympy), never by string matching. It runs in a child process (see `_math_worker`) that
-the caller kills and restarts when one comparison overruns `timeout_s`, so input such
-as `\\boxed{10^{10^{10}}}`, a 200 kB string or NUL bytes costs at most `timeout_s`
-seconds and returns a 0.0 score with the reason, never an exception.
+sympy), never by string matching. It runs in a child process (see `_math_worker`, and
+`math_pool` for `math_equal`, its client) that the caller kills and restarts when one
+comparison overruns `timeout_s`, so input such as `\\boxed{10^{10^{10}}}`, a 200 kB string
+or NUL bytes costs at most `timeout_s` seconds and returns a 0.0 score with the reason,
+never an exception.
 """
 
 from __future__ import annotations
 
-import atexit
-import json
-import os
-import queue
 import re
-import select
-import subprocess
-import sys
-import threading
-import time
-from collections import OrderedDict
 from typing import Any
 
 from textgym.types import Task
 from textgym.verifiers.answer_rule import check_answer
 from textgym.verifiers.base import Score
 from textgym.verifiers.extraction import MAX_ANSWER_CHARS, extract_answer
-
-
-class _Worker:
-    """One `_math_worker` child process with line-based JSON I/O and a hard per-request timeout."""
-
-    def __init__(self) -> None:
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "textgym.verifiers._math_worker"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            env=env,
-        )
-        self._buf = b""
-        ready = self._readline(timeout_s=120.0)
-        if ready is None or not json.loads(ready).get("ready"):
-            self.kill()
-            raise RuntimeError("math-verify worker did not start (is math-verify installed?)")
-
-    def _readline(self, timeout_s: float) -> str | None:
-        assert self.proc.stdout is not None
-        fd = self.proc.stdout.fileno()
-        deadline = time.monotonic() + timeout_s
-        while b"\n" not in self._buf:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return None
-            ready, _, _ = select.select([fd], [], [], left)
-            if not ready:
-                return None
-            chunk = os.read(fd, 65536)
-            if not chunk:  # the worker died
-                return None
-            self._buf += chunk
-        line, self._buf = self._buf.split(b"\n", 1)
-        return line.decode("utf-8")
-
-    def request(self, req: dict[str, Any], timeout_s: float) -> dict[str, Any] | None:
-        """Send one request; return the reply, or None on timeout or a dead worker."""
-        assert self.proc.stdin is not None
-        try:
-            self.proc.stdin.write((json.dumps(req) + "\n").encode("utf-8"))
-            self.proc.stdin.flush()
-        except (BrokenPipeError, OSError):
-            return None
-        line = self._readline(timeout_s)
-        return None if line is None else json.loads(line)
-
-    def kill(self) -> None:
-        """Kill the child process and reap it."""
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait()
-
-
-class MathVerifyPool:
-    """A process-wide pool of math-verify workers, shared by every `MathVerifier` instance.
-
-    Workers start lazily (about 1 s each: importing sympy); a worker whose request
-    overruns is killed and replaced before its slot is released. Thread-safe.
-    """
-
-    def __init__(self, size: int = 1):
-        self.size = size
-        self._idle: queue.Queue[_Worker] = queue.Queue()
-        self._started = 0
-        self._lock = threading.Lock()
-        atexit.register(self.close)
-
-    def _acquire(self) -> _Worker:
-        with self._lock:
-            if self._idle.empty() and self._started < self.size:
-                self._started += 1
-                try:
-                    return _Worker()
-                except Exception:
-                    self._started -= 1
-                    raise
-        return self._idle.get()
-
-    def request(self, req: dict[str, Any], timeout_s: float) -> dict[str, Any] | None:
-        """Run one comparison; None when it overran `timeout_s` seconds (the worker is replaced)."""
-        worker = self._acquire()
-        reply = worker.request(req, timeout_s)
-        if reply is None:
-            worker.kill()
-            with self._lock:
-                self._started -= 1
-            return None
-        self._idle.put(worker)
-        return reply
-
-    def close(self) -> None:
-        """Kill all idle workers."""
-        while not self._idle.empty():
-            self._idle.get_nowait().kill()
-        with self._lock:
-            self._started = 0
-
-
-POOL = MathVerifyPool(size=int(os.environ.get("TEXTGYM_MATH_WORKERS", str(min(4, os.cpu_count() or 1)))))
-_RESULTS: OrderedDict[str, dict[str, Any]] = OrderedDict()
-_RESULTS_MAX = 65536
-_RESULTS_LOCK = threading.Lock()
-"""math_equal is pure: the last _RESULTS_MAX answers are kept (GRPO groups repeat completions)."""
-
-
-def math_equal(
-    gold: str | list[str],
-    pred: str | list[str],
-    *,
-    gold_match: tuple[str, ...] = ("latex", "expr"),
-    pred_match: tuple[str, ...] = ("latex", "expr"),
-    float_rounding: int = 6,
-    strict: bool = True,
-    allow_set_relation_comp: bool = False,
-    timeout_s: float = 10.0,
-) -> dict[str, Any]:
-    r"""Decide whether `pred` is mathematically equivalent to `gold` with math-verify.
-
-    Args:
-        gold: the reference, as a string or a list of candidate renderings tried in order
-            until math-verify parses one (e.g. `["\boxed{x}", "x"]`).
-        pred: the prediction, likewise.
-        gold_match: math-verify extraction configs for gold ("latex", "latex_default", "expr").
-        pred_match: the same for the prediction.
-        float_rounding: decimal places numbers are rounded to (`math_verify.verify`).
-        strict: `math_verify.verify`'s strict mode (variables must match, etc.).
-        allow_set_relation_comp: let `math_verify.verify` compare sets with relations.
-        timeout_s: wall-clock budget in seconds for parsing and comparing together.
-
-    Returns:
-        `{"equal": bool, "gold_parsed": str|None, "pred_parsed": str|None}`, plus
-        `"error"` when the comparison timed out or failed (then `equal` is False).
-
-    Examples:
-        >>> math_equal("0.5", r"\frac{1}{2}")["equal"]
-        True
-        >>> math_equal("1000", "1,000")["equal"], math_equal("2", "3")["equal"]
-        (True, False)
-    """
-    req = {
-        "gold": [gold] if isinstance(gold, str) else list(gold),
-        "pred": [pred] if isinstance(pred, str) else list(pred),
-        "gold_match": list(gold_match),
-        "pred_match": list(pred_match),
-        "float_rounding": float_rounding,
-        "strict": strict,
-        "allow_set_relation_comp": allow_set_relation_comp,
-        "timeout_s": max(1.0, timeout_s / 3),
-    }
-    key = json.dumps(req, sort_keys=True)
-    with _RESULTS_LOCK:
-        cached = _RESULTS.get(key)
-        if cached is not None:
-            _RESULTS.move_to_end(key)
-            return dict(cached)
-    reply = POOL.request(req, timeout_s)
-    if reply is None:
-        error = f"math-verify did not answer within {timeout_s}s (timed out or ran out of memory)"
-        return {"equal": False, "gold_parsed": None, "pred_parsed": None, "error": error}
-    if "error" not in reply:
-        with _RESULTS_LOCK:
-            _RESULTS[key] = reply
-            if len(_RESULTS) > _RESULTS_MAX:
-                _RESULTS.popitem(last=False)
-    if "error" in reply:
-        return {"equal": False, "gold_parsed": None, "pred_parsed": None, "error": reply["error"]}
-    return reply
+from textgym.verifiers.math_pool import math_equal
 
 
 def answer_candidates(answer: str) -> list[str]:
@@ -228,7 +50,7 @@ class MathVerifier:
 
     Examples:
         >>> from textgym.types import Task
-        >>> task = Task(task_id="half", prompt="What is 1/2 as a decimal?", answer="0.5")
+        >>> task = Task(task_id="half", prompt="What fraction of a day is 12 hours?", answer="0.5")
         >>> score = MathVerifier()(r"Half is \boxed{\frac{1}{2}}.", task)
         >>> score.reward, score.details["extracted"], score.details["marker"]
         (1.0, '\\frac{1}{2}', 'boxed')
