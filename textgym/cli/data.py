@@ -10,11 +10,13 @@ import typer
 from textgym.cli._common import (
     EnvKwargs,
     MaxNewTokens,
+    ModelHelp,
     Temperature,
     console,
     fail,
     load_agent,
     make_env,
+    model_source,
     parse_kwargs,
 )
 
@@ -30,7 +32,7 @@ BatchSize = Annotated[int, typer.Option(min=1, help="Episodes per shard (a chunk
 
 @rollouts_app.command("collect")
 def rollouts_collect_cmd(
-    model: Annotated[Path, typer.Option(help="Local Hugging Face model folder (the policy).")],
+    model: Annotated[str, typer.Option(help=ModelHelp + " (the policy)")],
     env: Annotated[str, typer.Option(help="Environment id.")],
     out: StoreOut,
     n: Annotated[int, typer.Option(min=1, help="Tasks (task_index start..start+n-1).")] = 100,
@@ -76,6 +78,7 @@ def rollouts_collect_cmd(
         fail("--noise perturbs the oracle's demonstrations: it needs --agent oracle")
     kwargs = parse_kwargs(env_kwargs)
     make_env(env, kwargs).close()
+    model = model_source(model)
     if agent == "oracle":
         from textgym.agents.demonstrator import OracleDemonstrator
         from textgym.models import load_tokenizer
@@ -84,10 +87,10 @@ def rollouts_collect_cmd(
             actor = OracleDemonstrator(load_tokenizer(model), noise=noise, seed=seed)
         except (FileNotFoundError, ValueError) as e:
             fail(str(e))
-        policy = f"oracle:{model.resolve()}"
+        policy = f"oracle:{_policy_id(model)}"
     else:
-        actor = load_agent(model, None, None, backend)
-        policy = str(model.resolve())
+        actor = load_agent(Path(model), None, None, backend)
+        policy = _policy_id(model)
     seed_everything(seed)
     try:
         res = collect_rollouts(
@@ -103,6 +106,11 @@ def rollouts_collect_cmd(
         f"{res.new_tasks} tasks rolled out ({res.rows_written} episodes, {res.shards_written} shards), "
         f"{res.skipped_tasks} already in {out}"
     )
+
+
+def _policy_id(model: str) -> str:
+    """How the store names the policy: a local folder by its absolute path, a Hub id as given."""
+    return str(Path(model).resolve()) if Path(model).exists() else model
 
 
 @pairs_app.command("build")

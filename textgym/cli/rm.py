@@ -31,7 +31,12 @@ Config = Annotated[
 ]
 Overrides = Annotated[list[str] | None, typer.Argument(help="Overrides such as reward_model.epochs=4.")]
 Pairs = Annotated[Path | None, typer.Option(help="pairs.parquet (textgym pairs build), or its folder.")]
-Model = Annotated[Path | None, typer.Option(help="Causal LM folder to initialise the reward model from.")]
+Model = Annotated[
+    str | None,
+    typer.Option(
+        help="Causal LM to initialise the reward model from: a folder, a packaged model name or a Hub id."
+    ),
+]
 Out = Annotated[Path | None, typer.Option(help="Output folder of the reward model.")]
 Epochs = Annotated[int | None, _opt(_RM.epochs, min=1)]
 BatchSize = Annotated[int | None, _opt(_RM.batch_size, "Pairs per step (over all ranks).", min=1)]
@@ -152,5 +157,9 @@ def _load(config: Path | None, overrides: list[str], flags: dict[str, Any]) -> R
     missing = [f"--{k}" for k in ("pairs", "model", "out") if k not in flags]
     if missing:
         fail(f"without a CONFIG, {', '.join(missing)} must be given")
-    base = {"name": "reward_model", "model": {"path": values["reward_model.model"]}, "reward_model": {}}
+    from textgym.model_pull import PACKAGED_MODELS
+
+    start = values["reward_model.model"]
+    key = "name" if start in PACKAGED_MODELS and not Path(start).exists() else "path"
+    base = {"name": "reward_model", "model": {key: start}, "reward_model": {}}
     return load_config(None, overrides, values=values, **base)

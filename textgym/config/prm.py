@@ -21,7 +21,7 @@ class PRMLabelConfig(_Strict):
     env: EnvConfig
     """The environment whose tasks are answered and whose `reward/correct` judges the continuations."""
     policy: str | None = None
-    """The policy folder that answers and continues (null: the run's `model.path`)."""
+    """The policy folder that answers and continues (null: the run's `model.path` or `model.name`)."""
     tasks: int = Field(256, ge=1)
     """How many tasks to answer."""
     start: int = Field(0, ge=0)
@@ -58,7 +58,8 @@ class PRMConfig(_Strict):
     labels: str | None = None
     """The labels file to train on; null: `label.out` (or its default)."""
     model: str | None = None
-    """The causal LM folder the PRM starts from; null: `label.policy`, else the run's `model.path`."""
+    """The causal LM folder the PRM starts from; null: `label.policy`, else the run's `model.path` or
+    `model.name`."""
     out: str | None = None
     """The PRM's folder; null: `<out_dir>/<name>/prm/model`."""
     target: Literal["soft", "hard"] = "soft"

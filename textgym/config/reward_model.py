@@ -44,6 +44,7 @@ class RewardModelConfig(_Batching):
     pairs: str | None = None
     """`pairs.parquet` (`textgym pairs build`) or the folder holding it (`--pairs`); needed to train."""
     model: str | None = None
-    """Causal LM folder the reward model starts from (`--model`); null = the run's `model.path`."""
+    """Causal LM folder the reward model starts from (`--model`); null = the run's `model.path` or
+    `model.name`."""
     out: str | None = None
     """Output folder of the reward model (`--out`); null = `<out_dir>/<name>/reward_model`."""

