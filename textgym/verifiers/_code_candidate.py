@@ -96,7 +96,7 @@ def serve(requests_fd: int, answers_fd: int, cwd: str) -> None:
                 kinds[name] = kind if name in namespace else "missing"
             wire.send(answers, {"ok": True, "kinds": kinds})
             continue
-        fn = namespace.get(request.get("fn", ""))
+        fn: Any = namespace.get(request.get("fn", ""))
         try:
             if not _is_function(fn):
                 raise wire.WireError(f"{request.get('fn')} is a {type(fn).__name__}, not a function")
