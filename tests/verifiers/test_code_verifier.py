@@ -152,7 +152,7 @@ def test_mbpp_fraction_and_failing_details():
 @pytest.mark.parametrize("backend", ["process", "docker"])
 def test_score_cli_on_humaneval(tmp_path, backend):
     _verifier_or_skip(backend)
-    tasks = humaneval_tasks("binary")
+    tasks = humaneval_tasks("binary")[:16]  # all 164 pass through the verifier in the test above
     lines = [{"task_index": i, "completion": t.metadata["canonical_solution"]} for i, t in enumerate(tasks)]
     lines += [{"task_index": 0, "completion": ""}, {"task_index": 1, "completion": "    return None\n"}]
     path = tmp_path / "in.jsonl"
@@ -172,7 +172,7 @@ def test_score_cli_on_humaneval(tmp_path, backend):
     )
     assert r.exit_code == 0, r.output
     out = [json.loads(x) for x in r.output.strip().splitlines()]
-    assert [o["reward"] for o in out] == [1.0] * 164 + [0.0, 0.0]
+    assert [o["reward"] for o in out] == [1.0] * 16 + [0.0, 0.0]
     assert out[-2]["reason"] == "empty action" and "AssertionError" in out[-1]["reason"]
 
 
