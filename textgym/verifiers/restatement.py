@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 
 from textgym.verifiers.answer_text import fraction_parts, number_literal, squash, unwrap
-from textgym.verifiers.expression_forms import MAX_DEPTH, MAX_FORM_CHARS
+from textgym.verifiers.expression_forms import MAX_DEPTH, MAX_FORM_CHARS, _depth
 from textgym.verifiers.math_pool import read_forms
 
 _MATHS = re.compile(r"[0-9+\-*/^=\\]")
@@ -77,15 +77,3 @@ def restates(answer: str, question: str, gold: str | None = None, timeout_s: flo
         if theirs is not None and theirs["form"] == mine["form"]:
             return False
     return True
-
-
-def _depth(text: str) -> int:
-    """The deepest nesting of (), [] and {} in `text`."""
-    depth = best = 0
-    for c in text:
-        if c in "([{":
-            depth += 1
-            best = max(best, depth)
-        elif c in ")]}":
-            depth -= 1
-    return best
