@@ -262,4 +262,8 @@ def test_eval_by_name_end_to_end(smollm2_dir):
     )
     assert r.exit_code == 0, r.output
     summary = json.loads(r.stdout.strip().splitlines()[-1])  # stderr has transformers' loading bar
-    assert summary["n"] == 2 and summary["env_id"] == "textgym/Arithmetic-v0" and summary["mean_response_tokens"] > 0
+    assert (
+        summary["n"] == 2
+        and summary["env_id"] == "textgym/Arithmetic-v0"
+        and summary["mean_response_tokens"] > 0
+    )
