@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ctypes
+import functools
 from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
@@ -63,6 +65,7 @@ def run_loop(
     try:
         while trainer.step < steps:
             metrics = trainer.train_step()
+            release_free_heap()
             n_metrics = len(metrics)
             if after_step is not None:
                 after_step(metrics)
@@ -81,3 +84,26 @@ def run_loop(
     finally:
         bar.close()
         trainer.logger.close()
+
+
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    try:
+        return ctypes.CDLL("libc.so.6").malloc_trim  # type: ignore[no-any-return]
+    except (OSError, AttributeError):  # not glibc (macOS, musl): nothing to call
+        return None
+
+
+def release_free_heap() -> None:
+    """Give the heap's free pages back to the OS (glibc's `malloc_trim(0)`); elsewhere a no-op.
+
+    A training step frees hundreds of MB of temporaries (a rollout's KV cache, the update's
+    activations) in blocks glibc keeps for reuse; without a trim they stay in the process's
+    resident set, and a 135M-parameter GRPO run's RSS grew step over step (3.11 -> 3.69 GB
+    over two steps, bench/llm_memory.py). Called by `run_loop` after every step; it takes
+    milliseconds and changes no computation.
+    """
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
