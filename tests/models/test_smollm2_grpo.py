@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [
     pytest.mark.real_model,
     pytest.mark.long,
-    pytest.mark.skipif(os.environ.get("TEXTGYM_RUN_LONG") != "1", reason="set TEXTGYM_RUN_LONG=1 (10-12 min)"),
+    pytest.mark.skipif(os.environ.get("TEXTGYM_RUN_LONG") != "1", reason="TEXTGYM_RUN_LONG=1 (10-12 min)"),
 ]
 
 

@@ -106,4 +106,3 @@ def release_free_heap() -> None:
     trim = _malloc_trim()
     if trim is not None:
         trim(0)
-
