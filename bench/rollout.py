@@ -1,15 +1,18 @@
 """Rollout generation throughput: the vLLM backend against the transformers backend, side by side.
 
-Both backends load the same model folder (a randomly initialised textgym preset, float32)
+Both backends load the same model folder (a randomly initialised textgym preset, or with
+`--models` a real one: a folder or a packaged model such as smollm2-135m-instruct; float32)
 and sample responses to the same token-id prompts (Arithmetic tasks rendered by the chat
 template, `--groups` tasks × `--group-size` samples each, as a GRPO step asks for), at
 temperature 1 with the same response budget. A random model rarely samples its EOS token,
-so nearly every response runs to `--max-new-tokens` on both. Each backend gets one untimed
-warm-up call, then `--repeats` timed calls; tokens/s is generated tokens over the median
-wall time. vLLM runs with torch.compile (its default; `--eager` turns it off, as the trainer's
-engine does for a faster start).
+so nearly every response runs to `--max-new-tokens` on both; a real model stops at its EOS,
+at lengths that differ between the backends' samples (its rate is tokens generated over
+time). Each backend gets one untimed warm-up call, then `--repeats` timed calls; tokens/s is
+generated tokens over the median wall time. vLLM runs with torch.compile (its default;
+`--eager` turns it off, as the trainer's engine does for a faster start).
 
-    python bench/rollout.py [--presets tiny small] [--groups 16] [--group-size 8]
+    python bench/rollout.py [--presets tiny small | --models smollm2-135m-instruct]
+                            [--groups 16] [--group-size 8]
                             [--max-new-tokens 128] [--repeats 3] [--threads 2] [--eager]
                             [--device cpu] [--dtype float32]
 
@@ -57,6 +60,7 @@ def timed(backend, prompts: list[list[int]], params, repeats: int) -> tuple[floa
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--presets", nargs="+", default=["tiny", "small"])
+    ap.add_argument("--models", nargs="+", default=[], help="folders or packaged model names, not presets")
     ap.add_argument("--groups", type=int, default=16)
     ap.add_argument("--group-size", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=128)
@@ -71,7 +75,7 @@ def main() -> None:
     import textgym  # noqa: F401
     from textgym.agents import LLMAgent, SamplingParams
     from textgym.model_init import init_model
-    from textgym.models import count_parameters, load_model
+    from textgym.models import count_parameters, load_model, resolve_model
 
     params = SamplingParams(temperature=1.0, max_new_tokens=args.max_new_tokens)
     print(
@@ -80,8 +84,10 @@ def main() -> None:
         f"vLLM {'eager' if args.eager else 'compiled'}"
     )
     with tempfile.TemporaryDirectory() as tmp:
-        for preset in args.presets:
-            path = init_model(preset, Path(tmp) / preset, seed=0)
+        todo = [(m, Path(resolve_model(m, progress=True))) for m in args.models] or [
+            (p, init_model(p, Path(tmp) / p, seed=0)) for p in args.presets
+        ]
+        for preset, path in todo:
             model, tok = load_model(path, dtype=getattr(torch, args.dtype), device=args.device)
             hf = LLMAgent(model, tok, batch_size=args.groups * args.group_size)
             prompts = [p for p in prompts_for(hf, args.groups) for _ in range(args.group_size)]
