@@ -1,7 +1,7 @@
 """GRPO on SmolLM2-135M-Instruct learns: the documented run of docs/models.md, with a gain margin.
 
 It is the whole `configs/smollm2_grpo.yaml` run (12 GRPO steps of 8 × 8, greedy evaluation on 100
-held-out sums before and after): 10-12 minutes on 2 idle cores, too long for CI's budget, so it
+held-out sums before and after): 10-13 minutes on 2 idle cores, too long for CI's budget, so it
 runs only when asked (marker `long`):
 
     TEXTGYM_RUN_LONG=1 .venv/bin/python -m pytest -q -m long tests/models/test_smollm2_grpo.py
@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [
     pytest.mark.real_model,
     pytest.mark.long,
-    pytest.mark.skipif(os.environ.get("TEXTGYM_RUN_LONG") != "1", reason="TEXTGYM_RUN_LONG=1 (10-12 min)"),
+    pytest.mark.skipif(os.environ.get("TEXTGYM_RUN_LONG") != "1", reason="TEXTGYM_RUN_LONG=1 (10-13 min)"),
 ]
 
 
