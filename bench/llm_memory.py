@@ -12,8 +12,8 @@ writing 5 to /proc/self/clear_refs, Linux ≥ 4.0):
 
 Variants (`--variants`, default all): `micro16` is the config as it was measured first
 (micro-batches of 16 rows); `micro4` the config's micro-batches of 4 rows. Both run on the
-current code, which frees the gradients after the update and trims the heap after each step
-(`textgym.training.loop.release_free_heap`).
+current code, which frees the gradients before each rollout and trims the heap after each
+step (`textgym.training.loop.release_free_heap`).
 
 Accounting for a 134.5M-parameter model in fp32 (538 MB per copy): weights 538 MB, gradients
 538 MB (during the update only), AdamW's two moments 1,076 MB, the Python process with torch

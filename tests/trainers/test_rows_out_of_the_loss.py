@@ -250,8 +250,8 @@ def test_sft_on_a_store_takes_the_env_from_the_store(tiny_model_dir, tmp_path):
 
 
 def test_the_gradients_are_freed_after_the_update_and_the_step_is_unchanged(warm_model_dir, tmp_path):
-    """Memory (docs/models.md#memory): once the update's last optimizer step is taken the policy
-    holds no gradient (on a 135M model they were 538 MB of the next rollout's peak), and freeing
+    """Memory (docs/models.md#memory): the policy holds no gradient while it samples the next
+    rollout (on a 135M model the last update's were 538 MB of the rollout's peak), and freeing
     them, with the heap trim after each step, changes no weight: two runs, one trimming after
     every step, end bitwise equal."""
     from textgym.training.loop import release_free_heap
@@ -261,11 +261,19 @@ def test_the_gradients_are_freed_after_the_update_and_the_step_is_unchanged(warm
         seed_everything(0)
         model, tok = load_model(warm_model_dir)
         trainer = GRPOTrainer(grpo_cfg(steps=2), model, tok, tmp_path / f"trim{trim}")
+        sample = trainer.sample
+        held: list[bool] = []
+
+        def watched(metrics, sample=sample, held=held, model=model):
+            held.append(any(p.grad is not None for p in model.parameters()))
+            return sample(metrics)
+
+        trainer.sample = watched  # type: ignore[method-assign]
         for _ in range(2):
             trainer.train_step()
-            assert all(p.grad is None for p in model.parameters())
             if trim:
                 release_free_heap()
+        assert held == [False, False]  # the second rollout follows an update
         finals.append(weights(model))
     assert finals[0].keys() == finals[1].keys()
     assert all(torch.equal(finals[0][k], finals[1][k]) for k in finals[0])

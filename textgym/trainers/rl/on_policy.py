@@ -316,6 +316,7 @@ class OnPolicyTrainer:
         metrics: dict[str, float] = {}
         self._loss_rows = self._guided_rows = None
         self.rollout_stats = RolloutStats()
+        self.policy.zero_grad(set_to_none=True)  # the last update's: not kept through the rollout
         # 1 rollout: the step's trajectories, rewards shaped (`collect`, `sample`)
         trajs = self.sample(metrics)
         if self.rollout_stats.generated_rows:  # in-process rollouts: generating vs stepping envs
@@ -338,11 +339,10 @@ class OnPolicyTrainer:
                     policy_versions=[t.policy_version for t in everyone],
                 )
 
-        # 3 the padded batch, with the rows that stay out of the loss masked: DAPO's filler
-        # groups (`_loss_rows`) and, with the overlong filter, the responses cut at
-        # max_new_tokens. One rule for both: out of the loss and of its normalisers
-        # (`num_tokens` and `num_seqs`), so a kept row's gradient does not depend on how many
-        # rows were left out.
+        # 3 the padded batch, with the rows that stay out of the loss masked: DAPO's filler groups
+        # (`_loss_rows`) and, with the overlong filter, the responses cut at max_new_tokens. One rule
+        # for both: out of the loss and of its normalisers (`num_tokens` and `num_seqs`), so a kept
+        # row's gradient does not depend on how many rows were left out.
         batch = RolloutBatch.from_trajectories(trajs, int(self.tokenizer.pad_token_id)).to(self.device)  # type: ignore[arg-type]
         loss_rows = None if self._loss_rows is None else self._loss_rows.to(self.device)
         if cfg.overlong_filter:
