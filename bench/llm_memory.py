@@ -11,7 +11,9 @@ writing 5 to /proc/self/clear_refs, Linux ≥ 4.0):
     update         forward and backward per micro-batch, clipping, AdamW's step
 
 Variants (`--variants`, default all): `micro16` is the config as it was measured first
-(micro-batches of 16 rows); `micro4` the config's micro-batches of 4 rows. Both run on the
+(micro-batches of 16 rows); `micro4` the config's micro-batches of 4 rows; `micro4_mmap` the
+same with glibc's mmap threshold pinned at 1 MiB (`MALLOC_MMAP_THRESHOLD_`); `lora16` LoRA
+adapters (r = 16, α = 32, every linear layer) instead of full fine-tuning. All run on the
 current code, which frees the gradients before each rollout and trims the heap after each
 step (`textgym.training.loop.release_free_heap`).
 
@@ -20,9 +22,10 @@ Accounting for a 134.5M-parameter model in fp32 (538 MB per copy): weights 538 M
 and transformers imported ~425 MB; the rest is activations (micro-batch rows × ~124 tokens ×
 30 layers) and the rollout's KV cache.
 
-    python bench/llm_memory.py [--steps 2] [--variants micro16 micro4] [--threads 2]
+    python bench/llm_memory.py [--steps 2] [--variants micro16 micro4 ...] [--threads 2]
 
-Last line: `peak RSS ratio micro4/micro16: X.XX`. Writes bench/results/llm_memory.json.
+Prints each variant's peak RSS ratio to `micro16`'s. Writes bench/results/llm_memory.json,
+keeping the variants not re-run (each row carries its date, CPU flags and threads).
 """
 
 from __future__ import annotations
@@ -37,7 +40,16 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-VARIANTS = {"micro16": 16, "micro4": 4}
+VARIANTS: dict[str, dict] = {
+    "micro16": {"micro": 16},
+    "micro4": {"micro": 4},
+    # glibc's mmap threshold pinned (it otherwise rises with each freed block up to 32 MiB, after
+    # which freed tensors stay in the heap): every block of 1 MiB or more is its own mapping,
+    # handed back to the OS when freed
+    "micro4_mmap": {"micro": 4, "env": {"MALLOC_MMAP_THRESHOLD_": str(1 << 20)}},
+    # LoRA r=16 on every linear layer: AdamW's moments and the gradients cover the adapters only
+    "lora16": {"micro": 4, "lora": {"r": 16, "alpha": 32}},
+}
 
 
 def _status_mb(key: str) -> float:
@@ -51,7 +63,7 @@ def _reset_peak() -> None:
     Path("/proc/self/clear_refs").write_text("5")
 
 
-def child(micro: int, steps: int, threads: int) -> dict:
+def child(variant: str, steps: int, threads: int) -> dict:
     """One variant in this process: per-phase peaks (MB) of each step."""
     import functools
     import tempfile
@@ -69,7 +81,13 @@ def child(micro: int, steps: int, threads: int) -> dict:
     imported = _status_mb("VmRSS")
     cfg = load_config(ROOT / "configs/smollm2_grpo.yaml")
     assert cfg.grpo is not None
-    rl = cfg.grpo.model_copy(update={"steps": steps, "micro_batch_size": micro})
+    spec = VARIANTS[variant]
+    update: dict = {"steps": steps, "micro_batch_size": spec["micro"]}
+    if "lora" in spec:
+        from textgym.config.base import LoraSettings
+
+        update["lora"] = LoraSettings(**spec["lora"])
+    rl = cfg.grpo.model_copy(update=update)
     model, tok = load_model(cfg.model.name or "smollm2-135m-instruct")
     seed_everything(0)
     trainer = GRPOTrainer(rl, model, tok, Path(tempfile.mkdtemp()), seed=0, log_with=())
@@ -101,7 +119,9 @@ def child(micro: int, steps: int, threads: int) -> dict:
         times.append(time.perf_counter() - t0)
         phases[-1]["after_step"] = _status_mb("VmRSS")
     return {
-        "micro_batch_size": micro,
+        "micro_batch_size": spec["micro"],
+        "env": spec.get("env", {}),
+        "lora": spec.get("lora"),
         "rss_start_mb": base,
         "rss_imported_mb": imported,
         "steps": phases,
@@ -115,7 +135,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
-    ap.add_argument("--child", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--child", choices=list(VARIANTS), help=argparse.SUPPRESS)
     ap.add_argument("--out", type=Path, default=ROOT / "bench/results/llm_memory.json")
     args = ap.parse_args()
     if args.child:
@@ -123,9 +143,10 @@ def main() -> None:
         return
     rows = {}
     for name in args.variants:  # one after another: two at once would share the cores and the RAM
-        cmd = [sys.executable, __file__, "--child", str(VARIANTS[name]), "--steps", str(args.steps)]
+        cmd = [sys.executable, __file__, "--child", name, "--steps", str(args.steps)]
         cmd += ["--threads", str(args.threads)]
-        out = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=ROOT).stdout
+        env = {**os.environ, **VARIANTS[name].get("env", {})}
+        out = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=ROOT, env=env).stdout
         rows[name] = json.loads(out.strip().splitlines()[-1])
         r = rows[name]
         print(f"{name}: peak RSS {r['peak_mb']:.0f} MB, step times {[round(t) for t in r['step_s']]} s")
@@ -143,9 +164,20 @@ def main() -> None:
         "aten_cpu_capability": os.environ.get("ATEN_CPU_CAPABILITY", "own"),
         "variants": rows,
     }
+    if args.out.exists():  # keep the variants not re-run now, with their own date and machine
+        old = json.loads(args.out.read_text())
+        kept = {k: {**v, **{f: old[f] for f in ("date", "cpu_flags", "threads") if f not in v}}
+                for k, v in old.get("variants", {}).items() if k not in rows}  # fmt: skip
+        record["variants"] = {**kept, **rows}
+    for r in rows.values():
+        r.update(date=record["date"], cpu_flags=flags, threads=args.threads)
     args.out.write_text(json.dumps(record, indent=1) + "\n")
-    if "micro16" in rows and "micro4" in rows:
-        print(f"peak RSS ratio micro4/micro16: {rows['micro4']['peak_mb'] / rows['micro16']['peak_mb']:.2f}")
+    every = record["variants"]
+    if "micro16" in every:
+        for name in rows:
+            if name != "micro16":
+                ratio = rows[name]["peak_mb"] / every["micro16"]["peak_mb"]
+                print(f"peak RSS ratio {name}/micro16: {ratio:.2f}")
 
 
 if __name__ == "__main__":

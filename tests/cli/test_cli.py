@@ -102,15 +102,17 @@ def _wrong(answer: str) -> str:
 
 
 @pytest.mark.parametrize(
-    ("env_id", "kwargs", "tasks"),
+    ("env_id", "kwargs", "tasks", "stride"),
     [
-        ("textgym/GSM8K-v0", ["--env-kwargs", "split=test"], gsm8k_tasks("test")),
-        ("textgym/MATH500-v0", [], math500_tasks()),
+        ("textgym/GSM8K-v0", ["--env-kwargs", "split=test"], gsm8k_tasks("test"), 1),
+        # every 10th MATH-500 task (all 500 through the CLI took 93 s): each answer's verdict is
+        # tests/verifiers/test_math_verifier.py's job; this test checks the CLI's order and plumbing
+        ("textgym/MATH500-v0", [], math500_tasks(), 10),
     ],
 )
-def test_score_every_gold_answer_and_a_wrong_number(tmp_path, env_id, kwargs, tasks):
+def test_score_every_gold_answer_and_a_wrong_number(tmp_path, env_id, kwargs, tasks, stride):
     lines = []
-    for i, t in enumerate(tasks):
+    for i, t in list(enumerate(tasks))[::stride]:
         lines.append(
             {"task_index": i, "completion": f"Reasoning...\nSo the answer is \\boxed{{{t.answer}}}."}
         )

@@ -19,14 +19,22 @@ def _read(path: Path) -> list[dict[str, float]]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
-def plot_metrics(metrics_path: Path, out_path: Path, title: str) -> Path | None:
-    """Draw every panel of `PANELS` that has data into one PNG; None when there is nothing to plot."""
+def plot_metrics(
+    metrics_path: Path, out_path: Path, title: str, before: dict[str, float] | None = None
+) -> Path | None:
+    """Draw every panel of `PANELS` that has data into one PNG; None when there is nothing to plot.
+
+    `before`: metrics of the policy before training (`eval/accuracy` of the run's
+    `eval_before.json`), drawn at step 0 so that the held-out curve starts where training did.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     records = _read(metrics_path)
+    if before and any("eval/accuracy" in r for r in records):
+        records = [{"step": 0, **before}, *records]
     panels = [(name, [k for k in keys if any(k in r for r in records)]) for name, keys in PANELS]
     panels = [(name, keys) for name, keys in panels if keys]
     if not records or not panels:
@@ -55,7 +63,16 @@ def plot_metrics(metrics_path: Path, out_path: Path, title: str) -> Path | None:
 
 
 def plot_run(run_dir: Path) -> list[Path]:
-    """Plot `run_dir/metrics.jsonl` or each `run_dir/<stage>/metrics.jsonl` to `<dir>/plots/curves.png`."""
+    """Plot `run_dir/metrics.jsonl` or each `run_dir/<stage>/metrics.jsonl` to `<dir>/plots/curves.png`.
+
+    A run of one stage that evaluated during training (`eval_every`) gets its held-out accuracy
+    panel started at step 0 with the run's `eval_before.json` (with several stages, the accuracy
+    before the first is not the second's start, so none is drawn).
+    """
+    before = None
+    stages = sorted(run_dir.glob("*/metrics.jsonl"))
+    if len(stages) == 1 and (run_dir / "eval_before.json").is_file():
+        before = {"eval/accuracy": float(json.loads((run_dir / "eval_before.json").read_text())["accuracy"])}
     found = (
         [run_dir / "metrics.jsonl"]
         if (run_dir / "metrics.jsonl").is_file()
@@ -63,7 +80,8 @@ def plot_run(run_dir: Path) -> list[Path]:
     )
     written = []
     for m in found:
-        p = plot_metrics(m, m.parent / "plots" / "curves.png", f"{m.parent.parent.name}/{m.parent.name}")
+        title = f"{m.parent.parent.name}/{m.parent.name}"
+        p = plot_metrics(m, m.parent / "plots" / "curves.png", title, before=before)
         if p is not None:
             written.append(p)
     return written
