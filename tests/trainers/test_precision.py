@@ -27,6 +27,7 @@ from textgym.training.precision import (
     compute_autocast,
     compute_dtype,
     resolve_compute_dtype,
+    set_cudnn_attention,
     set_precision,
     set_tf32,
 )
@@ -106,6 +107,23 @@ def test_tf32_is_set_on_cuda_only():
         assert not torch.backends.cuda.matmul.allow_tf32 and not torch.backends.cudnn.allow_tf32
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
+
+
+def test_cudnn_attention_is_off_on_cuda_by_default_and_untouched_on_cpu():
+    # cuDNN's SDPA backward gives NaN query gradients on masked, left-padded batches on H100/H200
+    # (pytorch/pytorch#196678): placing a model on CUDA turns it off unless the config allows it
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    try:
+        torch.backends.cuda.enable_cudnn_sdp(True)
+        set_precision(torch.nn.Linear(2, 2), "auto", "cpu")
+        assert torch.backends.cuda.cudnn_sdp_enabled()  # CPU: the process-wide flag is left alone
+        set_precision(torch.nn.Linear(2, 2), "auto", "cuda")  # writable on a CPU build too
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+        set_cudnn_attention(True, torch.device("cuda", 0))
+        assert torch.backends.cuda.cudnn_sdp_enabled()
+        assert ParallelConfig().cudnn_attention is False
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(before)
 
 
 # --- config ----------------------------------------------------------------------------------

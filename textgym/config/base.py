@@ -230,6 +230,13 @@ class ParallelConfig(_Strict):
     (`torch.backends.cuda.matmul.allow_tf32`; ~1e-3 relative error per product, fp32 range and
     accumulation): what "fp32" compute costs on Ampere and newer GPUs. Process-wide; no effect
     on CPU."""
+    cudnn_attention: bool = False
+    """On CUDA, let `scaled_dot_product_attention` use cuDNN's fused kernels. Off by default:
+    since torch 2.11 their backward returns NaN query gradients on H100/H200 when a mask is
+    passed, the sequence length is 64 mod 128 and a query row's logsumexp is below ln(FLT_MAX)
+    (pytorch/pytorch#196678), which every fully masked row of a left-padded prompt is; a
+    SmolLM2 GRPO run on an H200 hit it at its second step. Flash, memory-efficient and math
+    attention remain. Process-wide; no effect on CPU."""
     gradient_checkpointing: bool = False
     """Recompute each block's activations in backward instead of keeping them (HF's
     `gradient_checkpointing_enable`) for the trained models (policy, critic): less activation

@@ -76,6 +76,8 @@ def shard(
     policy. `offload` keeps its shards in CPU memory (FSDP2's CPU offload; for the frozen
     reference).
     """
-    set_precision(model, parallel.mixed_precision, device, tf32=parallel.tf32)
+    set_precision(
+        model, parallel.mixed_precision, device, tf32=parallel.tf32, cudnn_attention=parallel.cudnn_attention
+    )
     bf16 = distributed.resolve_mixed_precision(parallel.mixed_precision, device)
     return distributed.shard(model, bf16=bf16, offload=offload)

@@ -16,7 +16,9 @@ and `compute_autocast` is a null context, so the two mechanisms never stack.
 
 TF32 (`parallel.tf32`) lets CUDA matmuls and convolutions on fp32 tensors use TensorFloat-32
 (10-bit mantissa inputs, fp32 accumulation) on Ampere and newer GPUs; it has no effect on CPU
-and is not set there. It is process-wide (`torch.backends.cuda.matmul.allow_tf32`).
+and is not set there. It is process-wide (`torch.backends.cuda.matmul.allow_tf32`). So is
+cuDNN's fused attention, off by default on CUDA (`parallel.cudnn_attention`,
+`set_cudnn_attention`: its backward gives NaN gradients on masked, left-padded batches).
 """
 
 from __future__ import annotations
@@ -60,14 +62,30 @@ def set_tf32(enabled: bool, device: torch.device | str) -> None:
     torch.backends.cudnn.allow_tf32 = enabled
 
 
+def set_cudnn_attention(enabled: bool, device: torch.device | str) -> None:
+    """Allow (or forbid) cuDNN's fused attention in `scaled_dot_product_attention` on CUDA.
+
+    Forbidden by default (`parallel.cudnn_attention`): since torch 2.11 its backward returns NaN
+    query gradients on H100/H200 when an attention mask is passed, the sequence length is 64
+    mod 128, and a query row's logsumexp is below ln(FLT_MAX) ≈ 88.7 (pytorch/pytorch#196678;
+    huggingface/trl#7181). A left-padded prompt's pad positions are query rows with every key
+    masked (logsumexp −inf), so RL batches meet it whenever their width is 64 mod 128. Sets the
+    process-wide `torch.backends.cuda.enable_cudnn_sdp`; a no-op on any other device.
+    """
+    if torch.device(device).type != "cuda":
+        return
+    torch.backends.cuda.enable_cudnn_sdp(enabled)
+
+
 def set_precision(
     model: torch.nn.Module,
     mixed_precision: MixedPrecision | str,
     device: torch.device | str,
     *,
     tf32: bool = True,
+    cudnn_attention: bool = False,
 ) -> None:
-    """Record the compute dtype of `model` for `compute_autocast`, and set TF32 on CUDA.
+    """Record the compute dtype of `model` for `compute_autocast`; set TF32 and cuDNN attention on CUDA.
 
     The model's parameters are not cast: bf16 compute is autocast over the weights' own dtype
     (fp32 master weights unless the model was loaded in bf16, `model.dtype`). Under torchrun (a
@@ -79,12 +97,14 @@ def set_precision(
         mixed_precision: `parallel.mixed_precision` ("auto", "bf16" or "fp32").
         device: the device the model computes on; "auto" resolves against it.
         tf32: `parallel.tf32`; only read on CUDA.
+        cudnn_attention: `parallel.cudnn_attention`; only read on CUDA (`set_cudnn_attention`).
 
     Raises:
         ValueError: on an unknown `mixed_precision`.
     """
     dtype = resolve_compute_dtype(mixed_precision, device)
     set_tf32(tf32, device)
+    set_cudnn_attention(cudnn_attention, device)
     if distributed.world().active:
         dtype = torch.float32
     setattr(model, _ATTR, dtype)
