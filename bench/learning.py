@@ -12,6 +12,8 @@ and the `lscpu` flags that pick kernels), and the docs render their tables from 
     python bench/learning.py run [--seeds 0 1 2 3 4] [--kernels own avx2 default] [--threads 1 2]
         [--diagonal] [--out runs/bench_learning] [--results bench/results/learning.json]
     python bench/learning.py check [--tolerance 10] [--kernel own] [--threads 2]
+    python bench/learning.py llm [--seeds 0 1 2] [--kernels own default] [--threads 2 1]
+        [--side-by-side] [--collect DIR]    # configs/smollm2_grpo.yaml across the same matrix
     python bench/learning.py table [NAME]   # print a recorded table as markdown
 
 `run --record quickstart_<machine>` keeps another CPU's runs beside the main table (each
@@ -24,6 +26,15 @@ than `tolerance` points below the recorded seed-0 gain for the same kernels and 
 below +15 points (the floor every recorded seed and setting clears) where the record holds no
 run on such kernels ("own" kernels are the machine's best: AVX-512, AVX2 or default).
 `tests/test_quickstart.py` applies the same bar (`bar`) to the quickstart it runs in CI.
+
+`llm` runs the real-model config, `textgym train configs/smollm2_grpo.yaml seed=S threads=T`
+(SmolLM2-135M-Instruct, pulled once into the cache; the seed is the training seed: sampling
+and task order, the weights being pretrained), records it as `smollm2_grpo` (held-out greedy
+accuracy before and after, the gain, the share of step 1's samples cut at the token budget,
+GRPO and whole-run time, peak RSS) and the docs render it (docs/models.md).
+`--side-by-side` runs the 1-thread cells two at a time (one core each: their learning figures
+are exact, their times are not an idle run's); `--collect DIR` records finished run folders
+`DIR/m_s{S}_{K}_t{T}` instead of running them.
 """
 
 from __future__ import annotations
@@ -130,6 +141,102 @@ def run_quickstart(seed: int, kernel: str, threads: int, out: Path, overrides: l
     return row
 
 
+LLM_CONFIG = ROOT / "configs" / "smollm2_grpo.yaml"
+
+
+def llm_command(
+    seed: int, kernel: str, threads: int, out: Path, overrides: list[str]
+) -> tuple[list[str], dict[str, str]]:
+    """The command and environment of one `llm` cell (`configs/smollm2_grpo.yaml`)."""
+    env = dict(os.environ)
+    env.pop("ATEN_CPU_CAPABILITY", None)
+    if kernel != "own":
+        env["ATEN_CPU_CAPABILITY"] = kernel
+    cmd = [sys.executable, "-m", "textgym", "train", str(LLM_CONFIG), f"name=m_s{seed}_{kernel}_t{threads}",
+           f"out_dir={out}", f"seed={seed}", f"threads={threads}", *overrides, "--overwrite"]  # fmt: skip
+    return cmd, env
+
+
+def llm_row(run: Path, seed: int, kernel: str, threads: int, side_by_side: bool) -> dict[str, Any]:
+    """The figures of one finished `llm` run folder.
+
+    Raises:
+        FileNotFoundError: when the run has no `summary.json` (it did not finish).
+    """
+    s = json.loads((run / "summary.json").read_text())
+    steps = [json.loads(x) for x in (run / "grpo" / "metrics.jsonl").read_text().splitlines()]
+    first = steps[0]
+    tokens = [
+        json.loads((run / f"eval_{w}.json").read_text())["mean_response_tokens"] for w in ("before", "after")
+    ]
+    return {
+        "seed": seed, "kernel": kernel, "threads": threads, "side_by_side": side_by_side,
+        "before": s["accuracy_before"], "after": s["accuracy_after"],
+        "gain": round(100 * (s["accuracy_after"] - s["accuracy_before"]), 1),
+        "cut_step1": round(first["rollout/truncated_frac"], 3), "tokens_before": tokens[0],
+        "tokens_after": tokens[1], "grpo_s": round(s["stage_times_s"]["grpo"]),
+        "wall_s": round(s["wall_time_s"]), "peak_rss_mb": round(s["peak_rss_mb"]),
+        "heldout_during": {str(m["step"]): m["eval/accuracy"] for m in steps if "eval/accuracy" in m},
+        "step_s": [round(m["time/step_s"], 1) for m in steps],
+    }  # fmt: skip
+
+
+def run_llm(
+    cells_: list[tuple[int, str, int]], out: Path, side_by_side: bool, overrides: list[str]
+) -> list[dict[str, Any]]:
+    """Run the `llm` cells: 2-thread cells one at a time, 1-thread ones two at a time if `side_by_side`.
+
+    Raises:
+        RuntimeError: when a run fails (its output's tail in the message).
+    """
+    rows: list[dict[str, Any]] = []
+    solo = [c for c in cells_ if not (side_by_side and c[2] == 1)]
+    paired = [c for c in cells_ if side_by_side and c[2] == 1]
+    batches = [[c] for c in solo] + [paired[i : i + 2] for i in range(0, len(paired), 2)]
+    out.mkdir(parents=True, exist_ok=True)
+    for batch in batches:
+        procs = []
+        for seed, kernel, threads in batch:
+            cmd, env = llm_command(seed, kernel, threads, out, overrides)
+            shown = ("" if kernel == "own" else f"ATEN_CPU_CAPABILITY={kernel} ") + " ".join(cmd[2:])
+            print("$", shown, flush=True)
+            log = open(out / f"m_s{seed}_{kernel}_t{threads}.log", "w")  # noqa: SIM115 (closed below)
+            procs.append((subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT), log))
+        for (seed, kernel, threads), (p, log) in zip(batch, procs, strict=True):
+            p.wait()
+            log.close()
+            name = f"m_s{seed}_{kernel}_t{threads}"
+            if p.returncode != 0:
+                raise RuntimeError(f"{name} failed:\n{(out / f'{name}.log').read_text()[-3000:]}")
+            rows.append(llm_row(out / name, seed, kernel, threads, len(batch) > 1))
+            print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def render_llm(record: dict[str, Any]) -> str:
+    """The SmolLM2 GRPO table of a recorded `llm` run (markdown), with its provenance."""
+    lines = [
+        "| training seed | kernels | threads | before | after | gain | step 1 cut | response tokens "
+        "| held-out during GRPO | GRPO | whole run | peak RSS |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    own = kernels_of("own", record["machine"]["flags"]).upper().replace("AVX512", "AVX-512")
+    for r in record["rows"]:
+        kernel = f"own ({own})" if r["kernel"] == "own" else f"`ATEN_CPU_CAPABILITY={r['kernel']}`"
+        pair = " (two side by side)" if r["side_by_side"] else ""
+        during = ", ".join(f"{a:.2f} (step {k})" for k, a in r.get("heldout_during", {}).items()) or "—"
+        lines.append(
+            f"| {r['seed']} | {kernel} | {r['threads']}{pair} | {r['before']:.2f} | {r['after']:.2f} | "
+            f"{r['gain']:+.0f} points | {100 * r['cut_step1']:.0f}% | {r['tokens_before']:.1f} → "
+            f"{r['tokens_after']:.1f} | {during} | {r['grpo_s']} s | {r['wall_s']} s | "
+            f"{r['peak_rss_mb']:,} MB |"
+        )
+    gains = [r["gain"] for r in record["rows"]]
+    lines += ["", f"Gains {min(gains):+.0f} to {max(gains):+.0f} points over {len(gains)} runs. "
+              + provenance(record)]  # fmt: skip
+    return "\n".join(lines)
+
+
 def cells(
     seeds: list[int], kernels: list[str], threads: list[int], diagonal: bool
 ) -> list[tuple[int, str, int]]:
@@ -192,7 +299,7 @@ def render_algorithms(record: dict[str, Any]) -> str:
     return "\n".join([*lines, "", provenance(record)])
 
 
-RENDERERS = {"quickstart": render, "algorithms": render_algorithms}
+RENDERERS = {"quickstart": render, "algorithms": render_algorithms, "smollm2_grpo": render_llm}
 """The tables the docs render from `bench/results/learning.json` (`tools/mkdocs_hooks.py`); a
 record named `quickstart_<machine>` (`run --record`) renders as the quickstart's."""
 
@@ -201,7 +308,7 @@ def renderer(name: str) -> Any:
     """The function that renders the recorded results `name` (see `RENDERERS`).
 
     Raises:
-        KeyError: for a name that is neither `algorithms` nor `quickstart` or `quickstart_*`.
+        KeyError: for a name that is none of `RENDERERS`' nor `quickstart_*`.
     """
     if name.startswith("quickstart_"):
         return render
@@ -267,8 +374,20 @@ def main() -> None:
     a.add_argument("--kernel", default="own", help="ATEN_CPU_CAPABILITY for the runs (own: unset)")
     a.add_argument("--note", default="", help="a sentence printed under the table")
     a.add_argument("rest", nargs="*", help="arguments for bench/algorithms.py (e.g. --algos grpo ppo)")
+    m = sub.add_parser("llm", help="configs/smollm2_grpo.yaml across seeds, kernels and threads")
+    m.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    m.add_argument("--kernels", nargs="+", default=["own", "avx2", "default"])
+    m.add_argument("--threads", type=int, nargs="+", default=[2, 1])
+    m.add_argument("--side-by-side", action="store_true", help="run the 1-thread cells two at a time")
+    m.add_argument("--collect", type=Path, help="record the finished runs in this folder instead of running")
+    m.add_argument("--out", type=Path, default=ROOT / "runs" / "bench_llm")
+    m.add_argument("--results", type=Path, default=RESULTS)
+    m.add_argument("--note", default="", help="a sentence printed under the table")
+    m.add_argument("overrides", nargs="*", help="config overrides for every run (key=value)")
     t = sub.add_parser("table")
-    t.add_argument("name", nargs="?", default="quickstart", help="algorithms, quickstart or quickstart_*")
+    t.add_argument(
+        "name", nargs="?", default="quickstart", help="algorithms, smollm2_grpo, quickstart or quickstart_*"
+    )
     args = ap.parse_args()
     if args.cmd == "table":
         print(renderer(args.name)(load()[args.name]))
@@ -284,6 +403,20 @@ def main() -> None:
         record["kernel"] = args.kernel
         save(args.results, "algorithms", record)
         print(render_algorithms(record))
+        return
+    if args.cmd == "llm":
+        grid = [(s_, k, t) for t in args.threads for k in args.kernels for s_ in args.seeds]
+        if args.collect:
+            rows = []
+            for s_, k, t in grid:
+                run = args.collect / f"m_s{s_}_{k}_t{t}"
+                if (run / "summary.json").is_file():
+                    rows.append(llm_row(run, s_, k, t, args.side_by_side and t == 1))
+        else:
+            rows = run_llm(grid, args.out, args.side_by_side, args.overrides)
+        record = new_record(rows, args.note)
+        save(args.results, "smollm2_grpo", record)
+        print(render_llm(record))
         return
     if args.cmd == "check":
         row = run_quickstart(0, args.kernel, args.threads, args.out, [])
