@@ -59,6 +59,35 @@ def test_the_learning_bar_follows_the_record_for_the_same_kernels_only():
     assert "at commit `abc1234`" in table and "kernel flags: avx2" in table
 
 
+def test_the_llm_matrix_records_a_finished_run_and_renders_it(tmp_path):
+    # `bench/learning.py llm --collect`: the row of a finished configs/smollm2_grpo.yaml run
+    learning = learning_module()
+    run = tmp_path / "m_s1_default_t1"
+    (run / "grpo").mkdir(parents=True)
+    summary = {"accuracy_before": 0.17, "accuracy_after": 0.53, "stage_times_s": {"grpo": 455.2},
+               "wall_time_s": 530.6, "peak_rss_mb": 4124.2}  # fmt: skip
+    (run / "summary.json").write_text(json.dumps(summary))
+    for when, tokens in (("before", 46.38), ("after", 10.49)):
+        (run / f"eval_{when}.json").write_text(json.dumps({"mean_response_tokens": tokens}))
+    steps = [{"step": 1, "rollout/truncated_frac": 0.265625, "time/step_s": 100.71},
+             {"step": 2, "rollout/truncated_frac": 0.1, "time/step_s": 108.0,
+              "eval/accuracy": 0.38}]  # fmt: skip
+    (run / "grpo" / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in steps))
+    row = learning.llm_row(run, 1, "default", 1, side_by_side=True)
+    assert row["gain"] == 36.0 and row["cut_step1"] == 0.266 and row["grpo_s"] == 455 and row["wall_s"] == 531
+    assert row["heldout_during"] == {"2": 0.38} and row["step_s"] == [100.7, 108.0]
+    record = {"date": "2026-11-28", "commit": "abc1234", "command": "python bench/learning.py llm",
+              "machine": {"cpu": "CPU", "cores": 2, "flags": ["avx2"]}, "rows": [row]}  # fmt: skip
+    table = learning.renderer("smollm2_grpo")(record)
+    assert (
+        "| 1 | `ATEN_CPU_CAPABILITY=default` | 1 (two side by side) | 0.17 | 0.53 | +36 points | 27% | "
+        "46.4 → 10.5 | 0.38 (step 2) | 455 s | 531 s | 4,124 MB |" in table
+    )
+    assert "Gains +36 to +36 points over 1 runs." in table
+    with pytest.raises(FileNotFoundError):  # an unfinished run
+        learning.llm_row(tmp_path, 0, "own", 2, side_by_side=False)
+
+
 @pytest.mark.learning
 @pytest.mark.slow
 def test_quickstart_gain_holds_against_the_recorded_figure(tmp_path):
