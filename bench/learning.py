@@ -173,7 +173,7 @@ def llm_row(run: Path, seed: int, kernel: str, threads: int, side_by_side: bool)
         "seed": seed, "kernel": kernel, "threads": threads, "side_by_side": side_by_side,
         "before": s["accuracy_before"], "after": s["accuracy_after"],
         "gain": round(100 * (s["accuracy_after"] - s["accuracy_before"]), 1),
-        "cut_step1": round(first["rollout/truncated_frac"], 3), "tokens_before": tokens[0],
+        "cut_step1": round(first["rollout/overlong_frac"], 3), "tokens_before": tokens[0],
         "tokens_after": tokens[1], "grpo_s": round(s["stage_times_s"]["grpo"]),
         "wall_s": round(s["wall_time_s"]), "peak_rss_mb": round(s["peak_rss_mb"]),
         "heldout_during": {str(m["step"]): m["eval/accuracy"] for m in steps if "eval/accuracy" in m},

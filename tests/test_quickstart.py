@@ -69,8 +69,8 @@ def test_the_llm_matrix_records_a_finished_run_and_renders_it(tmp_path):
     (run / "summary.json").write_text(json.dumps(summary))
     for when, tokens in (("before", 46.38), ("after", 10.49)):
         (run / f"eval_{when}.json").write_text(json.dumps({"mean_response_tokens": tokens}))
-    steps = [{"step": 1, "rollout/truncated_frac": 0.265625, "time/step_s": 100.71},
-             {"step": 2, "rollout/truncated_frac": 0.1, "time/step_s": 108.0,
+    steps = [{"step": 1, "rollout/overlong_frac": 0.265625, "time/step_s": 100.71},
+             {"step": 2, "rollout/overlong_frac": 0.1, "time/step_s": 108.0,
               "eval/accuracy": 0.38}]  # fmt: skip
     (run / "grpo" / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in steps))
     row = learning.llm_row(run, 1, "default", 1, side_by_side=True)
