@@ -170,7 +170,7 @@ def llm_row(run: Path, seed: int, kernel: str, threads: int, side_by_side: bool)
         json.loads((run / f"eval_{w}.json").read_text())["mean_response_tokens"] for w in ("before", "after")
     ]
     return {
-        "seed": seed, "kernel": kernel, "threads": threads, "side_by_side": side_by_side,
+        "seed": seed, "kernel": kernel, "threads": threads, "side_by_side": side_by_side, "steps": len(steps),
         "before": s["accuracy_before"], "after": s["accuracy_after"],
         "gain": round(100 * (s["accuracy_after"] - s["accuracy_before"]), 1),
         "cut_step1": round(first["rollout/overlong_frac"], 3), "tokens_before": tokens[0],
@@ -216,9 +216,9 @@ def run_llm(
 def render_llm(record: dict[str, Any]) -> str:
     """The SmolLM2 GRPO table of a recorded `llm` run (markdown), with its provenance."""
     lines = [
-        "| training seed | kernels | threads | before | after | gain | step 1 cut | response tokens "
-        "| held-out during GRPO | GRPO | whole run | peak RSS |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| training seed | kernels | threads | GRPO steps | before | held-out during GRPO | after | gain "
+        "| step 1 cut | response tokens | GRPO | whole run | peak RSS |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     own = kernels_of("own", record["machine"]["flags"]).upper().replace("AVX512", "AVX-512")
     for r in record["rows"]:
@@ -226,9 +226,9 @@ def render_llm(record: dict[str, Any]) -> str:
         pair = " (two side by side)" if r["side_by_side"] else ""
         during = ", ".join(f"{a:.2f} (step {k})" for k, a in r.get("heldout_during", {}).items()) or "—"
         lines.append(
-            f"| {r['seed']} | {kernel} | {r['threads']}{pair} | {r['before']:.2f} | {r['after']:.2f} | "
-            f"{r['gain']:+.0f} points | {100 * r['cut_step1']:.0f}% | {r['tokens_before']:.1f} → "
-            f"{r['tokens_after']:.1f} | {during} | {r['grpo_s']} s | {r['wall_s']} s | "
+            f"| {r['seed']} | {kernel} | {r['threads']}{pair} | {r.get('steps', '')} | {r['before']:.2f} | "
+            f"{during} | {r['after']:.2f} | {r['gain']:+.0f} points | {100 * r['cut_step1']:.0f}% | "
+            f"{r['tokens_before']:.1f} → {r['tokens_after']:.1f} | {r['grpo_s']} s | {r['wall_s']} s | "
             f"{r['peak_rss_mb']:,} MB |"
         )
     gains = [r["gain"] for r in record["rows"]]

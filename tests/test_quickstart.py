@@ -75,13 +75,13 @@ def test_the_llm_matrix_records_a_finished_run_and_renders_it(tmp_path):
     (run / "grpo" / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in steps))
     row = learning.llm_row(run, 1, "default", 1, side_by_side=True)
     assert row["gain"] == 36.0 and row["cut_step1"] == 0.266 and row["grpo_s"] == 455 and row["wall_s"] == 531
-    assert row["heldout_during"] == {"2": 0.38} and row["step_s"] == [100.7, 108.0]
+    assert row["heldout_during"] == {"2": 0.38} and row["step_s"] == [100.7, 108.0] and row["steps"] == 2
     record = {"date": "2026-11-28", "commit": "abc1234", "command": "python bench/learning.py llm",
               "machine": {"cpu": "CPU", "cores": 2, "flags": ["avx2"]}, "rows": [row]}  # fmt: skip
     table = learning.renderer("smollm2_grpo")(record)
     assert (
-        "| 1 | `ATEN_CPU_CAPABILITY=default` | 1 (two side by side) | 0.17 | 0.53 | +36 points | 27% | "
-        "46.4 → 10.5 | 0.38 (step 2) | 455 s | 531 s | 4,124 MB |" in table
+        "| 1 | `ATEN_CPU_CAPABILITY=default` | 1 (two side by side) | 2 | 0.17 | 0.38 (step 2) | 0.53 | "
+        "+36 points | 27% | 46.4 → 10.5 | 455 s | 531 s | 4,124 MB |" in table
     )
     assert "Gains +36 to +36 points over 1 runs." in table
     with pytest.raises(FileNotFoundError):  # an unfinished run
