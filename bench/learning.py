@@ -232,7 +232,12 @@ def render_llm(record: dict[str, Any]) -> str:
             f"{r['peak_rss_mb']:,} MB |"
         )
     gains = [r["gain"] for r in record["rows"]]
-    lines += ["", f"Gains {min(gains):+.0f} to {max(gains):+.0f} points over {len(gains)} runs. "
+    # the held-out gain after 4 steps (the config's length) of every run that got there
+    at4 = [100 * ((r["after"] if r.get("steps") == 4 else r.get("heldout_during", {}).get("4", float("nan")))
+                  - r["before"]) for r in record["rows"]]  # fmt: skip
+    at4 = [g for g in at4 if g == g]
+    four = f" After 4 steps: {min(at4):+.0f} to {max(at4):+.0f} points." if at4 else ""
+    lines += ["", f"Gains {min(gains):+.0f} to {max(gains):+.0f} points over {len(gains)} runs.{four} "
               + provenance(record)]  # fmt: skip
     return "\n".join(lines)
 

@@ -83,7 +83,10 @@ def test_the_llm_matrix_records_a_finished_run_and_renders_it(tmp_path):
         "| 1 | `ATEN_CPU_CAPABILITY=default` | 1 (two side by side) | 2 | 0.17 | 0.38 (step 2) | 0.53 | "
         "+36 points | 27% | 46.4 → 10.5 | 455 s | 531 s | 4,124 MB |" in table
     )
-    assert "Gains +36 to +36 points over 1 runs." in table
+    assert "Gains +36 to +36 points over 1 runs. " in table and "After 4 steps" not in table
+    rows = [{**row, "heldout_during": {"4": 0.48}}, {**row, "steps": 4}]
+    four = learning.render_llm({**record, "rows": rows})
+    assert "Gains +36 to +36 points over 2 runs. After 4 steps: +31 to +36 points." in four
     with pytest.raises(FileNotFoundError):  # an unfinished run
         learning.llm_row(tmp_path, 0, "own", 2, side_by_side=False)
 
