@@ -102,8 +102,9 @@ def bar(
 def commit() -> str:
     """The checked-out commit (short hash, "+dirty" when the tree has changes)."""
     sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
-                           text=True, cwd=ROOT).stdout.strip()  # fmt: skip
+    status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                            text=True, cwd=ROOT).stdout.splitlines()  # fmt: skip
+    dirty = [x for x in status if not x[3:].startswith("bench/results/")]  # a record is not code
     return sha.stdout.strip() + ("+dirty" if dirty else "")
 
 
@@ -333,7 +334,11 @@ def least_gain(results: dict[str, Any], kernels: str, threads: int, tolerance: f
 
 def new_record(rows: list[dict[str, Any]], note: str = "") -> dict[str, Any]:
     """A record of `rows` with this commit, today's date, this machine and the command line."""
-    command = "python bench/learning.py " + " ".join(sys.argv[1:])
+    argv = sys.argv[1:]
+    if "--note" in argv:  # the note is printed under the table, not in the command
+        i = argv.index("--note")
+        argv = argv[:i] + argv[i + 2 :]
+    command = "python bench/learning.py " + " ".join(argv)
     return {"commit": commit(), "date": dt.date.today().isoformat(), "machine": machine(),
             "command": command, "rows": rows, "note": note}  # fmt: skip
 
