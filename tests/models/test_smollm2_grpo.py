@@ -1,8 +1,8 @@
 """GRPO on SmolLM2-135M-Instruct learns: the README's main job (`make quickstart`), with a gain margin.
 
 It is the whole `configs/smollm2_grpo.yaml` run (4 GRPO steps of 8 × 8, greedy evaluation on
-100 held-out sums before and after): 7-9 minutes on 2 idle cores, too long for CI's budget, so
-it runs only when asked (marker `long`):
+100 held-out sums before and after): about 7 minutes on 2 idle cores (401 s), too long for
+CI's budget, so it runs only when asked (marker `long`):
 
     TEXTGYM_RUN_LONG=1 .venv/bin/python -m pytest -q -m long tests/models/test_smollm2_grpo.py
 
@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [
     pytest.mark.real_model,
     pytest.mark.long,
-    pytest.mark.skipif(os.environ.get("TEXTGYM_RUN_LONG") != "1", reason="TEXTGYM_RUN_LONG=1 (7-9 min)"),
+    pytest.mark.skipif(os.environ.get("TEXTGYM_RUN_LONG") != "1", reason="TEXTGYM_RUN_LONG=1 (about 7 min)"),
 ]
 
 
