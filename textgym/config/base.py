@@ -234,9 +234,9 @@ class ParallelConfig(_Strict):
     """On CUDA, let `scaled_dot_product_attention` use cuDNN's fused kernels. Off by default:
     since torch 2.11 their backward returns NaN query gradients on H100/H200 when a mask is
     passed, the sequence length is 64 mod 128 and a query row's logsumexp is below ln(FLT_MAX)
-    (pytorch/pytorch#196678), which every fully masked row of a left-padded prompt is; a
-    SmolLM2 GRPO run on an H200 hit it at its second step. Flash, memory-efficient and math
-    attention remain. Process-wide; no effect on CPU."""
+    (pytorch/pytorch#196678), which every fully masked row of a left-padded prompt is: the
+    likely cause of a SmolLM2 GRPO run's NaN at its second step on an H200 (not yet re-run).
+    Flash, memory-efficient and math attention remain. Process-wide; no effect on CPU."""
     gradient_checkpointing: bool = False
     """Recompute each block's activations in backward instead of keeping them (HF's
     `gradient_checkpointing_enable`) for the trained models (policy, critic): less activation
