@@ -13,7 +13,10 @@ writing 5 to /proc/self/clear_refs, Linux ≥ 4.0):
 Variants (`--variants`, default all): `micro16` is the config as it was measured first
 (micro-batches of 16 rows); `micro4` the config's micro-batches of 4 rows; `micro4_mmap` the
 same with glibc's mmap threshold pinned at 1 MiB (`MALLOC_MMAP_THRESHOLD_`); `lora16` LoRA
-adapters (r = 16, α = 32, every linear layer) instead of full fine-tuning. All run on the
+adapters (r = 16, α = 32, every linear layer) instead of full fine-tuning; `micro4_ckpt`,
+`micro2_ckpt` and `lora16_ckpt` the same with gradient checkpointing
+(`parallel.gradient_checkpointing`: each layer's activations recomputed in the backward pass);
+`micro2` micro-batches of 2 rows. All run on the
 current code, which frees the gradients before each rollout and trims the heap after each
 step (`textgym.training.loop.release_free_heap`).
 
@@ -49,6 +52,12 @@ VARIANTS: dict[str, dict] = {
     "micro4_mmap": {"micro": 4, "env": {"MALLOC_MMAP_THRESHOLD_": str(1 << 20)}},
     # LoRA r=16 on every linear layer: AdamW's moments and the gradients cover the adapters only
     "lora16": {"micro": 4, "lora": {"r": 16, "alpha": 32}},
+    # activations recomputed in the backward pass (one more forward per micro-batch): only each
+    # layer's input is kept through the forward
+    "micro4_ckpt": {"micro": 4, "checkpointing": True},
+    "micro2": {"micro": 2},
+    "micro2_ckpt": {"micro": 2, "checkpointing": True},
+    "lora16_ckpt": {"micro": 4, "lora": {"r": 16, "alpha": 32}, "checkpointing": True},
 }
 
 
@@ -90,7 +99,10 @@ def child(variant: str, steps: int, threads: int) -> dict:
     rl = cfg.grpo.model_copy(update=update)
     model, tok = load_model(cfg.model.name or "smollm2-135m-instruct")
     seed_everything(0)
-    trainer = GRPOTrainer(rl, model, tok, Path(tempfile.mkdtemp()), seed=0, log_with=())
+    from textgym.config.base import ParallelConfig
+
+    parallel = ParallelConfig(gradient_checkpointing=spec.get("checkpointing", False))
+    trainer = GRPOTrainer(rl, model, tok, Path(tempfile.mkdtemp()), seed=0, log_with=(), parallel=parallel)
     phases: list[dict[str, float]] = []
 
     def watch(obj: object, name: str, label: str) -> None:
@@ -122,6 +134,7 @@ def child(variant: str, steps: int, threads: int) -> dict:
         "micro_batch_size": spec["micro"],
         "env": spec.get("env", {}),
         "lora": spec.get("lora"),
+        "gradient_checkpointing": spec.get("checkpointing", False),
         "rss_start_mb": base,
         "rss_imported_mb": imported,
         "steps": phases,
