@@ -119,3 +119,25 @@ def test_shipped_suite_files_load():
     for path in files:
         suite = load_suite(str(path))
         assert suite.envs and all(e.n >= 1 for e in suite.envs)
+
+
+def test_an_env_of_a_suite_sets_its_own_token_budget(tmp_path, tiny_model_dir):
+    """`max_new_tokens` of a suite env replaces `--max-new-tokens` for that env only, and is reported."""
+    suite = tmp_path / "budgets.yaml"
+    suite.write_text(
+        "envs:\n"
+        "  - {id: textgym/Arithmetic-v0, kwargs: {split: test}, n: 4, max_new_tokens: 3}\n"
+        "  - {id: textgym/Arithmetic-v0, kwargs: {split: test, digits: 1}, n: 4}\n"
+    )
+    args = ["eval", "--suite", str(suite), "--model", str(tiny_model_dir), "--max-new-tokens", "12"]
+    r = runner.invoke(app, [*args, "--out", str(tmp_path / "out")], catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    rows = [json.loads(line) for line in (tmp_path / "out" / "episodes.jsonl").read_text().splitlines()]
+    own = [row for row in rows if row["env_kwargs"] == {"split": "test"}]
+    job = [row for row in rows if row["env_kwargs"] == {"split": "test", "digits": 1}]
+    assert len(own) == len(job) == 4
+    assert {row["sampling"]["max_new_tokens"] for row in own} == {3}
+    assert {row["sampling"]["max_new_tokens"] for row in job} == {12}
+    assert max(row["response_tokens"] for row in own) <= 3 < max(row["response_tokens"] for row in job)
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert [row.get("max_new_tokens") for row in report["envs"]] == [3, None]

@@ -91,15 +91,19 @@ def _policy_name(agent: AgentConfig) -> str:
     return f"{agent.endpoint} {agent.served_model}"
 
 
-def _env_evaluator(job: EvalJobConfig) -> Callable[[str, dict[str, Any], int], EvalResult]:
-    """`(env_id, kwargs, n) -> EvalResult` with the job's agent (built here, once)."""
+def _env_evaluator(job: EvalJobConfig) -> Callable[[str, dict[str, Any], int, int | None], EvalResult]:
+    """`(env_id, kwargs, n, max_new_tokens) -> EvalResult` with the job's agent (built here, once).
+
+    `max_new_tokens` None is the job's budget; a scripted agent generates nothing and ignores it.
+    """
     agent = build_agent(job.agent)
     if job.agent.kind != "model":
-        return lambda env_id, kwargs, n: evaluate_scripted(agent, env_id, kwargs, n=n)
+        return lambda env_id, kwargs, n, max_new_tokens: evaluate_scripted(agent, env_id, kwargs, n=n)
     out = None if job.out is None else Path(job.out)
-    params = SamplingParams(temperature=job.sampling.temperature, max_new_tokens=job.sampling.max_new_tokens)
 
-    def evaluate_env(env_id: str, kwargs: dict[str, Any], n: int) -> EvalResult:
+    def evaluate_env(env_id: str, kwargs: dict[str, Any], n: int, max_new_tokens: int | None) -> EvalResult:
+        budget = max_new_tokens or job.sampling.max_new_tokens
+        params = SamplingParams(temperature=job.sampling.temperature, max_new_tokens=budget)
         return evaluate(
             agent,
             env_id,
@@ -137,7 +141,7 @@ def run_eval(job: EvalJobConfig) -> EvalOutcome:
             if job.n > n_tasks:
                 raise ConfigError(f"--n {job.n} exceeds the {n_tasks} tasks of {job.env} {job.env_kwargs}")
             prm = _prm(job)
-            result = _env_evaluator(job)(job.env, job.env_kwargs, job.n)
+            result = _env_evaluator(job)(job.env, job.env_kwargs, job.n, None)
             if prm is None:
                 return EvalOutcome(result=result)
             from textgym.evaluation.best_of_n import best_of_n, prm_scores

@@ -50,12 +50,18 @@ Z_95 = 1.959963984540054
 
 
 class SuiteEnv(BaseModel):
-    """One environment of a suite: its id, constructor kwargs and task count `n` (tasks 0..n-1)."""
+    """One environment of a suite: its id, constructor kwargs and task count `n` (tasks 0..n-1).
+
+    `max_new_tokens`, when set, is this env's token budget per turn in place of the job's
+    (`--max-new-tokens`): a multi-turn game whose moves are a few tokens long need not give
+    every turn the budget a worked solution needs.
+    """
 
     model_config = ConfigDict(extra="forbid")
     id: str
     kwargs: dict[str, Any] = Field(default_factory=dict)
     n: int = Field(ge=1)
+    max_new_tokens: int | None = Field(default=None, ge=1)
 
     @field_validator("id")
     @classmethod
@@ -188,14 +194,24 @@ def env_report(res: EvalResult) -> dict[str, Any]:
 
 
 def run_suite(
-    suite: Suite, evaluate_env: Callable[[str, dict[str, Any], int], EvalResult], progress: bool = True
+    suite: Suite,
+    evaluate_env: Callable[[str, dict[str, Any], int, int | None], EvalResult],
+    progress: bool = True,
 ) -> list[dict[str, Any]]:
-    """Evaluate every env of `suite` with `evaluate_env(id, kwargs, n)`; one report row per env."""
+    """Evaluate each env of `suite` by `evaluate_env(id, kwargs, n, max_new_tokens)`; a report row per env.
+
+    `max_new_tokens` is the env's own budget (`SuiteEnv.max_new_tokens`), None for the job's;
+    a row names it as `max_new_tokens` only when the env sets one.
+    """
     from tqdm import tqdm
 
     rows = []
     for env in tqdm(suite.envs, desc=f"suite {suite.name}", unit="env", disable=not progress):
-        rows.append(env_report(evaluate_env(env.id, env.kwargs, env.n)) | {"env_kwargs": env.kwargs})
+        result = evaluate_env(env.id, env.kwargs, env.n, env.max_new_tokens)
+        row = env_report(result) | {"env_kwargs": env.kwargs}
+        if env.max_new_tokens is not None:
+            row["max_new_tokens"] = env.max_new_tokens
+        rows.append(row)
     return rows
 
 
