@@ -13,7 +13,7 @@ and the `lscpu` flags that pick kernels), and the docs render their tables from 
         [--diagonal] [--out runs/bench_learning] [--results bench/results/learning.json]
     python bench/learning.py check [--tolerance 10] [--kernel own] [--threads 2]
     python bench/learning.py llm [--seeds 0 1 2] [--kernels own default] [--threads 2 1]
-        [--side-by-side] [--collect DIR]    # configs/smollm2_grpo.yaml across the same matrix
+        [--side-by-side] [--collect DIR] [--config configs/smollm2_grpo.yaml]   # the real model
     python bench/learning.py table [NAME]   # print a recorded table as markdown
 
 `run --record quickstart_<machine>` keeps another CPU's runs beside the main table (each
@@ -34,7 +34,8 @@ accuracy before and after, the gain, the share of step 1's samples cut at the to
 GRPO and whole-run time, peak RSS) and the docs render it (docs/models.md).
 `--side-by-side` runs the 1-thread cells two at a time (one core each: their learning figures
 are exact, their times are not an idle run's); `--collect DIR` records finished run folders
-`DIR/m_s{S}_{K}_t{T}` instead of running them.
+`DIR/m_s{S}_{K}_t{T}` instead of running them. `--config configs/smollm2_grpo_lora.yaml` runs
+the low-memory variant (LoRA and gradient checkpointing) instead, recorded as `smollm2_grpo_lora`.
 """
 
 from __future__ import annotations
@@ -146,14 +147,14 @@ LLM_CONFIG = ROOT / "configs" / "smollm2_grpo.yaml"
 
 
 def llm_command(
-    seed: int, kernel: str, threads: int, out: Path, overrides: list[str]
+    seed: int, kernel: str, threads: int, out: Path, overrides: list[str], config: Path = LLM_CONFIG
 ) -> tuple[list[str], dict[str, str]]:
-    """The command and environment of one `llm` cell (`configs/smollm2_grpo.yaml`)."""
+    """The command and environment of one `llm` cell (`config`, default `configs/smollm2_grpo.yaml`)."""
     env = dict(os.environ)
     env.pop("ATEN_CPU_CAPABILITY", None)
     if kernel != "own":
         env["ATEN_CPU_CAPABILITY"] = kernel
-    cmd = [sys.executable, "-m", "textgym", "train", str(LLM_CONFIG), f"name=m_s{seed}_{kernel}_t{threads}",
+    cmd = [sys.executable, "-m", "textgym", "train", str(config), f"name=m_s{seed}_{kernel}_t{threads}",
            f"out_dir={out}", f"seed={seed}", f"threads={threads}", *overrides, "--overwrite"]  # fmt: skip
     return cmd, env
 
@@ -183,7 +184,11 @@ def llm_row(run: Path, seed: int, kernel: str, threads: int, side_by_side: bool)
 
 
 def run_llm(
-    cells_: list[tuple[int, str, int]], out: Path, side_by_side: bool, overrides: list[str]
+    cells_: list[tuple[int, str, int]],
+    out: Path,
+    side_by_side: bool,
+    overrides: list[str],
+    config: Path = LLM_CONFIG,
 ) -> list[dict[str, Any]]:
     """Run the `llm` cells: 2-thread cells one at a time, 1-thread ones two at a time if `side_by_side`.
 
@@ -198,7 +203,7 @@ def run_llm(
     for batch in batches:
         procs = []
         for seed, kernel, threads in batch:
-            cmd, env = llm_command(seed, kernel, threads, out, overrides)
+            cmd, env = llm_command(seed, kernel, threads, out, overrides, config)
             shown = ("" if kernel == "own" else f"ATEN_CPU_CAPABILITY={kernel} ") + " ".join(cmd[2:])
             print("$", shown, flush=True)
             log = open(out / f"m_s{seed}_{kernel}_t{threads}.log", "w")  # noqa: SIM115 (closed below)
@@ -305,7 +310,12 @@ def render_algorithms(record: dict[str, Any]) -> str:
     return "\n".join([*lines, "", provenance(record)])
 
 
-RENDERERS = {"quickstart": render, "algorithms": render_algorithms, "smollm2_grpo": render_llm}
+RENDERERS = {
+    "quickstart": render,
+    "algorithms": render_algorithms,
+    "smollm2_grpo": render_llm,
+    "smollm2_grpo_lora": render_llm,
+}
 """The tables the docs render from `bench/results/learning.json` (`tools/mkdocs_hooks.py`); a
 record named `quickstart_<machine>` (`run --record`) renders as the quickstart's."""
 
@@ -385,6 +395,9 @@ def main() -> None:
     a.add_argument("--note", default="", help="a sentence printed under the table")
     a.add_argument("rest", nargs="*", help="arguments for bench/algorithms.py (e.g. --algos grpo ppo)")
     m = sub.add_parser("llm", help="configs/smollm2_grpo.yaml across seeds, kernels and threads")
+    m.add_argument(
+        "--config", type=Path, default=LLM_CONFIG, help="a real-model GRPO config (recorded by its file name)"
+    )
     m.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     m.add_argument("--kernels", nargs="+", default=["own", "avx2", "default"])
     m.add_argument("--threads", type=int, nargs="+", default=[2, 1])
@@ -423,9 +436,9 @@ def main() -> None:
                 if (run / "summary.json").is_file():
                     rows.append(llm_row(run, s_, k, t, args.side_by_side and t == 1))
         else:
-            rows = run_llm(grid, args.out, args.side_by_side, args.overrides)
+            rows = run_llm(grid, args.out, args.side_by_side, args.overrides, args.config)
         record = new_record(rows, args.note)
-        save(args.results, "smollm2_grpo", record)
+        save(args.results, args.config.stem, record)
         print(render_llm(record))
         return
     if args.cmd == "check":
