@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 # pulls a multi-GB CUDA build on a CPU machine. On a GPU machine: make TORCH_SPEC=torch install
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: install install-vllm install-trackers quickstart quickstart-tiny learning-check test test-learning-portable test-fast lint typecheck bench sandbox-image docs clean
+.PHONY: install install-vllm install-trackers quickstart quickstart-tiny learning-check test test-learning-portable test-long test-fast lint typecheck bench sandbox-image docs clean
 
 install: $(VENV)/.installed
 
@@ -76,6 +76,11 @@ test: install-vllm install-trackers lint typecheck
 # out for time. Another kernel set for the whole suite: ATEN_CPU_CAPABILITY=avx2 make test
 test-learning-portable: install
 	ATEN_CPU_CAPABILITY=default TEXTGYM_TEST_THREADS=1 $(BIN)/python -m pytest -q -m "learning and not slow"
+
+# The checks too long for CI (marker `long`): GRPO on SmolLM2 (both configs, ~17 min) and the
+# cut-down tool-use agent recipe (10-17 min); each asserts a learning margin.
+test-long: install
+	TEXTGYM_RUN_LONG=1 $(BIN)/python -m pytest -q -m long
 
 test-fast: install-vllm install-trackers
 	tools/with_sandbox_services.sh $(BIN) $(BIN)/python -m pytest -q -m "not slow"
