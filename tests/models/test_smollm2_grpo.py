@@ -11,7 +11,7 @@ its memory is measured by `bench/llm_memory.py`, not here.
 
 The margin: held-out accuracy after 4 steps was 0.48-0.59 over training seeds 0-2, own and
 portable kernels, 1 and 2 threads (+31 to +42 points; docs/quickstart.md); the LoRA config's
-0.48 (seed 0, docs/models.md#memory). The accuracy before
+0.46-0.50 (+29 to +33 points, seeds 0-2; docs/models.md#memory). The accuracy before
 is greedy decoding of the fixed pretrained model, the same 0.17 on every run; after, with
 n = 100 at p ~ 0.5, the standard error is 0.05, so +20 points is more than 2 standard errors
 below the smallest measured gain, while a run where the policy did not move cannot pass.
