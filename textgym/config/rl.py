@@ -316,9 +316,14 @@ class _PolicyGradientConfig(_Batching):
             )
         return self
 
+    @property
+    def batch_rows(self) -> int:
+        """The global batch of an iteration: `prompts_per_step × group_size` rollouts, over all ranks."""
+        return self.prompts_per_step * self.group_size  # type: ignore[attr-defined,no-any-return]
+
     @model_validator(mode="after")
     def _batch_sizes(self) -> _PolicyGradientConfig:
-        total = self.prompts_per_step * self.group_size  # type: ignore[attr-defined]
+        total = self.batch_rows
         mb = self.minibatch_size or total
         if total % mb:
             raise ValueError(f"minibatch_size={mb} must divide prompts_per_step*group_size={total}")

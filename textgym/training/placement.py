@@ -28,8 +28,7 @@ def check_world(cfg: GRPOConfig | PPOConfig, name: str, ranks: int) -> None:
     """
     if ranks == 1:
         return
-    B = cfg.prompts_per_step * cfg.group_size
-    mb = cfg.minibatch_size or B
+    mb = cfg.minibatch_size or cfg.batch_rows
     if cfg.prompts_per_step % ranks:
         raise ConfigError(
             f"{name}.prompts_per_step={cfg.prompts_per_step} must be a multiple of the number of "

@@ -42,7 +42,6 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from textgym import distributed
-from textgym.agents.continuous import rollout_fn
 from textgym.agents.llm_agent import LLMAgent
 from textgym.agents.sampling import SamplingParams, derive_seed
 from textgym.agents.trajectory import Trajectory
@@ -64,6 +63,8 @@ from textgym.training.rollout_metrics import (
     rollout_metrics,
 )
 from textgym.training.sampler import TaskSampler
+from textgym.training.sources.base import RolloutRequest, RolloutSettings
+from textgym.training.sources.local import AgentSource
 from textgym.training.sources.vllm_engine import build_engine, sync_weights
 from textgym.training.trainer import (
     announce_memory,
@@ -175,6 +176,8 @@ class OnlineDPOTrainer:
         self.engine: Any = build_engine(cfg, model, tokenizer, self.agent.backend.eos_ids, seed)
         if self.engine is not None:
             self.agent = LLMAgent(model, tokenizer, backend=self.engine)
+        settings = RolloutSettings.of(cfg, group_size=cfg.samples_per_prompt)
+        self.source = AgentSource(settings, self.agent, self.envs, self.params, self._sampling_context)
         self.logger = stage_logger(self.stage_dir, state, log_with, cfg)
         self.trajectory_dir = self.stage_dir / "trajectories"
         if cfg.log_trajectories and distributed.is_main():
@@ -197,15 +200,20 @@ class OnlineDPOTrainer:
         seeds = None
         if cfg.rollout.per_sequence_seeds:
             seeds = [derive_seed(self.seed, self.step, 0, first + g, j) for g in range(k) for j in range(G)]
-        precision = compute_autocast(self.policy) if self.engine is None else contextlib.nullcontext()
-        with torch.no_grad(), distributed.full_params(self.policy), precision:
-            trajs = rollout_fn(cfg.rollout.mode, cfg.rollout.batch_window_s)(
-                self.agent, self.envs, tasks[first : first + k], self.params, group_size=G,
-                max_turns=cfg.max_turns or 16, env_id=cfg.env.id, seeds=seeds,
-            )  # fmt: skip
-        for t in trajs:
-            t.group += first  # the task's slot in the step's global batch
+        trajs = self.source.rollout(RolloutRequest(tasks[first : first + k], seeds, first_group=first))
         return distributed.all_gather_list(trajs)
+
+    def _sampling_context(self) -> contextlib.ExitStack:
+        """Entered around a rollout: the policy's full weights, its compute precision.
+
+        The full weights under torchrun; the precision on the transformers backend
+        (`precision.compute_autocast`).
+        """
+        stack = contextlib.ExitStack()
+        stack.enter_context(distributed.full_params(self.policy))
+        if self.engine is None:
+            stack.enter_context(compute_autocast(self.policy))
+        return stack
 
     # --- 4, 5 log-probs and the loss ----------------------------------------------------
     def _rows(self, idx: list[int]) -> list[Trajectory]:

@@ -31,12 +31,17 @@ on (Pardo et al. 2018, "Time Limits in Reinforcement Learning", arXiv:1712.00378
 partial-episode bootstrapping). A batch of single-turn episodes has no such state, and its
 value loss is unchanged.
 
+The trainer is `OnPolicyTrainer`; `build_ppo` builds its PPO parts: the `Critic`, the KL
+controller and `GAEAdvantages`.
+
 Distributed (torchrun), the critic is sharded like the policy; GAE runs per sequence on each
 rank's rows, while whitening, explained variance and the KL controller's measurement use
 the whole batch (statistics summed over ranks).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 
@@ -52,59 +57,57 @@ from textgym.algorithms.advantages import (
 )
 from textgym.algorithms.kl_control import AdaptiveKLController, FixedKLController
 from textgym.config import PPOConfig
+from textgym.distributed.process_group import World
+from textgym.trainers.rl.algorithm import Algorithm, Setup
 from textgym.trainers.rl.critic import Critic
 from textgym.trainers.rl.on_policy import OnPolicyTrainer
 from textgym.training.batch import RolloutBatch
 
 
-class PPOTrainer(OnPolicyTrainer):
-    """Trains `model` in place with PPO and a learned critic on `cfg.env`.
+class GAEAdvantages:
+    """PPO's advantages: per-token rewards with the KL penalty, GAE over the critic's values, whitened.
 
-    See `OnPolicyTrainer` for the arguments; `cfg` is a `PPOConfig`. The critic (`Critic`,
-    built in `_setup`) is trained by the update beside the policy, checkpointed beside it
-    (`checkpoints/step_N/critic/`) and saved to `<stage_dir>/critic/` at the end; β is a
-    `kl_ctl` controller, fixed or adapted towards `kl_target` after each update.
+    Args:
+        cfg: the stage config (γ, λ, KL placement and estimator, whitening).
+        critic: the critic whose values GAE uses and whose targets it sets.
+        kl: the KL controller: its β weights the penalty; it gets the iteration's KL (`measure`).
+        per_micro_batch: no-grad passes in the update's micro-batches (`PolicyUpdate.per_micro_batch`).
+        world: the data-parallel world (batch statistics over every rank's rows).
     """
 
-    name = "ppo"
-    cfg: PPOConfig
-    critic: Critic
+    def __init__(
+        self,
+        cfg: PPOConfig,
+        critic: Critic,
+        kl: FixedKLController,
+        per_micro_batch: Callable[..., torch.Tensor],
+        world: World,
+    ) -> None:
+        self.cfg, self.critic, self.kl, self.world = cfg, critic, kl, world
+        self.per_micro_batch = per_micro_batch
 
-    def _setup(self, updates: int) -> None:
-        """Build the critic (its schedule spans `critic.epochs` passes per batch) and the KL controller."""
-        cfg = self.cfg
-        critic_updates = updates // cfg.epochs * max(cfg.epochs, cfg.critic.epochs)
-        self.critic = Critic(
-            self.policy,
-            cfg,
-            critic_updates,
-            self._shard,
-            gradient_checkpointing=self.parallel.gradient_checkpointing,
-        )
-        self.kl_ctl = (
-            AdaptiveKLController(cfg.kl_coef, cfg.kl_target, cfg.kl_horizon)
-            if cfg.kl_target is not None
-            else FixedKLController(cfg.kl_coef)
-        )
-
-    def compute_advantages(
-        self, batch: RolloutBatch, trajs: list[Trajectory], metrics: dict[str, float]
+    def __call__(
+        self,
+        batch: RolloutBatch,
+        trajs: list[Trajectory],
+        ref_logprobs: torch.Tensor | None,
+        metrics: dict[str, float],
     ) -> torch.Tensor:
-        """[B, L] GAE advantages; stores values and returns for the critic's loss."""
+        """[B, L] GAE advantages; sets the critic's targets and the KL the controller moves β by."""
         cfg = self.cfg
         mask = batch.loss_mask
-        beta = self.kl_ctl.value
+        beta = self.kl.value
         in_reward = cfg.kl_placement == "reward" and beta > 0
         rewards, kl_stats = token_level_rewards(
             batch.token_rewards,
             mask,
             batch.old_logprobs if in_reward else None,
-            self._ref_logprobs if in_reward else None,
+            ref_logprobs if in_reward else None,
             kl_coef=beta if in_reward else 0.0,
             estimator=cfg.kl_estimator,
         )
         metrics.update(kl_stats)
-        values_all = self.critic.values(batch, self.updater.per_micro_batch)  # [B, L+1]
+        values_all = self.critic.values(batch, self.per_micro_batch)  # [B, L+1]
         L = mask.shape[1]
         values = values_all[:, :L]
         n_cols = batch.attention_mask[:, batch.prompt_width :].sum(-1)  # [B] response columns used
@@ -125,19 +128,51 @@ class PPOTrainer(OnPolicyTrainer):
         metrics["kl/coef"] = beta
         if cfg.whiten_advantages:
             adv = whiten(adv, mask, reduce=reduce)
-        # The controller moves β after this iteration's update (`update`), so the β in the reward
-        # or the loss of this iteration is the one logged as `kl/coef`.
+        # The controller moves β after this iteration's update (`OnPolicyTrainer.update`), so the
+        # β in the reward or the loss of this iteration is the one logged as `kl/coef`.
         n_seqs = len(batch) * self.world.size
         if "kl/ref_seq" in kl_stats:
-            self._kl_measured = (distributed.mean(kl_stats["kl/ref_seq"]), n_seqs)
-        elif self._ref_logprobs is not None:  # KL in the loss: still track it for the controller
-            kl = (batch.old_logprobs - self._ref_logprobs) * mask
-            self._kl_measured = (distributed.mean(float(kl.sum(-1).mean())), n_seqs)
+            self.kl.measure(distributed.mean(kl_stats["kl/ref_seq"]), n_seqs)
+        elif ref_logprobs is not None:  # KL in the loss: still track it for the controller
+            kl = (batch.old_logprobs - ref_logprobs) * mask
+            self.kl.measure(distributed.mean(float(kl.sum(-1).mean())), n_seqs)
         return adv
 
-    def describe(self, m: dict[str, float]) -> str:
-        """One progress line, with the critic's explained variance and β."""
-        return (
-            super().describe(m)
-            + f"  ev {m.get('value/explained_variance', float('nan')):.2f}  β {m.get('kl/coef', 0.0):.3g}"
-        )
+
+def describe_ppo(m: dict[str, float]) -> str:
+    """PPO's part of the progress line: the critic's explained variance and β."""
+    return f"  ev {m.get('value/explained_variance', float('nan')):.2f}  β {m.get('kl/coef', 0.0):.3g}"
+
+
+def build_ppo(setup: Setup) -> Algorithm:
+    """PPO's parts: the critic (its schedule spans `critic.epochs` passes per batch), β's controller, GAE.
+
+    β is fixed, or adapted towards `kl_target` (`AdaptiveKLController`) after each update.
+    """
+    cfg: PPOConfig = setup.cfg
+    critic_updates = setup.updates // cfg.epochs * max(cfg.epochs, cfg.critic.epochs)
+    critic = Critic(
+        setup.policy, cfg, critic_updates, setup.shard, gradient_checkpointing=setup.gradient_checkpointing
+    )
+    kl = (
+        AdaptiveKLController(cfg.kl_coef, cfg.kl_target, cfg.kl_horizon)
+        if cfg.kl_target is not None
+        else FixedKLController(cfg.kl_coef)
+    )
+    gae_ = GAEAdvantages(cfg, critic, kl, setup.per_micro_batch, setup.world)
+    return Algorithm(gae_, kl, critic=critic, describe=describe_ppo)
+
+
+class PPOTrainer(OnPolicyTrainer):
+    """Trains `model` in place with PPO and a learned critic on `cfg.env`.
+
+    The `OnPolicyTrainer` with PPO's parts (`build_ppo`); see it for the arguments; `cfg` is a
+    `PPOConfig`. The critic (`critic`) is trained by the update beside the policy,
+    checkpointed beside it (`checkpoints/step_N/critic/`) and saved to `<stage_dir>/critic/` at
+    the end; β is the `kl` controller's, fixed or adapted towards `kl_target` after each update.
+    """
+
+    name = "ppo"
+    cfg: PPOConfig
+    critic: Critic
+    build = staticmethod(build_ppo)

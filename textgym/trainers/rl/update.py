@@ -100,8 +100,7 @@ class PolicyUpdate:
         self.cfg, self.policy, self.optimizer, self.scheduler = cfg, policy, optimizer, scheduler
         self.device, self.reference, self.critic = device, reference, critic
         self.world: World = distributed.world()
-        batch_rows = cfg.prompts_per_step * cfg.group_size  # the global batch
-        self.minibatch_size = (cfg.minibatch_size or batch_rows) // self.world.size  # on this rank
+        self.minibatch_size = (cfg.minibatch_size or cfg.batch_rows) // self.world.size  # on this rank
         self.micro_batch_size = cfg.micro_batch_size or self.minibatch_size
 
     def update(

@@ -43,6 +43,10 @@ tokens of one request still depend only on its seed and the weights that generat
 Multi-turn episodes continue across a push: a later turn may be sampled by a newer version
 than the first (a partial rollout at turn boundaries); the trajectory keeps the oldest.
 
+The producer sees no trainer: it gets a rollout source (`AgentSource` over its `PolicyCopy`, or
+over the rollout servers' client), the task sampler it draws from, and the step counts; the
+trainer asks it for each step's batch (`next_batch(step, metrics)`) and scores what it returns.
+
 Limits: one trainer process (no torchrun), no vLLM engine in the trainer (a vLLM rollout
 server is fine), no dynamic sampling; the config and `AsyncRollouts.check` refuse the rest.
 """
@@ -58,12 +62,11 @@ from typing import Any
 
 import torch
 
-from textgym.agents.llm_agent import LLMAgent
 from textgym.agents.sampling import derive_seed
 from textgym.agents.trajectory import Trajectory
 from textgym.config.base import ConfigError
-from textgym.training.precision import compute_autocast
-from textgym.training.sources.local import rollout_groups
+from textgym.training.sampler import TaskSampler
+from textgym.training.sources.base import RolloutRequest, RolloutSource
 
 
 class StalenessError(RuntimeError):
@@ -103,48 +106,76 @@ def staleness_metrics(trajs: list[Trajectory], trainer_version: int) -> dict[str
     return out
 
 
+class PolicyCopy:
+    """The producer's sampler: a frozen copy of `policy` that loads a snapshot of its weights per batch.
+
+    Args:
+        policy: the trainer's policy (unsharded: async RL runs in one process).
+    """
+
+    def __init__(self, policy: Any) -> None:
+        self.policy = policy
+        self.model: Any = copy.deepcopy(policy).requires_grad_(False)
+
+    def snapshot(self) -> dict[str, torch.Tensor]:
+        """The policy's current weights, cloned (taken in the trainer's thread)."""
+        return {n: p.detach().clone() for n, p in self.policy.state_dict().items()}
+
+    def load(self, snapshot: dict[str, torch.Tensor]) -> None:
+        """Put `snapshot` into the copy (in the producer's thread, before it generates)."""
+        self.model.load_state_dict(snapshot)
+
+
 class AsyncRollouts:
     """The rollout producer of a trainer with `rollout.max_staleness: k ≥ 1` (see the module docstring).
 
     Args:
-        trainer: the `OnPolicyTrainer` it feeds (its policy, envs, task sampler, config and
-            step are read; its envs are used by the producer thread only). With rollout
-            servers (`trainer.remote`) the producer generates through the trainer's agent,
-            whose backend is the servers. Typed `Any`: `on_policy` imports this module.
-
-    Raises:
-        ConfigError: see `check`.
+        source: what generates: an `AgentSource` over `sampler_copy.model`'s agent, or over the
+            rollout servers' client (then `sampler_copy` is None). Used by the producer thread only.
+        sampler_copy: the policy copy that samples (None on rollout servers).
+        tasks: the task sampler; batches draw from it in the trainer's thread, in batch order.
+        prompts_per_step: tasks per batch.
+        group_size: episodes per task.
+        max_staleness: k.
+        steps: the run's last step + 1 (nothing is submitted past it).
+        seed: the run seed the per-sequence seeds derive from.
+        start_step: the trainer's step when the producer starts (a resumed run's).
     """
 
-    def __init__(self, trainer: Any):
-        self.check(trainer)
-        self.trainer = trainer
-        self.k = trainer.cfg.rollout.max_staleness
-        self.model: Any = None  # the sampler (None on rollout servers)
-        if trainer.remote is not None:  # the servers generate: the trainer's agent is their client
-            self.agent = trainer.agent
-        else:  # the sampler: a frozen copy of the policy, weights loaded from each job's snapshot
-            self.model = copy.deepcopy(trainer.policy).requires_grad_(False)
-            self.agent = LLMAgent(self.model, trainer.tokenizer, batch_size=len(trainer.envs))
+    def __init__(
+        self,
+        source: RolloutSource,
+        sampler_copy: PolicyCopy | None,
+        tasks: TaskSampler,
+        *,
+        prompts_per_step: int,
+        group_size: int,
+        max_staleness: int,
+        steps: int,
+        seed: int,
+        start_step: int,
+    ) -> None:
+        self.source, self.copy, self.tasks = source, sampler_copy, tasks
+        self.prompts_per_step, self.group_size, self.k = prompts_per_step, group_size, max_staleness
+        self.steps, self.seed = steps, seed
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="textgym-rollouts")
         self.jobs: deque[_Job] = deque()
-        self.next_index = trainer.step  # the next batch to submit
-        self.cursor = trainer.sampler.cursor  # the cursor of the next batch to train
+        self.next_index = start_step  # the next batch to submit
+        self.cursor = tasks.cursor  # the cursor of the next batch to train
 
     @staticmethod
-    def check(trainer: Any) -> None:
-        """Refuse what the producer does not support.
+    def check(name: str, cfg: Any, ranks: int, has_engine: bool) -> None:
+        """Refuse what the producer does not support, for the stage `name` with config `cfg`.
 
         Raises:
-            ConfigError: under torchrun (several ranks), with a vLLM engine, or with dynamic sampling.
+            ConfigError: under torchrun (`ranks` > 1), with a vLLM engine, or with dynamic sampling.
         """
-        name, cfg = trainer.name, trainer.cfg
-        if trainer.world.size > 1:
+        if ranks > 1:
             raise ConfigError(
                 f"{name}.rollout.max_staleness={cfg.rollout.max_staleness}: async rollouts run in one "
-                f"process; under torchrun ({trainer.world.size} ranks) use max_staleness: 0"
+                f"process; under torchrun ({ranks} ranks) use max_staleness: 0"
             )
-        if trainer.engine is not None:
+        if has_engine:
             raise ConfigError(f"{name}.rollout.max_staleness > 0 needs rollout.backend: transformers")
         if getattr(cfg, "dynamic_sampling", False):
             raise ConfigError(f"{name}.rollout.max_staleness > 0 with dynamic_sampling is not supported")
@@ -152,44 +183,39 @@ class AsyncRollouts:
     def _submit(self, index: int, version: int, snapshot: dict[str, torch.Tensor] | None) -> None:
         """Draw batch `index`'s tasks and seeds now; generate it in the thread.
 
-        The thread loads `snapshot` into the sampler first (None: on the rollout servers, which
-        generate with whatever version they serve).
+        The thread loads `snapshot` into the sampler copy first (None: on the rollout servers,
+        which generate with whatever version they serve, and report it).
         """
-        tr, cfg = self.trainer, self.trainer.cfg
-        cursor = tr.sampler.cursor
-        tasks = tr.sampler.next(cfg.prompts_per_step)
-        G = cfg.group_size
-        seeds = [derive_seed(tr.seed, index, 0, g, j) for g in range(cfg.prompts_per_step) for j in range(G)]
-        precision = compute_autocast(tr.policy)
+        cursor = self.tasks.cursor
+        tasks = self.tasks.next(self.prompts_per_step)
+        G = self.group_size
+        P = self.prompts_per_step
+        seeds = [derive_seed(self.seed, index, 0, g, j) for g in range(P) for j in range(G)]
+        request = RolloutRequest(tasks, seeds, version=None if snapshot is None else version)
 
         def work() -> list[Trajectory]:
-            # grad mode and autocast are thread-local: set them in the producer's thread
-            with torch.no_grad(), precision:
-                if snapshot is not None:
-                    self.model.load_state_dict(snapshot)
-                return rollout_groups(cfg, self.agent, tr.envs, tasks, tr.params, seeds)
+            if snapshot is not None:
+                self.copy.load(snapshot)  # type: ignore[union-attr]
+            return self.source.rollout(request)
 
         self.jobs.append(_Job(index, version, cursor, self.pool.submit(work)))
 
-    def next_batch(self, metrics: dict[str, float]) -> list[Trajectory]:
-        """Batch `trainer.step`'s trajectories (shaped, tagged), after submitting the batches ahead.
+    def next_batch(self, step: int, metrics: dict[str, float]) -> list[Trajectory]:
+        """Batch `step`'s trajectories (tagged with their versions), after submitting the batches ahead.
 
-        Submits batches up to `step + k` (below `cfg.steps`) generated from a snapshot of the
-        current weights (version `step`; on rollout servers: by the versions the servers serve
-        from now on, `step` or later), then waits for batch `step`. Adds
-        `rollout/staleness_*` and `time/rollout_wait_s` to `metrics`.
+        Submits batches up to `step + k` (below `steps`) generated from a snapshot of the current
+        weights (version `step`; on rollout servers: by the versions the servers serve from now
+        on, `step` or later), then waits for batch `step`. Adds `rollout/staleness_*` and
+        `time/rollout_wait_s` to `metrics`.
 
         Raises:
-            StalenessError: if the batch's version is more than k below the trainer's.
+            StalenessError: if the batch's version is more than k below `step`.
             Exception: whatever the rollout raised in the producer thread.
         """
-        tr = self.trainer
-        s = tr.step
-        last = min(s + self.k, tr.cfg.steps - 1)
+        s = step
+        last = min(s + self.k, self.steps - 1)
         if self.next_index <= last:
-            snapshot = None  # version s, for the sampler (rollout servers get it as a push)
-            if self.model is not None:
-                snapshot = {n: p.detach().clone() for n, p in tr.policy.state_dict().items()}
+            snapshot = None if self.copy is None else self.copy.snapshot()  # version s
             for index in range(self.next_index, last + 1):
                 self._submit(index, s, snapshot)
             self.next_index = last + 1
@@ -199,15 +225,14 @@ class AsyncRollouts:
         t0 = time.perf_counter()
         trajs = job.future.result()
         metrics["time/rollout_wait_s"] = time.perf_counter() - t0
-        # tagged with the job's version; on servers each keeps the oldest version reported for it
-        trajs = tr.finish_rollout(trajs, first=0, version=job.version if self.model is not None else None)
+        # on servers each trajectory keeps the oldest version reported for it
         oldest = min((t.policy_version for t in trajs), default=job.version)
         if s - oldest > self.k:
             raise StalenessError(
                 f"batch {s} was sampled by policy version {oldest}: staleness {s - oldest} "
                 f"exceeds rollout.max_staleness={self.k}"
             )
-        self.cursor = self.jobs[0].cursor if self.jobs else tr.sampler.cursor
+        self.cursor = self.jobs[0].cursor if self.jobs else self.tasks.cursor
         metrics.update(staleness_metrics(trajs, s))
         return trajs
 
