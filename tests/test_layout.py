@@ -190,6 +190,38 @@ def test_the_training_machinery_never_imports_the_trainers():
     }
 
 
+def trainer_parameters(source: str) -> list[str]:
+    """`function(parameter)` for each parameter of a function or method in `source` that takes a
+    trainer: named `trainer`, or annotated with a type whose name holds `Trainer` or `Trainable`."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        a = node.args
+        params = [*a.posonlyargs, *a.args, *a.kwonlyargs, *(p for p in (a.vararg, a.kwarg) if p)]
+        for p in params:
+            hint = ast.unparse(p.annotation) if p.annotation is not None else ""
+            if p.arg == "trainer" or "Trainer" in hint or "Trainable" in hint:
+                found.append(f"{node.name}({p.arg})")
+    return found
+
+
+def test_no_function_or_constructor_in_training_takes_the_trainer():
+    """`textgym.training` gets narrow inputs (a rollout request, a policy, callables), never the
+    trainer: a dependency on a trainer's attributes is one neither the import graph nor a type sees."""
+    offenders = {
+        str(path.relative_to(PACKAGE_DIR.parent)): found
+        for path in sorted((PACKAGE_DIR / "training").rglob("*.py"))
+        if (found := trainer_parameters(path.read_text()))
+    }
+    assert not offenders, f"textgym.training functions that take a trainer: {offenders}"
+    source = (
+        "class A:\n    def __init__(self, trainer: Any): ...\n"
+        "def f(x, *, loop: 'OnPolicyTrainer'): ...\ndef g(t: Trainable): ...\ndef h(policy, source): ...\n"
+    )
+    assert sorted(trainer_parameters(source)) == ["__init__(trainer)", "f(loop)", "g(t)"]
+
+
 def _reexports(path: Path) -> list[str]:
     """The names in a module's `__all__` that it imports from another textgym module."""
     tree = ast.parse(path.read_text(), filename=str(path))

@@ -145,15 +145,12 @@ def run_all(out: Path, only: list[str] | None) -> None:
         stage = out / name
         seed_everything(1)
         if resume_at is not None:  # train `resume_at` steps, checkpoint, drop the trainer, resume
-            from textgym.training.loop import run_loop
-
             first = _trainer(kind, cfg, model_dir, stage, False)
-
-            def stop(trainer: Any = first, at: int = resume_at) -> bool:
-                return bool(trainer.step >= at)
-
-            run_loop(first, name=name, steps=cfg["steps"], log_every=1, checkpoint_every=0,
-                     describe=first.describe, stop=stop)  # fmt: skip
+            for _ in range(resume_at):
+                metrics = first.train_step()
+                first.logger.log(first.step, metrics)
+            first.save()
+            first.logger.close()
             first.close()
             del first
             seed_everything(2)

@@ -104,7 +104,7 @@ def test_ppo_bootstraps_an_episode_cut_by_the_context(tiny_model_dir, tmp_path, 
     limit = _turn_starts(full)[2] + PARAMS.max_new_tokens - 1
     cut = _wordle(tok, [f"\\boxed{{{w}}}" for w in WRONG], max_context_tokens=limit)
     batch = RolloutBatch.from_trajectories([cut], tok.pad_token_id)
-    trainer.compute_advantages(batch, [cut], {})
+    trainer.advantages(batch, [cut], None, {})
     last = int(batch.loss_mask[0].nonzero().flatten()[-1])
     assert float(trainer.critic.returns[0, last]) == pytest.approx(0.9 * 5.0, abs=1e-4)  # γ·V(s_T), not 0
 

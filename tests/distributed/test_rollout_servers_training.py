@@ -157,7 +157,7 @@ def test_async_grpo_on_servers_keeps_the_bound(tiny_model_dir, tmp_path):
         assert cfg.rollout.use_tis
         model, tok = load_model(tiny_model_dir)
         trainer = GRPOTrainer(cfg, model, tok, tmp_path / "grpo", seed=3)
-        assert trainer.async_rollouts is not None and trainer.async_rollouts.model is None  # no sampler copy
+        assert trainer.async_rollouts is not None and trainer.async_rollouts.copy is None  # no sampler copy
         pending = watch_pending_jobs(trainer)  # while batch s trains, batch s + 1 is with the servers
         trainer.train()
         assert pending == [[(1, 0)], [(2, 1)], [(3, 2)], []]

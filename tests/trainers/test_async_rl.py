@@ -95,7 +95,7 @@ def test_k1_first_batch_equals_a_seeded_synchronous_batch(warm_model_dir, tmp_pa
         seed_everything(0)
         model, tok = load_model(warm_model_dir)
         trainer = GRPOTrainer(grpo_cfg(steps=2, rollout=rollout), model, tok, tmp_path / name)
-        batches.append(trainer.sample({}))
+        batches.append(trainer.sample({}).trajs)
         trainer.close()
     for a, b in zip(*batches, strict=True):
         assert torch.equal(a.token_ids, b.token_ids) and a.policy_version == b.policy_version == 0
@@ -155,17 +155,16 @@ def test_unsupported_settings_fail_at_validation(over, message):
 
 def test_several_ranks_are_refused():
     """Under torchrun the producer would need every rank's sampler in step: a ConfigError, not a hang."""
-    from types import SimpleNamespace
 
     from textgym.config.base import ConfigError
     from textgym.training.sources.async_producer import AsyncRollouts
 
-    trainer = SimpleNamespace(
-        name="grpo", cfg=grpo_cfg(rollout={"max_staleness": 1}), world=SimpleNamespace(size=2), engine=None
-    )
+    cfg = grpo_cfg(rollout={"max_staleness": 1})
     with pytest.raises(ConfigError, match=r"max_staleness=1: async rollouts run in one process"):
-        AsyncRollouts.check(trainer)
-    AsyncRollouts.check(SimpleNamespace(**{**vars(trainer), "world": SimpleNamespace(size=1)}))
+        AsyncRollouts.check("grpo", cfg, ranks=2, has_engine=False)
+    AsyncRollouts.check("grpo", cfg, ranks=1, has_engine=False)
+    with pytest.raises(ConfigError, match=r"needs rollout\.backend: transformers"):
+        AsyncRollouts.check("grpo", cfg, ranks=1, has_engine=True)
 
 
 RUN = textwrap.dedent(

@@ -162,7 +162,7 @@ def test_ppo_bootstraps_only_the_truncated_wordle_episode(tiny_model_dir, tmp_pa
     for t in trajs:  # as the store may hold them from older runs: both flags on the solved one
         t.truncated = True
     batch = RolloutBatch.from_trajectories(trajs, tok.pad_token_id)
-    trainer.compute_advantages(batch, trajs, {})
+    trainer.advantages(batch, trajs, None, {})
     last = [int(batch.loss_mask[i].nonzero().flatten()[-1]) for i in range(2)]
     assert float(trainer.critic.returns[0, last[0]]) == pytest.approx(1.0, abs=1e-5)  # r, nothing after
     assert float(trainer.critic.returns[1, last[1]]) == pytest.approx(0.9 * 5.0, abs=1e-4)  # γ·V(s_T)

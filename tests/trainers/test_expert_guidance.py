@@ -44,7 +44,8 @@ def test_a_failed_group_gets_the_experts_episode_a_group_with_a_success_does_not
     sampled = won + lost
     trainer.collect = lambda n, round_index=0: list(sampled)  # type: ignore[method-assign]
     metrics: dict[str, float] = {}
-    trajs = trainer.sample(metrics)
+    selection = trainer.sample(metrics)
+    trajs = selection.trajs
     assert trajs[:5] == sampled[:5]  # the group with a success and the failed group's first two samples
     expert = trajs[5]
     env = gym.make(GAME["id"], **GAME["kwargs"])
@@ -53,7 +54,7 @@ def test_a_failed_group_gets_the_experts_episode_a_group_with_a_success_does_not
     assert torch.equal(expert.loss_mask, reference.loss_mask)
     assert expert.reward == 1.0 and expert.reward_terms["reward/correct"] == 1.0
     assert (expert.group, expert.task_index) == (1, 7)
-    assert trainer._guided_rows.tolist() == [False] * 5 + [True]
+    assert selection.guided_rows.tolist() == [False] * 5 + [True]
     assert metrics["guidance/groups_frac"] == 0.5 and metrics["guidance/expert_reward_mean"] == 1.0
     assert metrics["rollout/accuracy"] == pytest.approx(1 / 6)  # the policy's own samples, not the expert's
 
@@ -78,9 +79,9 @@ def test_the_expert_row_starts_at_ratio_one_and_the_update_raises_its_likelihood
     sample = trainer.sample
 
     def sample_and_keep(metrics):
-        trajs = sample(metrics)
-        seen.extend(trajs)
-        return trajs
+        selection = sample(metrics)
+        seen.extend(selection.trajs)
+        return selection
 
     trainer.sample = sample_and_keep  # type: ignore[method-assign]
     metrics = trainer.train_step()

@@ -172,7 +172,7 @@ def test_rollout_k3_metric_is_never_negative(tiny_model_dir, tmp_path):
     model, tok = load_model(tiny_model_dir)
     cfg = grpo_cfg(steps=1, prompts_per_step=1, group_size=2, kl_coef=0.1)
     trainer = GRPOTrainer(cfg, model, tok, tmp_path)
-    sample = trainer.sample
+    sample = trainer.batch
 
     def confident_sample(metrics):
         trajs = sample(metrics)
@@ -181,7 +181,7 @@ def test_rollout_k3_metric_is_never_negative(tiny_model_dir, tmp_path):
         return trajs
 
     tiny = 3e-8  # log π_ref − log π_old
-    trainer.sample = confident_sample  # type: ignore[method-assign]
+    trainer.batch = confident_sample  # type: ignore[method-assign]
     trainer.updater.reference_logprobs = lambda batch: batch.old_logprobs + tiny * batch.loss_mask  # type: ignore[method-assign]
     metrics = trainer.train_step()
     x = torch.tensor(tiny)
@@ -202,7 +202,7 @@ def test_tis_on_the_transformers_backend(tiny_model_dir, tmp_path, monkeypatch, 
     cfg = grpo_cfg(steps=1, prompts_per_step=2, group_size=2, rollout={"tis": tis, "tis_cap": cap})
     trainer = GRPOTrainer(cfg, model, tok, tmp_path)
     seen: dict[str, object] = {"recomputed": 0, "is_weights": []}
-    sample, recompute, loss_fn = trainer.sample, trainer.updater.trainer_logprobs, losses.clipped_policy_loss
+    sample, recompute, loss_fn = trainer.batch, trainer.updater.trainer_logprobs, losses.clipped_policy_loss
 
     def mismatched_sample(metrics):
         trajs = sample(metrics)
@@ -224,19 +224,26 @@ def test_tis_on_the_transformers_backend(tiny_model_dir, tmp_path, monkeypatch, 
         seen["is_weights"].append(kwargs["is_weights"])  # type: ignore[union-attr]
         return loss_fn(*args, **kwargs)
 
-    trainer.sample = mismatched_sample  # type: ignore[method-assign]
+    trainer.batch = mismatched_sample  # type: ignore[method-assign]
+    recompute_old = trainer.updater.recompute_old_logprobs
+
+    def keep_weights(*args, **kwargs):
+        seen["weights"] = weights = recompute_old(*args, **kwargs)
+        return weights
+
+    trainer.updater.recompute_old_logprobs = keep_weights  # type: ignore[method-assign]
     trainer.updater.trainer_logprobs = counted  # type: ignore[method-assign]
     monkeypatch.setattr(losses, "clipped_policy_loss", recording_loss)
     metrics = trainer.train_step()
     (passed,) = seen["is_weights"]  # type: ignore[misc]
     if not tis:
-        assert seen["recomputed"] == 0 and passed is None and trainer._is_weights is None
+        assert seen["recomputed"] == 0 and passed is None and seen["weights"] is None
         assert not any(k.startswith("mismatch/") for k in metrics)
         return
     mask = seen["mask"]
     want = (seen["trainer_lp"] - seen["rollout_lp"]).exp().clamp(max=cap) * mask  # type: ignore[operator]
     assert seen["recomputed"] == 1
-    torch.testing.assert_close(trainer._is_weights, want, rtol=0, atol=1e-6)
+    torch.testing.assert_close(seen["weights"], want, rtol=0, atol=1e-6)
     assert 0 < metrics["mismatch/tis_clip_frac"] < 1  # some weights capped at C, some not
     for key in ("mismatch/kl", "mismatch/k3", "mismatch/ratio_max", "mismatch/abs_diff_max"):
         assert math.isfinite(metrics[key]), key

@@ -66,7 +66,8 @@ def test_dynamic_sampling_keeps_only_informative_groups(warm_model_dir, tmp_path
     model, tok = load_model(warm_model_dir)
     trainer = GRPOTrainer(grpo_cfg(dynamic_sampling=True, max_sampling_tries=3), model, tok, tmp_path)
     metrics: dict[str, float] = {}
-    trajs = trainer.sample(metrics)
+    selection = trainer.sample(metrics)
+    trajs = selection.trajs
     assert len(trajs) == 16 and 1 <= metrics["sampling/rounds"] <= 3
     groups = [trajs[i : i + 4] for i in range(0, 16, 4)]
     constant = sum(len(set(group_accuracy(g))) == 1 for g in groups)
@@ -122,10 +123,11 @@ def test_dynamic_sampling_filters_on_accuracy_not_on_the_shaped_reward(tiny_mode
     ]
     trainer.collect = lambda n, round_index=0: rounds[round_index]  # type: ignore[method-assign]
     metrics: dict[str, float] = {}
-    trajs = trainer.sample(metrics)
+    selection = trainer.sample(metrics)
+    trajs = selection.trajs
     assert [t.task_index for t in trajs] == [1, 1, 3, 3]
     assert metrics["sampling/rounds"] == 2 and metrics["sampling/dropped_groups"] == 2
-    assert metrics["sampling/filled_groups"] == 0 and trainer._loss_rows.tolist() == [True] * 4
+    assert metrics["sampling/filled_groups"] == 0 and selection.loss_rows.tolist() == [True] * 4
 
 
 @pytest.mark.parametrize("aggregation", ["seq_mean_token_mean", "token_mean", "seq_mean_token_sum_norm"])
@@ -158,10 +160,10 @@ def test_dynamic_sampling_fillers_do_not_dilute_the_loss(tiny_model_dir, tmp_pat
         metrics = trainer.train_step()
         assert metrics.get("sampling/filled_groups", 1) == 1
         grads.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]))
-        loss_rows = getattr(trainer, "_loss_rows", None)
+        selection = trainer.selection
     assert grads[1].abs().max() > 0
     # The two batches are padded to other shapes, so the sums round differently (element-wise up
     # to 1.7e-7 with the portable kernels); a filler that diluted the loss would halve the gradient.
     rel = float((grads[0] - grads[1]).norm() / grads[1].norm())
     assert rel < 1e-5, rel
-    assert loss_rows is None  # the last trainer had no dynamic sampling
+    assert selection is None  # the last trainer had no dynamic sampling: no selection at all

@@ -112,7 +112,7 @@ def test_ppo_resume_gives_the_same_next_step(warm_model_dir, tmp_path, placement
     fresh(1, tmp_path / "b").train()
     resumed = fresh(2, tmp_path / "b", resume=True)
     assert resumed.step == 1
-    assert resumed.kl_ctl.value == records(tmp_path / "a")[1]["kl/coef"] != cfg_beta  # β restored
+    assert resumed.kl.value == records(tmp_path / "a")[1]["kl/coef"] != cfg_beta  # β restored
     resumed.train()
     a, b = records(tmp_path / "a")[1], records(tmp_path / "b")[1]
     for k in a:
@@ -153,7 +153,7 @@ def test_the_critic_fits_the_returns_of_a_batch(warm_model_dir, tmp_path):
     assert fittable(trajs)
     batch = RolloutBatch.from_trajectories(trajs, tok.pad_token_id)
     metrics: dict[str, float] = {}
-    adv = trainer.compute_advantages(batch, trajs, metrics)
+    adv = trainer.advantages(batch, trajs, None, metrics)
     returns, mask = trainer.critic.returns.clone(), batch.loss_mask
     assert math.isnan(metrics["value/explained_variance"]) or metrics["value/explained_variance"] < 0.1
     # Train to a measured state: explained variance > 0.9, checked every 10 updates (Adam at a
@@ -190,7 +190,7 @@ def test_ppo_multi_turn_masks_env_tokens_and_bootstraps_truncation(tiny_model_di
     assert all(t.truncated and not t.terminated for t in trajs)  # TimeLimit(2) cut the 3-turn episode
     assert all(t.reward == 2.0 for t in trajs)
     batch = RolloutBatch.from_trajectories(trajs, tok.pad_token_id)
-    adv = trainer.compute_advantages(batch, trajs, {})
+    adv = trainer.advantages(batch, trajs, None, {})
     mask = batch.loss_mask
     env_cols = (mask == 0) & (batch.attention_mask[:, batch.prompt_width :] == 1)
     assert bool(env_cols.any()) and torch.all(adv[env_cols] == 0)
@@ -232,7 +232,7 @@ def test_ppo_trains_the_kind_of_state_a_truncated_episode_bootstraps_from(tiny_m
     trajs = trainer.collect(cfg.prompts_per_step)
     assert all(t.truncated for t in trajs)
     batch = RolloutBatch.from_trajectories(trajs, tok.pad_token_id)
-    adv = trainer.compute_advantages(batch, trajs, {})
+    adv = trainer.advantages(batch, trajs, None, {})
     mask, L = batch.loss_mask, batch.loss_mask.shape[1]
     ends = torch.zeros_like(mask)  # the state just after turn 1's last policy token, in each row
     for i in range(len(batch)):

@@ -200,7 +200,7 @@ def test_ppo_gae_runs_over_step_rewards(tiny_model_dir, tmp_path):
     with torch.no_grad():
         trainer.critic.model.score.bias.fill_(0.25)
     trajs, batch = _batch([(4, {1: 0.5, 3: 1.0}, 1.0), (4, {}, 0.0)])
-    adv = trainer.compute_advantages(batch.with_reward_source("both"), trajs, {})
+    adv = trainer.advantages(batch.with_reward_source("both"), trajs, None, {})
     d3, d1 = 2.0 - 0.25, 0.5  # δ_3 = r_3 + 0 − V, δ_1 = r_1 + V − V; δ_0 = δ_2 = 0
     a3 = d3
     a2 = 0.9 * a3
@@ -208,7 +208,7 @@ def test_ppo_gae_runs_over_step_rewards(tiny_model_dir, tmp_path):
     a0 = 0.9 * a1
     torch.testing.assert_close(adv[0], torch.tensor([a0, a1, a2, a3]), rtol=0, atol=1e-5)
     # outcome only: the steps are not seen
-    adv = trainer.compute_advantages(batch.with_reward_source("outcome"), trajs, {})
+    adv = trainer.advantages(batch.with_reward_source("outcome"), trajs, None, {})
     torch.testing.assert_close(adv[0], torch.tensor([0.9**3, 0.9**2, 0.9, 1.0]) * 0.75, rtol=0, atol=1e-5)
     trainer.close()
 

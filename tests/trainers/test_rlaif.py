@@ -61,14 +61,14 @@ def stage(kind, judge_url: str, **judge_over):
 
 def spy_step(trainer):
     seen = []
-    sample = trainer.sample
+    sample = trainer.batch  # the step's trajectories, scored
 
     def spy(metrics):
         trajs = sample(metrics)
         seen.extend(trajs)
         return trajs
 
-    trainer.sample = spy
+    trainer.batch = spy
     metrics = trainer.train_step()
     trainer.close()
     return seen, metrics

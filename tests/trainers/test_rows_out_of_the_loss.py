@@ -62,7 +62,7 @@ def test_a_minibatch_with_no_loss_token_leaves_the_weights_and_the_schedule_alon
     before, lr = weights(trainer.policy), trainer.scheduler.get_last_lr()[0]
     adam_steps = [float(s["step"]) for s in trainer.optimizer.state.values()]
     # 2 tokens cannot hold an answer ("\boxed{d}" and the end of turn): every response is cut
-    trainer.params = SamplingParams(**{**cfg.sampling.model_dump(), "max_new_tokens": 2})
+    trainer.source.params = SamplingParams(**{**cfg.sampling.model_dump(), "max_new_tokens": 2})
     second = trainer.train_step()
     assert second["rollout/overlong_masked"] == 1.0 and second["grad_norm"] == 0.0
     after = weights(trainer.policy)
@@ -84,7 +84,7 @@ def test_the_critic_takes_no_step_on_a_minibatch_with_no_loss_token(warm_model_d
     trainer.train_step()
     policy, critic = weights(trainer.policy), weights(trainer.critic.model)
     critic_lr = trainer.critic.scheduler.get_last_lr()[0]
-    trainer.params = SamplingParams(**{**cfg.sampling.model_dump(), "max_new_tokens": 2})
+    trainer.source.params = SamplingParams(**{**cfg.sampling.model_dump(), "max_new_tokens": 2})
     m = trainer.train_step()
     assert m["rollout/overlong_masked"] == 1.0
     assert all(torch.equal(policy[k], v) for k, v in weights(trainer.policy).items())
@@ -96,8 +96,8 @@ def test_the_critic_takes_no_step_on_a_minibatch_with_no_loss_token(warm_model_d
 def _captured_gradient(trainer: GRPOTrainer, trajs: list[Trajectory], advantages: torch.Tensor):
     """The policy's gradient at its optimizer step for a step on `trajs` with `advantages`."""
     grads: list[torch.Tensor] = []
-    trainer.sample = lambda metrics: [copy.deepcopy(t) for t in trajs]  # type: ignore[method-assign]
-    trainer.compute_advantages = lambda batch, trajs, metrics: advantages.clone()  # type: ignore[method-assign]
+    trainer.batch = lambda metrics: [copy.deepcopy(t) for t in trajs]  # type: ignore[method-assign]
+    trainer.advantages = lambda batch, trajs, ref, metrics: advantages.clone()
 
     def capture(optimizer, args, kwargs):
         grads.append(torch.cat([p.grad.flatten() for p in trainer.policy.parameters() if p.grad is not None]))

@@ -84,27 +84,23 @@ def test_announce_memory_echoes_each_model_and_writes_memory_json(tmp_path):
 
 
 def test_eval_every_adds_the_evaluation_on_its_steps_only():
-    class Trainer:
-        step, policy, tokenizer = 0, torch.nn.Linear(1, 1), "tok"
+    policy, calls, now = torch.nn.Linear(1, 1), [], [0]
 
-    trainer, calls = Trainer(), []
-
-    def evaluate(policy, tokenizer):
-        calls.append(trainer.step)
-        assert tokenizer == "tok" and not torch.is_grad_enabled()
+    def evaluate(model, tokenizer):
+        calls.append(now[0])
+        assert model is policy and tokenizer == "tok" and not torch.is_grad_enabled()
         return {"eval/accuracy": 0.5}
 
-    hook = eval_every(trainer, evaluate, 3)
+    hook = eval_every(policy, "tok", evaluate, 3)
     seen = []
     for step in range(1, 8):
-        trainer.step = step
+        now[0] = step
         metrics: dict[str, float] = {}
-        hook(metrics)
+        hook(step, metrics)
         seen.append(metrics)
     assert calls == [3, 6] and seen[2] == {"eval/accuracy": 0.5} and seen[3] == {}
     for fn, every in ((None, 3), (evaluate, 0)):
-        trainer.step = 3
-        eval_every(trainer, fn, every)(metrics := {})
+        eval_every(policy, "tok", fn, every)(3, metrics := {})
         assert metrics == {}
 
 

@@ -299,10 +299,10 @@ class SFTTrainer:
         with torch.no_grad(), distributed.full_params(self.model):
             return float(distributed.on_main(measure))
 
-    def _after_step(self, metrics: dict[str, float]) -> None:
+    def _after_step(self, step: int, metrics: dict[str, float]) -> None:
         """6. Probe every `target.every` steps; record whether the target is reached."""
         target = self.cfg.target
-        if target is None or self.step % target.every:
+        if target is None or step % target.every:
             return
         self.probe_accuracy = self.probe()
         self.target_reached = self.probe_accuracy >= target.accuracy
@@ -331,7 +331,10 @@ class SFTTrainer:
             return f"loss {m['loss/sft']:.4f}{probe}  {m['time/step_s']:.2f}s/step"
 
         run_loop(
-            self,
+            self.train_step,
+            self.save,
+            self.logger,
+            start=self.step,
             name="sft",
             steps=cfg.steps,
             log_every=cfg.log_every,

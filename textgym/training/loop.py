@@ -1,4 +1,4 @@
-"""`run_loop`: step a trainer to its last step, logging, checkpointing and reporting progress."""
+"""`run_loop`: step a training loop to its last step, logging, checkpointing and reporting progress."""
 
 from __future__ import annotations
 
@@ -6,84 +6,71 @@ import ctypes
 import functools
 from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol
 
 from textgym import distributed
 from textgym.tracking import Logger, progress_bar
 
 
-class Trainable(Protocol):
-    """What `run_loop` needs of a trainer."""
-
-    step: int
-
-    @property
-    def logger(self) -> Logger:
-        """Where metrics go."""
-        ...
-
-    def train_step(self) -> dict[str, float]:
-        """Do one iteration and return its metrics."""
-        ...
-
-    def save(self) -> Path:
-        """Checkpoint the current step."""
-        ...
-
-
 def run_loop(
-    trainer: Trainable,
+    train_step: Callable[[], dict[str, float]],
+    save: Callable[[], Path],
+    logger: Logger,
     *,
+    start: int,
     name: str,
     steps: int,
     log_every: int,
     checkpoint_every: int,
     describe: Callable[[dict[str, float]], str],
     echo: Callable[[str], None] | None = None,
-    after_step: Callable[[dict[str, float]], None] | None = None,
+    after_step: Callable[[int, dict[str, float]], None] | None = None,
     lines: int = 20,
     stop: Callable[[], bool] | None = None,
 ) -> None:
-    """Call `trainer.train_step()` until `steps`, logging, checkpointing and reporting progress.
+    """Call `train_step()` from step `start` until `steps`, logging, checkpointing and reporting progress.
 
-    Metrics are logged every `log_every` steps, at the last, and at any step where
-    `after_step` added one (a probe, an evaluation), so no such measurement is lost between
-    two logged steps; a checkpoint is written
-    every `checkpoint_every` steps (0: only at the end) and always at the end. About
-    `lines` progress lines (`describe(metrics)`) go above a live progress bar on a
-    terminal, or through `echo` otherwise. `after_step(metrics)` may add metrics (e.g. a
-    periodic evaluation) before they are logged. `stop()`, asked after each step (after
-    `after_step`), ends the loop early: that step is logged, reported and checkpointed as the
-    last. Distributed, every rank runs the loop (the steps and checkpoints are collective) and
-    rank 0 alone logs and reports; `stop()` must give the same answer on every rank.
+    The loop sees no trainer, only what it calls: `train_step()` does one iteration and
+    returns its metrics (the iteration after it is numbered one more), `save()` checkpoints
+    the current step, `logger` takes the metrics. Metrics are logged every `log_every` steps,
+    at the last, and at any step where `after_step` added one (a probe, an evaluation), so no
+    such measurement is lost between two logged steps; a checkpoint is written every
+    `checkpoint_every` steps (0: only at the end) and always at the end. About `lines`
+    progress lines (`describe(metrics)`) go above a live progress bar on a terminal, or
+    through `echo` otherwise. `after_step(step, metrics)` may add metrics (e.g. a periodic
+    evaluation) before they are logged. `stop()`, asked after each step (after `after_step`),
+    ends the loop early: that step is logged, reported and checkpointed as the last.
+    Distributed, every rank runs the loop (the steps and checkpoints are collective) and rank 0
+    alone logs and reports; `stop()` must give the same answer on every rank.
     """
     if not distributed.is_main():
         echo = None
-    bar = progress_bar(steps, trainer.step, name, disable=not distributed.is_main())
+    bar = progress_bar(steps, start, name, disable=not distributed.is_main())
     write = (lambda line: bar.write(line)) if not bar.disable and echo is not None else echo
     every = max(1, steps // lines)
+    step = start
     try:
-        while trainer.step < steps:
-            metrics = trainer.train_step()
+        while step < steps:
+            metrics = train_step()
+            step += 1
             release_free_heap()
             n_metrics = len(metrics)
             if after_step is not None:
-                after_step(metrics)
-            last = trainer.step == steps or (stop is not None and stop())
-            if trainer.step % log_every == 0 or last or len(metrics) > n_metrics:
-                trainer.logger.log(trainer.step, metrics)
-            if checkpoint_every and trainer.step % checkpoint_every == 0:
-                trainer.save()
+                after_step(step, metrics)
+            last = step == steps or (stop is not None and stop())
+            if step % log_every == 0 or last or len(metrics) > n_metrics:
+                logger.log(step, metrics)
+            if checkpoint_every and step % checkpoint_every == 0:
+                save()
             bar.update(1)
-            if write is not None and (trainer.step % every == 0 or last):
-                write(f"{name} step {trainer.step}/{steps}  {describe(metrics)}")
+            if write is not None and (step % every == 0 or last):
+                write(f"{name} step {step}/{steps}  {describe(metrics)}")
             if last:
                 break
-        if not checkpoint_every or trainer.step % checkpoint_every:
-            trainer.save()
+        if not checkpoint_every or step % checkpoint_every:
+            save()
     finally:
         bar.close()
-        trainer.logger.close()
+        logger.close()
 
 
 @functools.cache

@@ -11,7 +11,8 @@ in this order:
     ...
     def train(self, echo) -> Path:
         announce_memory(name, self.memory, stage_dir, echo)
-        run_loop(self, ..., after_step=eval_every(self, eval_fn, cfg.eval_every))  # training.loop
+        run_loop(self.train_step, self.save, self.logger, start=self.step, ...,
+                 after_step=eval_every(model, tokenizer, eval_fn, cfg.eval_every))  # training.loop
         return save_final_model(stage_dir, model, tokenizer, lora=cfg.lora is not None)
 
 Every trainer's `train(echo)` returns the folder of the model it saved (the reward-model
@@ -99,17 +100,16 @@ def announce_memory(
 
 
 def eval_every(
-    trainer: Any, eval_fn: Callable[[Any, Any], dict[str, float]] | None, every: int
-) -> Callable[[dict[str, float]], None]:
+    policy: Any, tokenizer: Any, eval_fn: Callable[[Any, Any], dict[str, float]] | None, every: int
+) -> Callable[[int, dict[str, float]], None]:
     """`run_loop`'s `after_step`: every `every` steps, add `eval_fn(policy, tokenizer)`'s metrics.
 
     Rank 0 evaluates alone, on the full (gathered) weights under no_grad; every rank gets the
     figures. No evaluation when `eval_fn` is None or `every` is 0.
     """
 
-    def after_step(metrics: dict[str, float]) -> None:
-        if eval_fn is not None and every and trainer.step % every == 0:
-            policy, tokenizer = trainer.policy, trainer.tokenizer
+    def after_step(step: int, metrics: dict[str, float]) -> None:
+        if eval_fn is not None and every and step % every == 0:
             with torch.no_grad(), distributed.full_params(policy):
                 metrics.update(distributed.on_main(lambda: eval_fn(policy, tokenizer)))
 

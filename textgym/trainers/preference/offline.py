@@ -403,7 +403,10 @@ class PreferenceTrainer:
 
         announce_memory(name, self.memory, self.stage_dir, echo)
         run_loop(
-            self,
+            self.train_step,
+            self.save,
+            self.logger,
+            start=self.step,
             name=name,
             steps=self.total_steps,
             log_every=self.cfg.log_every,

@@ -48,11 +48,11 @@ from textgym.agents.trajectory import Trajectory
 from textgym.config import ConfigError, OnlineDPOConfig, ParallelConfig
 from textgym.envs.registry import task_count
 from textgym.trainers.preference.online_pairs import best_vs_worst, pair_losses
+from textgym.trainers.sampled_stage import train_sampled_stage
 from textgym.training.batch import RolloutBatch, rank_micro_batches, token_budget_micro_batches
 from textgym.training.checkpoint import save_checkpoint
 from textgym.training.envs import make_env
 from textgym.training.logprobs import sequence_logprobs
-from textgym.training.loop import run_loop
 from textgym.training.optim import build_optimizer
 from textgym.training.placement import shard
 from textgym.training.precision import compute_autocast
@@ -66,14 +66,7 @@ from textgym.training.sampler import TaskSampler
 from textgym.training.sources.base import RolloutRequest, RolloutSettings
 from textgym.training.sources.local import AgentSource
 from textgym.training.sources.vllm_engine import build_engine, sync_weights
-from textgym.training.trainer import (
-    announce_memory,
-    eval_every,
-    prepare_policy,
-    resume_checkpoint,
-    save_final_model,
-    stage_logger,
-)
+from textgym.training.trainer import prepare_policy, resume_checkpoint, stage_logger
 
 EvalFn = Callable[[PreTrainedModel, PreTrainedTokenizerBase], dict[str, float]]
 
@@ -273,9 +266,14 @@ class OnlineDPOTrainer:
             lp, lengths = self._logps(self.policy, idx)
             b = len(idx)
             losses, stats = pair_losses(
-                self.cfg, lp[:b], lp[b:], lengths[:b], lengths[b:],
-                None if ref is None else ref[:b], None if ref is None else ref[b:],
-            )  # fmt: skip
+                self.cfg,
+                lp[:b],
+                lp[b:],
+                lengths[:b],
+                lengths[b:],
+                None if ref is None else ref[:b],
+                None if ref is None else ref[b:],
+            )
             loss = losses.sum() / n * (0.0 if filler else W)
             loss.backward()
             if filler:
@@ -308,9 +306,13 @@ class OnlineDPOTrainer:
         metrics = rollout_metrics(trajs, gather=False)
         if cfg.log_trajectories and distributed.is_main():
             log_trajectories(
-                self.trajectory_dir, trajs, step=self.step, group_size=cfg.samples_per_prompt,
-                env_kwargs=cfg.env.kwargs, policy=str(self.stage_dir),
-            )  # fmt: skip
+                self.trajectory_dir,
+                trajs,
+                step=self.step,
+                group_size=cfg.samples_per_prompt,
+                env_kwargs=cfg.env.kwargs,
+                policy=str(self.stage_dir),
+            )
         # 3 best vs worst of each task
         self.pairs, skipped = best_vs_worst([t.reward for t in trajs], cfg.samples_per_prompt, cfg.margin)
         metrics["pairs/count"] = float(len(self.pairs))
@@ -341,9 +343,15 @@ class OnlineDPOTrainer:
     def save(self) -> Path:
         """Checkpoint the current step (policy, optimizer, scheduler, RNG states, task cursor)."""
         return save_checkpoint(
-            self.stage_dir, self.step, self.policy, self.tokenizer, self.optimizer, self.scheduler,
-            {"cursor": self.sampler.cursor}, keep=self.cfg.keep_checkpoints,
-        )  # fmt: skip
+            self.stage_dir,
+            self.step,
+            self.policy,
+            self.tokenizer,
+            self.optimizer,
+            self.scheduler,
+            {"cursor": self.sampler.cursor},
+            keep=self.cfg.keep_checkpoints,
+        )
 
     def describe(self, m: dict[str, float]) -> str:
         """One progress line from a step's metrics."""
@@ -357,14 +365,7 @@ class OnlineDPOTrainer:
 
     def train(self, echo: Callable[[str], None] | None = None) -> Path:
         """Run until `cfg.steps`, logging and checkpointing; return the saved final model folder."""
-        cfg = self.cfg
-        announce_memory(self.name, self.memory, self.stage_dir, echo)
-        run_loop(
-            self, name=self.name, steps=cfg.steps, log_every=cfg.log_every, echo=echo,
-            checkpoint_every=cfg.checkpoint_every, after_step=eval_every(self, self.eval_fn, cfg.eval_every),
-            describe=self.describe,
-        )  # fmt: skip
-        final = save_final_model(self.stage_dir, self.policy, self.tokenizer, lora=cfg.lora is not None)
+        final = train_sampled_stage(self, echo)
         self.close()
         return final
 

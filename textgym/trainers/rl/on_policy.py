@@ -63,11 +63,11 @@ from textgym.config import GRPOConfig, ParallelConfig, PPOConfig
 from textgym.envs.registry import task_count
 from textgym.trainers.rl.algorithm import Algorithm, Selection, Setup
 from textgym.trainers.rl.update import PolicyUpdate
+from textgym.trainers.sampled_stage import train_sampled_stage
 from textgym.training.batch import RolloutBatch, no_token_budget_under_torchrun
 from textgym.training.checkpoint import save_checkpoint
 from textgym.training.envs import make_env
 from textgym.training.judge_reward import JudgeTerm
-from textgym.training.loop import run_loop
 from textgym.training.optim import build_optimizer
 from textgym.training.placement import build_reference, check_world, shard
 from textgym.training.precision import compute_autocast
@@ -84,14 +84,7 @@ from textgym.training.sources.base import RolloutRequest, RolloutSettings
 from textgym.training.sources.local import AgentSource
 from textgym.training.sources.remote import build_remote
 from textgym.training.sources.vllm_engine import build_engine, sync_weights
-from textgym.training.trainer import (
-    announce_memory,
-    eval_every,
-    prepare_policy,
-    resume_checkpoint,
-    save_final_model,
-    stage_logger,
-)
+from textgym.training.trainer import prepare_policy, resume_checkpoint, stage_logger
 
 EvalFn = Callable[[PreTrainedModel, PreTrainedTokenizerBase], dict[str, float]]
 
@@ -170,13 +163,11 @@ class OnPolicyTrainer:
         self.reference: PreTrainedModel | None = build_reference(cfg, model, self.parallel)
         self.step = 0
         # 4 the algorithm's parts (PPO's critic is built from the unsharded policy), then sharding
-        algorithm = type(self).build(
-            Setup(
-                cfg, model, tokenizer, self.envs, self.params, self.settings, self.world,
-                updates=cfg.steps * cfg.epochs * minibatches, shard=self._shard, gradient_checkpointing=gc,
-                per_micro_batch=lambda *a, **k: self.updater.per_micro_batch(*a, **k),
-            )
-        )  # fmt: skip
+        every_update = cfg.steps * cfg.epochs * minibatches  # warm-up included
+        micro = lambda *a, **k: self.updater.per_micro_batch(*a, **k)  # noqa: E731  (the update: step 5)
+        rollout_side = (self.envs, self.params, self.settings, self.world)
+        setup = Setup(cfg, model, tokenizer, *rollout_side, every_update, self._shard, gc, micro)
+        algorithm = type(self).build(setup)
         self.advantages, self.selection = algorithm.advantages, algorithm.selection
         self.critic, self.kl, self._describe = algorithm.critic, algorithm.kl, algorithm.describe
         self.policy = self._shard(model)
@@ -186,7 +177,7 @@ class OnPolicyTrainer:
         updates = iterations * cfg.epochs * minibatches
         self.optimizer, self.scheduler = build_optimizer(self.policy, cfg.optim, updates)
         policy, opt, sched = self.policy, self.optimizer, self.scheduler
-        self.updater = PolicyUpdate(
+        self.updater: PolicyUpdate = PolicyUpdate(
             cfg, policy, opt, sched, self.device, reference=self.reference, critic=self.critic
         )
         self.memory = distributed.memory_report(self._models())
@@ -227,12 +218,19 @@ class OnPolicyTrainer:
             # producer's thread, at the policy's compute precision
             copy = None if self.remote is not None else PolicyCopy(self.policy)
             agent = self.agent if copy is None else LLMAgent(copy.model, tokenizer, batch_size=len(self.envs))
-            source = AgentSource(self.settings, agent, self.envs, self.params, self._copy_precision)
+            precision = lambda: compute_autocast(self.policy)  # noqa: E731
+            source = AgentSource(self.settings, agent, self.envs, self.params, precision)
             self.async_rollouts = AsyncRollouts(
-                source, copy, self.sampler, prompts_per_step=cfg.prompts_per_step,
-                group_size=cfg.group_size, max_staleness=cfg.rollout.max_staleness, steps=cfg.steps,
-                seed=seed, start_step=self.step,
-            )  # fmt: skip
+                source,
+                copy,
+                self.sampler,
+                prompts_per_step=cfg.prompts_per_step,
+                group_size=cfg.group_size,
+                max_staleness=cfg.rollout.max_staleness,
+                steps=cfg.steps,
+                seed=seed,
+                start_step=self.step,
+            )
 
     def _sampling_context(self) -> contextlib.ExitStack:
         """Entered around a rollout: the policy's full weights, its compute precision.
@@ -247,10 +245,6 @@ class OnPolicyTrainer:
         if self.engine is None:
             stack.enter_context(compute_autocast(self.policy))
         return stack
-
-    def _copy_precision(self) -> Any:
-        """The async sampler copy's context: the policy's compute precision."""
-        return compute_autocast(self.policy)
 
     def _shard(self, model: torch.nn.Module, offload: bool = False) -> Any:
         """Shard `model` over the ranks (FSDP2) when launched by torchrun (`placement.shard`); return it."""
@@ -345,10 +339,14 @@ class OnPolicyTrainer:
             everyone = distributed.gather_list(trajs)  # the global batch on rank 0, [] elsewhere
             if distributed.is_main():
                 log_trajectories(
-                    self.trajectory_dir, everyone, step=self.step, group_size=cfg.group_size,
-                    env_kwargs=cfg.env.kwargs, policy=str(self.stage_dir),
+                    self.trajectory_dir,
+                    everyone,
+                    step=self.step,
+                    group_size=cfg.group_size,
+                    env_kwargs=cfg.env.kwargs,
+                    policy=str(self.stage_dir),
                     policy_versions=[t.policy_version for t in everyone],
-                )  # fmt: skip
+                )
 
         # 3 the padded batch, with the rows that stay out of the loss masked: DAPO's filler groups
         # (`loss_rows`) and, with the overlong filter, the responses cut at max_new_tokens. One rule
@@ -431,9 +429,16 @@ class OnPolicyTrainer:
         if step_policy is None:
             step_policy = self.critic is None or self.step >= self.critic.warmup_steps
         stats = self.updater.update(
-            batch, advantages, ref_logprobs, kl_coef=self.kl.value, epochs=epochs, step_policy=step_policy,
-            loss_rows=loss_rows, is_weights=is_weights, log_entropy=every > 0 and self.step % every == 0,
-        )  # fmt: skip
+            batch,
+            advantages,
+            ref_logprobs,
+            kl_coef=self.kl.value,
+            epochs=epochs,
+            step_policy=step_policy,
+            loss_rows=loss_rows,
+            is_weights=is_weights,
+            log_entropy=every > 0 and self.step % every == 0,
+        )
         self.kl.commit(policy_moved=step_policy)
         return stats
 
@@ -445,10 +450,16 @@ class OnPolicyTrainer:
             state |= self.async_rollouts.state()
         critic = self.critic
         return save_checkpoint(
-            self.stage_dir, self.step, self.policy, self.tokenizer, self.optimizer, self.scheduler, state,
+            self.stage_dir,
+            self.step,
+            self.policy,
+            self.tokenizer,
+            self.optimizer,
+            self.scheduler,
+            state,
             keep=self.cfg.keep_checkpoints,
             extra=None if critic is None else lambda folder: critic.save(folder / "critic"),
-        )  # fmt: skip
+        )
 
     def describe(self, m: dict[str, float]) -> str:
         """One progress line from a step's metrics (with the algorithm's own figures)."""
@@ -461,14 +472,7 @@ class OnPolicyTrainer:
 
     def train(self, echo: Callable[[str], None] | None = None) -> Path:
         """Run until `cfg.steps`, logging and checkpointing; return the saved final model folder."""
-        cfg = self.cfg
-        announce_memory(self.name, self.memory, self.stage_dir, echo)
-        run_loop(
-            self, name=self.name, steps=cfg.steps, log_every=cfg.log_every,
-            checkpoint_every=cfg.checkpoint_every, echo=echo,
-            after_step=eval_every(self, self.eval_fn, cfg.eval_every), describe=self.describe,
-        )  # fmt: skip
-        final = save_final_model(self.stage_dir, self.policy, self.tokenizer, lora=cfg.lora is not None)
+        final = train_sampled_stage(self, echo)
         self.close()
         if self.critic is not None:
             self.critic.save_final(self.stage_dir / "critic", {"kl_coef": self.kl.value})
