@@ -52,19 +52,10 @@ def train_sampled_stage(trainer: SampledStage, echo: Callable[[str], None] | Non
 
     Returns the final model folder (`<stage_dir>/final`, and `final_adapter` with LoRA).
     """
-    cfg = trainer.cfg
-    announce_memory(trainer.name, trainer.memory, trainer.stage_dir, echo)
-    run_loop(
-        trainer.train_step,
-        trainer.save,
-        trainer.logger,
-        start=trainer.step,
-        name=trainer.name,
-        steps=cfg.steps,
-        log_every=cfg.log_every,
-        checkpoint_every=cfg.checkpoint_every,
-        echo=echo,
-        after_step=eval_every(trainer.policy, trainer.tokenizer, trainer.eval_fn, cfg.eval_every),
-        describe=trainer.describe,
-    )
+    cfg, t = trainer.cfg, trainer
+    announce_memory(t.name, t.memory, t.stage_dir, echo)
+    evaluate = eval_every(t.policy, t.tokenizer, t.eval_fn, cfg.eval_every)
+    loop = {"start": t.step, "name": t.name, "steps": cfg.steps, "log_every": cfg.log_every}
+    loop |= {"checkpoint_every": cfg.checkpoint_every, "echo": echo, "describe": t.describe}
+    run_loop(t.train_step, t.save, t.logger, after_step=evaluate, **loop)
     return save_final_model(trainer.stage_dir, trainer.policy, trainer.tokenizer, lora=cfg.lora is not None)

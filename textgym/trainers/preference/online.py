@@ -342,16 +342,9 @@ class OnlineDPOTrainer:
     # --- checkpoints and the loop --------------------------------------------------------
     def save(self) -> Path:
         """Checkpoint the current step (policy, optimizer, scheduler, RNG states, task cursor)."""
-        return save_checkpoint(
-            self.stage_dir,
-            self.step,
-            self.policy,
-            self.tokenizer,
-            self.optimizer,
-            self.scheduler,
-            {"cursor": self.sampler.cursor},
-            keep=self.cfg.keep_checkpoints,
-        )
+        held = (self.policy, self.tokenizer, self.optimizer, self.scheduler)
+        state = {"cursor": self.sampler.cursor}
+        return save_checkpoint(self.stage_dir, self.step, *held, state, keep=self.cfg.keep_checkpoints)
 
     def describe(self, m: dict[str, float]) -> str:
         """One progress line from a step's metrics."""

@@ -65,18 +65,10 @@ class BatchSelection(Protocol):
         ...
 
 
-class Advantages(Protocol):
-    """An algorithm's advantage estimator at one iteration."""
-
-    def __call__(
-        self,
-        batch: RolloutBatch,
-        trajs: list[Trajectory],
-        ref_logprobs: torch.Tensor | None,
-        metrics: dict[str, float],
-    ) -> torch.Tensor:
-        """[B] per-sequence or [B, L] per-token advantages of this rank's rows; stats into `metrics`."""
-        ...
+Advantages = Callable[[RolloutBatch, list[Trajectory], torch.Tensor | None, dict[str, float]], torch.Tensor]
+"""An algorithm's advantage estimator at one iteration: `(batch, trajs, ref_logprobs, metrics)` →
+[B] per-sequence or [B, L] per-token advantages of this rank's rows, stats added to `metrics`
+(`ref_logprobs`: [B, L] the reference's log-probs, or None without a reference)."""
 
 
 @dataclass

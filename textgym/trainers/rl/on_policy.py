@@ -413,10 +413,8 @@ class OnPolicyTrainer:
         advantages: torch.Tensor,
         ref_logprobs: torch.Tensor | None = None,
         *,
-        epochs: int | None = None,
         step_policy: bool | None = None,
-        loss_rows: torch.Tensor | None = None,
-        is_weights: torch.Tensor | None = None,
+        **kw: Any,
     ) -> dict[str, float]:
         """Step 7: `PolicyUpdate.update` with this iteration's β and entropy cadence, then β's move.
 
@@ -428,16 +426,11 @@ class OnPolicyTrainer:
         every = self.cfg.entropy_every
         if step_policy is None:
             step_policy = self.critic is None or self.step >= self.critic.warmup_steps
+        kw["step_policy"] = step_policy
+        entropy = every > 0 and self.step % every == 0
+        kl_coef = self.kl.value
         stats = self.updater.update(
-            batch,
-            advantages,
-            ref_logprobs,
-            kl_coef=self.kl.value,
-            epochs=epochs,
-            step_policy=step_policy,
-            loss_rows=loss_rows,
-            is_weights=is_weights,
-            log_entropy=every > 0 and self.step % every == 0,
+            batch, advantages, ref_logprobs, kl_coef=kl_coef, log_entropy=entropy, **kw
         )
         self.kl.commit(policy_moved=step_policy)
         return stats
@@ -449,16 +442,10 @@ class OnPolicyTrainer:
         if self.async_rollouts is not None:
             state |= self.async_rollouts.state()
         critic = self.critic
+        extra = None if critic is None else lambda folder: critic.save(folder / "critic")
+        held = (self.policy, self.tokenizer, self.optimizer, self.scheduler)
         return save_checkpoint(
-            self.stage_dir,
-            self.step,
-            self.policy,
-            self.tokenizer,
-            self.optimizer,
-            self.scheduler,
-            state,
-            keep=self.cfg.keep_checkpoints,
-            extra=None if critic is None else lambda folder: critic.save(folder / "critic"),
+            self.stage_dir, self.step, *held, state, keep=self.cfg.keep_checkpoints, extra=extra
         )
 
     def describe(self, m: dict[str, float]) -> str:

@@ -69,6 +69,15 @@ class RolloutSettings:
             batch_window_s=cfg.rollout.batch_window_s,
         )
 
+    def episode_kwargs(self) -> dict[str, Any]:
+        """The keyword arguments of `rollout` / `rollout_continuous` these settings fix."""
+        return {
+            "group_size": self.group_size,
+            "max_turns": self.max_turns,
+            "env_id": self.env_id,
+            "max_context_tokens": self.max_context_tokens,
+        }
+
 
 class RolloutSource(Protocol):
     """Where rollouts come from (see the module docstring)."""

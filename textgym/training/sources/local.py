@@ -58,17 +58,9 @@ class AgentSource:
         s = self.settings
         run = rollout_fn(s.mode, s.batch_window_s)  # type: ignore[arg-type]
         with torch.no_grad(), self.context():
+            per_request = {"seeds": request.seeds, "stats": self.stats}
             trajs = run(
-                self.agent,
-                self.envs,
-                request.tasks,
-                self.params,
-                group_size=s.group_size,
-                max_turns=s.max_turns,
-                env_id=s.env_id,
-                seeds=request.seeds,
-                stats=self.stats,
-                max_context_tokens=s.max_context_tokens,
+                self.agent, self.envs, request.tasks, self.params, **s.episode_kwargs(), **per_request
             )
         for t in trajs:
             t.group += request.first_group  # the group's index in the step's global batch
