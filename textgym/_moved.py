@@ -15,6 +15,7 @@ from importlib.machinery import ModuleSpec
 from types import ModuleType
 
 MOVED: dict[str, str] = {
+    "textgym.agents.rollout_servers": "textgym.training.sources.servers",
     "textgym.suites": "textgym.evaluation.suites",
     "textgym.plotting": "textgym.evaluation.plotting",
     "textgym.store": "textgym.offline.store",

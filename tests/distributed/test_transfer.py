@@ -14,9 +14,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from textgym.agents.rollout_servers import RolloutServerGroup, payload, resolve_backend
 from textgym.distributed import transfer
 from textgym.distributed.transfer import TensorSpec
+from textgym.training.sources.servers import RolloutServerGroup, payload, resolve_backend
 
 
 def _tensors() -> list[torch.Tensor]:

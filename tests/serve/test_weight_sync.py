@@ -25,13 +25,13 @@ import torch
 from conftest import free_port, start_weight_sync_server, wait_server_ready
 
 from textgym.agents.openai_backend import OpenAIBackend
-from textgym.agents.rollout_servers import RolloutServerGroup, WeightSyncError
 from textgym.agents.sampling import SamplingParams
 from textgym.agents.transformers_backend import TransformersBackend
 from textgym.agents.weight_sync import merged_state_dict
 from textgym.distributed.transfer import checksum
 from textgym.models import load_model
 from textgym.serve.weights import DELAY_ENV
+from textgym.training.sources.servers import RolloutServerGroup, WeightSyncError
 
 pytestmark = pytest.mark.multiproc
 

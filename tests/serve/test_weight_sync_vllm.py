@@ -8,19 +8,16 @@ greedy ids after each push must equal the transformers backend's on the trainer'
 from __future__ import annotations
 
 import os
-import socket
-import threading
-import time
 from collections.abc import Iterator
 
 import pytest
-import uvicorn
+from conftest import serve_app
 
-from textgym.agents.rollout_servers import RolloutServerGroup
 from textgym.agents.vllm_backend import vllm_available
 from textgym.agents.weight_sync import merged_state_dict
 from textgym.models import load_model
 from textgym.serve import build_app
+from textgym.training.sources.servers import RolloutServerGroup
 
 pytestmark = [pytest.mark.vllm, pytest.mark.multiproc]
 
@@ -37,15 +34,8 @@ def vllm_url(tiny_model_dir) -> Iterator[str]:
     app = build_app(
         tiny_model_dir, "tiny", backend_name="vllm", vllm_kwargs={"dtype": "float32"}, weight_sync=True
     )
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.01)
-    yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    url, server, thread = serve_app(app)
+    yield url
     server.should_exit = True
     thread.join(timeout=10)
     app.state.batcher.close()

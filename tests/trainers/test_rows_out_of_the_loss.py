@@ -26,8 +26,8 @@ from textgym.config import GRPOConfig, PPOConfig, load_config
 from textgym.models import load_model, load_tokenizer
 from textgym.trainers.rl.grpo import GRPOTrainer
 from textgym.trainers.rl.ppo import PPOTrainer
-from textgym.training.rollout_metrics import apply_overlong_penalty
 from textgym.training.seeding import seed_everything
+from textgym.training.shaping import apply_overlong_penalty
 
 SAMPLING = {"temperature": 1.0, "max_new_tokens": 8}
 

@@ -25,10 +25,10 @@ def train_cmd(
     Under `torchrun --nproc-per-node N -m textgym train CONFIG` the stages train on N ranks.
     """
     from textgym.agents.openai_backend import EndpointError
-    from textgym.agents.rollout_servers import WeightSyncError
     from textgym.config import ConfigError, load_config
     from textgym.envs.registry import EnvError
     from textgym.pipeline import run
+    from textgym.training.sources.servers import WeightSyncError
     from textgym.verifiers.judge_client import JudgeError
 
     # the command that continues this run: the same config and overrides, with --resume

@@ -1,6 +1,6 @@
 """Moving weights between processes outside the run's process group: the pieces both ends share.
 
-A weight sync between a trainer and its rollout servers (`textgym.agents.rollout_servers` on
+A weight sync between a trainer and its rollout servers (`textgym.training.sources.servers` on
 the trainer, `textgym.serve.weights` on a server) runs in a process group of its own, built
 from a `TCPStore` and a `PrefixStore` named after the sync group (`new_group`): it never
 touches `torch.distributed`'s default group, so a trainer launched by torchrun keeps its own,

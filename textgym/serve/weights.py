@@ -1,6 +1,6 @@
 """Versioned weight sync on the server side: `textgym serve --weight-sync`.
 
-A trainer (`textgym.agents.rollout_servers.RolloutServerGroup`) pushes new weights to its
+A trainer (`textgym.training.sources.servers.RolloutServerGroup`) pushes new weights to its
 rollout servers through a process group of their own (`textgym.distributed.transfer`). The
 server's part, over HTTP:
 

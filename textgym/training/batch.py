@@ -268,3 +268,8 @@ def no_token_budget_under_torchrun(micro_batch_tokens: int | None, world_size: i
             f"({world_size} ranks) each rank would make a different number of forward calls, "
             "which a sharded model cannot; use micro_batch_size there"
         )
+
+
+def chunks(idx: torch.Tensor, size: int) -> list[torch.Tensor]:
+    """Split a 1-D index tensor into consecutive pieces of `size` (the last may be shorter)."""
+    return [idx[i : i + size] for i in range(0, len(idx), size)]

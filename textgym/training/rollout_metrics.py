@@ -1,29 +1,19 @@
-"""What an on-policy trainer does with a step's trajectories before the update.
+"""Statistics of a step's trajectories (`rollout_metrics`) and the hack signs among them (`hack_warning`).
 
-Statistics of the batch (`rollout_metrics`), DAPO's overlong penalty added to the rewards
-(`apply_overlong_penalty`), and the trajectory store's shards of the training rollouts
-(`log_trajectories`, `prune_trajectories`).
+DAPO's overlong penalty is in `training/shaping.py`, the training rollouts' shards of the
+trajectory store in `training/trajectory_log.py`.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from pathlib import Path
-from typing import Any
 
 import torch
 
 from textgym import distributed
 from textgym.agents.trajectory import EPISODE_COUNTS, TRUNCATION_CAUSES, Trajectory
-from textgym.algorithms.advantages import overlong_penalty
 from textgym.verifiers.hack_telemetry import hack_signs, shares_of
 from textgym.verifiers.judge_verdict import forged_verdict
-
-
-def chunks(idx: torch.Tensor, size: int) -> list[torch.Tensor]:
-    """Split a 1-D index tensor into consecutive pieces of `size` (the last may be shorter)."""
-    return [idx[i : i + size] for i in range(0, len(idx), size)]
-
 
 HACK_WARN_FRAC = 0.25
 """A step whose rewarded responses show a hack sign (`hack/*_frac`) at least this often says so."""
@@ -111,66 +101,3 @@ def rollout_metrics(trajs: list[Trajectory], gather: bool = True) -> dict[str, f
         m["rollout/accuracy"] = sum(v >= 1.0 for v in terms["reward/correct"]) / len(terms["reward/correct"])
     m.update(shares_of([r[5] for r in rows]))
     return m
-
-
-def apply_overlong_penalty(trajs: list[Trajectory], max_len: int, cache_len: int, factor: float) -> None:
-    """Add DAPO's soft overlong penalty (`advantages.overlong_penalty`) to each trajectory in place.
-
-    The penalty goes into `reward`, into the last policy token's `token_rewards` (so per-token
-    returns see it) and into `reward_terms["reward/overlong"]`.
-    """
-    lengths = torch.tensor([t.response_length for t in trajs])
-    pens = factor * overlong_penalty(lengths, max_len, cache_len)
-    for t, p in zip(trajs, pens.tolist(), strict=True):
-        t.reward += p
-        t.reward_terms["reward/overlong"] = p
-        pos = t.loss_mask.nonzero()
-        if len(pos):
-            t.token_rewards[int(pos[-1])] += p
-
-
-def log_trajectories(
-    trajectory_dir: Path,
-    trajs: list[Trajectory],
-    *,
-    step: int,
-    group_size: int,
-    env_kwargs: dict[str, Any],
-    policy: str,
-    policy_versions: list[int] | None = None,
-) -> None:
-    """Append a step's rollouts (the global batch) to the store as one shard named by the step.
-
-    Args:
-        trajectory_dir: the stage's `trajectories/` folder.
-        trajs: the step's trajectories, `group_size` consecutive samples per task.
-        step: the trainer's version that trains on them (the shard is `step-<step + 1>`).
-        group_size: samples per task (a row's `sample` is its index in its group).
-        env_kwargs: the env's constructor arguments, recorded with each row.
-        policy: what produced them (the stage folder).
-        policy_versions: each row's `policy_version`, the version that sampled it (its
-            `Trajectory.policy_version`: up to `max_staleness` below `step` in an async run);
-            None: `step` for every row (a synchronous trainer).
-    """
-    from textgym.offline.store import TrajectoryWriter, trajectory_row
-
-    with TrajectoryWriter(trajectory_dir, prefix=f"step-{step + 1:06d}") as w:
-        w.append(
-            trajectory_row(
-                t,
-                env_kwargs=env_kwargs,
-                sample=j % group_size,
-                policy=policy,
-                policy_version=step if policy_versions is None else policy_versions[j],
-                source="train",
-            )
-            for j, t in enumerate(trajs)
-        )
-
-
-def prune_trajectories(trajectory_dir: Path, step: int) -> None:
-    """Delete the store's shards past `step` (a resumed run), as `metrics.jsonl` drops its records."""
-    if trajectory_dir.is_dir():
-        for shard in trajectory_dir.glob("step-*.parquet"):
-            if int(shard.name.split("-")[1]) > step:
-                shard.unlink()

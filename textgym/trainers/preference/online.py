@@ -56,17 +56,13 @@ from textgym.training.logprobs import sequence_logprobs
 from textgym.training.optim import build_optimizer
 from textgym.training.placement import shard
 from textgym.training.precision import compute_autocast
-from textgym.training.rollout_metrics import (
-    hack_warning,
-    log_trajectories,
-    prune_trajectories,
-    rollout_metrics,
-)
+from textgym.training.rollout_metrics import hack_warning, rollout_metrics
 from textgym.training.sampler import TaskSampler
 from textgym.training.sources.base import RolloutRequest, RolloutSettings
 from textgym.training.sources.local import AgentSource
 from textgym.training.sources.vllm_engine import build_engine, sync_weights
 from textgym.training.trainer import prepare_policy, resume_checkpoint, stage_logger
+from textgym.training.trajectory_log import log_trajectories, prune_trajectories
 
 EvalFn = Callable[[PreTrainedModel, PreTrainedTokenizerBase], dict[str, float]]
 

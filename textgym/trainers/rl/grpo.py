@@ -46,7 +46,8 @@ from textgym.distributed.process_group import World
 from textgym.trainers.rl.algorithm import Algorithm, Collect, Plain, Selection, Setup
 from textgym.trainers.rl.on_policy import OnPolicyTrainer
 from textgym.training.batch import RolloutBatch
-from textgym.training.rollout_metrics import apply_overlong_penalty, rollout_metrics
+from textgym.training.rollout_metrics import rollout_metrics
+from textgym.training.shaping import apply_overlong_penalty
 from textgym.training.sources.base import RolloutRequest
 from textgym.training.sources.local import AgentSource
 

@@ -71,20 +71,16 @@ from textgym.training.judge_reward import JudgeTerm
 from textgym.training.optim import build_optimizer
 from textgym.training.placement import build_reference, check_world, shard
 from textgym.training.precision import compute_autocast
-from textgym.training.rollout_metrics import (
-    apply_overlong_penalty,
-    hack_warning,
-    log_trajectories,
-    prune_trajectories,
-    rollout_metrics,
-)
+from textgym.training.rollout_metrics import hack_warning, rollout_metrics
 from textgym.training.sampler import TaskSampler
+from textgym.training.shaping import apply_overlong_penalty
 from textgym.training.sources.async_producer import AsyncRollouts, PolicyCopy
 from textgym.training.sources.base import RolloutRequest, RolloutSettings
 from textgym.training.sources.local import AgentSource
 from textgym.training.sources.remote import build_remote
 from textgym.training.sources.vllm_engine import build_engine, sync_weights
 from textgym.training.trainer import prepare_policy, resume_checkpoint, stage_logger
+from textgym.training.trajectory_log import log_trajectories, prune_trajectories
 
 EvalFn = Callable[[PreTrainedModel, PreTrainedTokenizerBase], dict[str, float]]
 

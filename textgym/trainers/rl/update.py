@@ -31,9 +31,8 @@ from textgym.algorithms.correction import rollout_correction
 from textgym.algorithms.registry import PolicyLossInputs, get_policy_loss
 from textgym.config import GRPOConfig, PPOConfig
 from textgym.distributed.process_group import World
-from textgym.training.batch import RolloutBatch, row_lengths, token_budget_micro_batches
+from textgym.training.batch import RolloutBatch, chunks, row_lengths, token_budget_micro_batches
 from textgym.training.logprobs import sequence_logprobs
-from textgym.training.rollout_metrics import chunks
 
 
 class CriticLike(Protocol):

@@ -29,9 +29,9 @@ import httpx
 
 from textgym import distributed
 from textgym.agents.openai_backend import OpenAIBackend
-from textgym.agents.rollout_servers import RolloutServerGroup, WeightSyncError
 from textgym.config import ConfigError
 from textgym.config.rl import RolloutEngineConfig
+from textgym.training.sources.servers import RolloutServerGroup, WeightSyncError
 
 T = TypeVar("T")
 
