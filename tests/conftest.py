@@ -10,6 +10,7 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -422,6 +423,17 @@ def serve_app(app: Any) -> tuple[str, Any, threading.Thread]:
         time.sleep(0.01)
     assert server.started
     return f"http://127.0.0.1:{sock.getsockname()[1]}", server, thread
+
+
+@pytest.fixture(scope="module")
+def served(tiny_model_dir: Path) -> Iterator[str]:
+    """`textgym serve` of the tiny model (served name "tiny") in a thread, one per test module: its URL."""
+    from textgym.serve import build_app
+
+    url, server, thread = serve_app(build_app(tiny_model_dir, "tiny"))
+    yield url
+    server.should_exit = True
+    thread.join(timeout=10)
 
 
 def free_port() -> int:

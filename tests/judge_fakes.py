@@ -166,24 +166,3 @@ def right_answer_judge(prompt: str) -> str:
     return f"Graded against {gold}.\n" + tagged(
         prompt, f"SCORE: {10 if right(block(prompt, 'response')) else 0}"
     )
-
-
-def serve_app(app: Any) -> tuple[str, Any, threading.Thread]:
-    """Run an ASGI app (e.g. `textgym.serve.build_app(...)`) with uvicorn on a free 127.0.0.1 port.
-
-    Returns `(url, server, thread)`; stop it with `server.should_exit = True; thread.join()`.
-    """
-    import socket
-
-    import uvicorn
-
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert server.started
-    return f"http://127.0.0.1:{sock.getsockname()[1]}", server, thread

@@ -51,7 +51,7 @@ def test_minimal_grpo_first_step_loss_equals_grpo_trainers(tiny_model_dir, tmp_p
     # An untrained model scores 0 everywhere (zero advantages, zero loss); seeded random rewards
     # make every group informative. The spy keeps the exact trajectories the trainer trains on.
     seen = []
-    sample = trainer.sample
+    sample = trainer.batch  # the step's trajectories, scored
     g = torch.Generator().manual_seed(1)
 
     def spy(metrics):
@@ -61,7 +61,7 @@ def test_minimal_grpo_first_step_loss_equals_grpo_trainers(tiny_model_dir, tmp_p
         seen.extend(trajs)
         return trajs
 
-    trainer.sample = spy  # type: ignore[method-assign]
+    trainer.batch = spy  # type: ignore[method-assign]
     metrics = trainer.train_step()
     trainer.close()
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from conftest import WARM_ENV
 
-from tests.conftest import WARM_ENV
 from textgym.config import ConfigError, load_config
 from textgym.pipeline import preflight, run
 from textgym.stages.registry import STAGES, Stage, StageResult, enabled_stages, register_stage
@@ -30,7 +30,7 @@ GRPO = {"env": WARM_ENV, "steps": 1}
 
 
 def test_the_built_in_stages_are_registered_in_run_order(tmp_path, tiny_model_dir):
-    assert [s.name for s in sorted(STAGES.values(), key=lambda s: s.order)] == [
+    assert [s.name for s in sorted(map(STAGES.get, STAGES.names()), key=lambda s: s.order)] == [
         "sft", "grpo", "ppo", "dpo", "rft", "online_dpo",
     ]  # fmt: skip
     both = _cfg(tmp_path, tiny_model_dir, sft=SFT, grpo=GRPO)
@@ -47,13 +47,27 @@ def test_register_stage_refuses_a_name_without_a_config_field_and_a_second_regis
 
     with pytest.raises(ValueError, match="RunConfig has no field 'distill'"):
         register_stage("distill", order=50)(fn)
-    with pytest.raises(ValueError, match="stage 'sft' is registered already"):
+    with pytest.raises(ValueError, match="stage 'sft' is already registered"):
         register_stage("sft", order=0)(fn)
-    assert STAGES["sft"].run is not fn
+    assert STAGES.get("sft").run is not fn
+
+
+@pytest.fixture
+def swap_stage():
+    """Replace a registered stage for one test (`swap_stage(Stage(...))`); the original comes back."""
+    saved: dict[str, Stage] = {}
+
+    def swap(stage: Stage) -> None:
+        saved.setdefault(stage.name, STAGES.get(stage.name))
+        STAGES.register(stage.name, replace=True)(stage)
+
+    yield swap
+    for name, stage in saved.items():
+        STAGES.register(name, replace=True)(stage)
 
 
 def test_the_loop_chains_models_times_and_summaries_and_evaluates_before_the_right_stage(
-    tmp_path, tiny_model_dir, monkeypatch
+    tmp_path, tiny_model_dir, monkeypatch, swap_stage
 ):
     calls: list[tuple[str, str]] = []
     evals: list[tuple[str, str]] = []
@@ -66,11 +80,12 @@ def test_the_loop_chains_models_times_and_summaries_and_evaluates_before_the_rig
 
         return stage
 
-    monkeypatch.setitem(STAGES, "sft", Stage("sft", 0, fake("sft", 2.5, {"sft_target": {"reached": True}}),
-                                             STAGES["sft"].evaluate_before))  # fmt: skip
-    monkeypatch.setitem(
-        STAGES, "grpo", Stage("grpo", 10, fake("grpo", None, {"models_in_memory": ["policy"]}))
+    swap_stage(
+        Stage(
+            "sft", 0, fake("sft", 2.5, {"sft_target": {"reached": True}}), STAGES.get("sft").evaluate_before
+        )
     )
+    swap_stage(Stage("grpo", 10, fake("grpo", None, {"models_in_memory": ["policy"]})))
 
     def fake_eval(path, model_path, cfg, device, resume):
         evals.append((path.name, str(model_path)))
@@ -91,11 +106,11 @@ def test_the_loop_chains_models_times_and_summaries_and_evaluates_before_the_rig
     assert json.loads((run_dir / "summary.json").read_text())["final_model"] == summary["final_model"]
 
 
-def test_preflight_runs_each_enabled_stage_check(tmp_path, tiny_model_dir, monkeypatch):
+def test_preflight_runs_each_enabled_stage_check(tmp_path, tiny_model_dir, swap_stage):
     def refuse(cfg):
         raise ConfigError("grpo.thing: refused by the stage's check")
 
-    monkeypatch.setitem(STAGES, "grpo", Stage("grpo", 10, STAGES["grpo"].run, check=refuse))
+    swap_stage(Stage("grpo", 10, STAGES.get("grpo").run, check=refuse))
     with pytest.raises(ConfigError, match="refused by the stage's check"):
         preflight(_cfg(tmp_path, tiny_model_dir, grpo=GRPO))
     preflight(_cfg(tmp_path, tiny_model_dir, sft=SFT))  # the grpo check does not run without grpo

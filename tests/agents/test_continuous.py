@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 
 import gymnasium as gym
 import pytest
 import torch
-import uvicorn
-from conftest import ECHO_ENV_ID, EchoTurnsEnv
+from conftest import ECHO_ENV_ID, EchoTurnsEnv, serve_app
 
 import textgym  # noqa: F401
 from textgym.agents import Generation, LLMAgent, SamplingParams, rollout
@@ -199,26 +197,6 @@ def test_mode_selector_and_argument_checks(agent):
     assert_same(trajs, rollout(agent, envs, [0, 1], PARAMS, seeds=[5, 6]))
 
 
-@pytest.fixture(scope="module")
-def served(tiny_model_dir):
-    from textgym.serve import build_app
-
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(
-        uvicorn.Config(build_app(tiny_model_dir, "tiny"), log_level="warning", lifespan="off")
-    )
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert server.started
-    yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    server.should_exit = True
-    thread.join(timeout=10)
-
-
 def test_continuous_rollouts_through_an_openai_endpoint(served, tiny_model_dir):
     """One concurrent request per turn to `textgym serve`; the server's per-request seeds make the
     rollout repeatable whatever the requests' arrival order, and greedy turns equal lockstep's."""
@@ -316,16 +294,9 @@ def test_an_episode_continues_across_a_weight_push_its_tokens_tagged(tiny_model_
                 push()
             return self.env.step(action)
 
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
+    url, server, thread = serve_app(app)
     try:
-        deadline = time.monotonic() + 30
-        while not server.started and time.monotonic() < deadline:
-            time.sleep(0.01)
-        remote = LLMAgent.from_endpoint(f"http://127.0.0.1:{sock.getsockname()[1]}", "tiny", tiny_model_dir)
+        remote = LLMAgent.from_endpoint(url, "tiny", tiny_model_dir)
         for engine in (rollout, rollout_continuous):
             batcher.policy_version = 6
             # lockstep samples every first turn before any step; continuous needs the barrier

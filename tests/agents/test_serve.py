@@ -17,16 +17,6 @@ from textgym.agents import LLMAgent, SamplingParams, rollout
 from textgym.agents.openai_backend import EndpointError, OpenAIBackend
 from textgym.serve import build_app
 
-_serve = serve_app  # the name the other server tests import from here
-
-
-@pytest.fixture(scope="module")
-def served(tiny_model_dir):
-    url, server, thread = _serve(build_app(tiny_model_dir, "tiny"))
-    yield url
-    server.should_exit = True
-    thread.join(timeout=10)
-
 
 def test_greedy_outputs_match_the_transformers_backend(served, tiny_model_dir):
     local = LLMAgent.from_pretrained(tiny_model_dir)
@@ -90,7 +80,7 @@ def _flaky_app(plan: list[str]) -> FastAPI:
 @pytest.mark.parametrize("plan", [["500", "ok"], ["429", "500", "ok"], ["hang", "ok"]])
 def test_retryable_failures_are_retried(plan):
     app = _flaky_app(plan)
-    url, server, thread = _serve(app)
+    url, server, thread = serve_app(app)
     try:
         backend = OpenAIBackend(url, "m", eos_ids=[0], timeout_s=1.0, backoff_s=0.05)
         (g,) = backend.generate([[1, 2, 3]], SamplingParams(max_new_tokens=2))
@@ -102,14 +92,14 @@ def test_retryable_failures_are_retried(plan):
 
 
 def test_client_errors_and_exhausted_retries_are_clear():
-    url, server, thread = _serve(_flaky_app(["400"]))
+    url, server, thread = serve_app(_flaky_app(["400"]))
     try:
         with pytest.raises(EndpointError, match="refused the request: HTTP 400"):
             OpenAIBackend(url, "m", eos_ids=[0], backoff_s=0.01).generate([[1]], SamplingParams())
     finally:
         server.should_exit = True
         thread.join(timeout=10)
-    url, server, thread = _serve(_flaky_app(["500"]))
+    url, server, thread = serve_app(_flaky_app(["500"]))
     try:
         with pytest.raises(EndpointError, match="failed 3 times; last: HTTP 500"):
             OpenAIBackend(url, "m", eos_ids=[0], max_retries=2, backoff_s=0.01).generate(
@@ -223,7 +213,7 @@ def test_an_endpoint_that_dies_mid_eval_keeps_the_finished_episodes(warm_model_d
                 state["served"] += 1
         return await call_next(request)
 
-    url, server, thread = _serve(app)
+    url, server, thread = serve_app(app)
     env_kwargs = {"operators": "+", "digits": 1, "instruction": ""}
     params = SamplingParams(temperature=0.0, max_new_tokens=10)
     episodes = tmp_path / "episodes.jsonl"
@@ -279,7 +269,7 @@ def _capturing_app(bodies: list[dict]) -> FastAPI:
 
 def test_openai_backend_spells_out_every_sampling_field():
     bodies: list[dict] = []
-    url, server, thread = _serve(_capturing_app(bodies))
+    url, server, thread = serve_app(_capturing_app(bodies))
     try:
         backend = OpenAIBackend(url, "m", eos_ids=[0])
         backend.generate([[1, 2]], SamplingParams(max_new_tokens=3))
@@ -341,7 +331,7 @@ def test_serve_and_openai_backend_sample_exactly_the_params_not_the_folder(hosti
     from textgym.models import load_model
 
     model, tok = load_model(hostile_model_dir)
-    url, server, thread = _serve(build_app(hostile_model_dir, "hostile"))
+    url, server, thread = serve_app(build_app(hostile_model_dir, "hostile"))
     try:
         agent = LLMAgent.from_endpoint(url, "hostile", hostile_model_dir, concurrency=4)
         check_exact_sampling(agent.generate, model, tok, agent.backend.eos_ids)

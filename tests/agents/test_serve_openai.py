@@ -15,7 +15,7 @@ import time
 import httpx
 import openai
 import pytest
-from test_serve import _serve
+from conftest import serve_app
 
 from textgym.models import load_tokenizer
 from textgym.serve import build_app, tool_calls_from_text
@@ -38,7 +38,7 @@ TOOLS = [
 @pytest.fixture(scope="module")
 def server(tiny_model_dir):
     app = build_app(tiny_model_dir, "tiny")
-    url, srv, thread = _serve(app)
+    url, srv, thread = serve_app(app)
     yield url, app
     srv.should_exit = True
     thread.join(timeout=10)
@@ -275,7 +275,7 @@ def test_errors_are_openai_shaped(client, server):
 
 def test_a_full_queue_answers_503(tiny_model_dir):
     app = build_app(tiny_model_dir, "tiny", max_queue=1, max_batch=1)
-    url, srv, thread = _serve(app)
+    url, srv, thread = serve_app(app)
     try:
         client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
         outcomes: list[str] = []

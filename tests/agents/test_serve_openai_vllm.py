@@ -11,7 +11,7 @@ import os
 
 import openai
 import pytest
-from test_serve import _serve
+from conftest import serve_app
 
 from textgym.agents.vllm_backend import vllm_available
 from textgym.models import load_tokenizer
@@ -30,7 +30,7 @@ MSG = [{"role": "user", "content": "Compute 2+2."}]
 @pytest.fixture(scope="module")
 def vllm_server(tiny_model_dir):
     app = build_app(tiny_model_dir, "tiny", backend_name="vllm", vllm_kwargs={"dtype": "float32"})
-    url, srv, thread = _serve(app)
+    url, srv, thread = serve_app(app)
     yield url
     srv.should_exit = True
     thread.join(timeout=10)

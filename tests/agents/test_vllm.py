@@ -11,8 +11,8 @@ import os
 import gymnasium as gym
 import pytest
 import torch
-from conftest import WARM_ENV, check_exact_sampling
-from test_serve import NEUTRAL_BODY, _capturing_app, _serve
+from conftest import WARM_ENV, check_exact_sampling, serve_app
+from test_serve import NEUTRAL_BODY, _capturing_app
 
 import textgym  # noqa: F401
 from textgym.agents import LLMAgent, SamplingParams, rollout
@@ -54,7 +54,7 @@ def test_greedy_outputs_match_across_transformers_vllm_and_http(vllm_agent, warm
 
     hf = _greedy_trajectories(LLMAgent.from_pretrained(warm_model_dir))
     vl = _greedy_trajectories(vllm_agent)
-    url, server, thread = _serve(build_app(warm_model_dir, "warm"))
+    url, server, thread = serve_app(build_app(warm_model_dir, "warm"))
     try:
         http = _greedy_trajectories(LLMAgent.from_endpoint(url, "warm", warm_model_dir))
     finally:
@@ -244,7 +244,7 @@ def test_serve_with_vllm_samples_exactly_the_params_not_the_folder(hostile_model
     from textgym.serve import build_app
 
     model, tok = load_model(hostile_model_dir)
-    url, server, thread = _serve(
+    url, server, thread = serve_app(
         build_app(hostile_model_dir, "hostile", backend_name="vllm", vllm_kwargs={"dtype": "float32"})
     )
     try:
@@ -266,7 +266,7 @@ def test_a_vllm_server_applies_none_of_the_folder_defaults_to_openai_backend_req
     defaults = ModelConfig(model=str(hostile_model_dir)).get_diff_sampling_param()  # as `vllm serve` has it
     assert defaults["top_k"] == 1 and defaults["repetition_penalty"] == 1000.0 and defaults["min_p"] == 0.9
     bodies: list[dict] = []
-    url, server, thread = _serve(_capturing_app(bodies))
+    url, server, thread = serve_app(_capturing_app(bodies))
     asked = [
         SamplingParams(max_new_tokens=4),
         SamplingParams(temperature=0.0, max_new_tokens=4),

@@ -12,6 +12,7 @@ import warnings
 
 import gymnasium as gym
 import pytest
+from conftest import free_port
 
 pytest.importorskip("openenv")
 
@@ -73,10 +74,7 @@ def test_no_base_url_is_a_clear_error_naming_it():
 
 
 def test_a_dead_server_is_a_clear_error_naming_the_url():
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    sock.close()  # nothing listens there now
+    port = free_port()  # nothing listens there now
     url = f"http://127.0.0.1:{port}"
     start = time.monotonic()
     with pytest.raises(ConnectionError, match=f"127.0.0.1:{port}"):

@@ -9,22 +9,12 @@ wrong model name is the server's 404, reported without retries.
 from __future__ import annotations
 
 import pytest
-from judge_fakes import serve_app
 
-from textgym.serve import build_app
 from textgym.types import Task
 from textgym.verifiers.judge import JudgeItem, JudgeVerifier
 from textgym.verifiers.judge_client import JudgeError
 
 TASK = Task(task_id="t", prompt="Compute 3+4.", answer="7")
-
-
-@pytest.fixture(scope="module")
-def served(tiny_model_dir):
-    url, server, thread = serve_app(build_app(tiny_model_dir, "tiny"))
-    yield url
-    server.should_exit = True
-    thread.join(timeout=10)
 
 
 def test_a_tiny_model_judge_gives_unparsable_judgements_scored_0(served):

@@ -8,7 +8,9 @@ its paper's equation in its docstring.
 - `kl`: the k1 / k2 / k3 KL estimators; `kl_control`: the fixed and adaptive KL coefficients
 - `advantages`: the advantage estimators (GRPO, RLOO, REINFORCE++, GAE, ...), registered
 - `clipped_loss`: the one clipped core (`clipped_surrogate`) and `ppo_clip`; `policy_losses`:
-  GSPO, GSPO-token and CISPO built on it; `registry`: the advantage and policy-loss registries
+  GSPO, GSPO-token and CISPO built on it
+- `registry`: `Registry`, the class of every registry in textgym (one unknown-name error,
+  `UnknownNameError`), and the advantage-estimator and policy-loss registries
 - `preference_losses`: DPO, IPO, SimPO, ORPO (registered pair losses) and KTO
 - `auxiliary`: entropy, the SFT log-likelihood, the clipped value loss
 - `correction`: truncated importance weights for rollouts from another engine (TIS)

@@ -16,7 +16,7 @@ from typing import Literal
 import torch
 
 from textgym.algorithms.kl import KLEstimator, kl_estimate
-from textgym.algorithms.registry import AdvantageInputs, register_advantage, registered_advantages
+from textgym.algorithms.registry import AdvantageInputs, register_advantage
 
 ScaleMode = Literal["group", "batch", "none"]
 Reduce = Callable[[torch.Tensor], torch.Tensor]
@@ -477,8 +477,3 @@ def grpo_process_estimator(x: AdvantageInputs) -> tuple[torch.Tensor, dict[str, 
         x.scale_rewards,  # type: ignore[arg-type]
         reduce=x.reduce,
     )
-
-
-def available_advantages() -> list[str]:
-    """Every registered advantage estimator's name, the built-ins included (for config validation)."""
-    return registered_advantages()

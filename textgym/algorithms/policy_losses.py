@@ -1,13 +1,14 @@
 """The GRPO family's policy losses beyond PPO's clip: GSPO, GSPO-token and CISPO, on its core.
 
 Importing this module registers `gspo`, `gspo_token` and `cispo`, and (through
-`textgym.algorithms.clipped_loss`) `ppo_clip`, so `available_policy_losses()` here lists every
-built-in. They are pure tensor functions of one micro-batch returning `(loss,
-detached_stats)`, reduced by `aggregate` (so micro-batch losses add up to the minibatch's),
-built on one clipped core (`textgym.algorithms.clipped_loss`): `clipped_surrogate` (the clipped
-term on a token's or a sequence's ratio, dual-clip, the importance weights), `add_kl_term`,
-`clip_fractions` and `kl_stats`; GSPO is PPO's clip on the sequence ratio, and CISPO, which
-does not clip the surrogate, shares the KL term and its statistics. The loss per token:
+`textgym.algorithms.clipped_loss`) `ppo_clip`; `textgym.algorithms.registry.POLICY_LOSSES`
+imports it before its first lookup, so `POLICY_LOSSES.names()` lists every built-in. They are
+pure tensor functions of one micro-batch returning `(loss, detached_stats)`, reduced by
+`aggregate` (so micro-batch losses add up to the minibatch's), built on one clipped core
+(`textgym.algorithms.clipped_loss`): `clipped_surrogate` (the clipped term on a token's or a
+sequence's ratio, dual-clip, the importance weights), `add_kl_term`, `clip_fractions` and
+`kl_stats`; GSPO is PPO's clip on the sequence ratio, and CISPO, which does not clip the
+surrogate, shares the KL term and its statistics. The loss per token:
 
     ℓ_{i,t} = w_{i,t} · pg_{i,t} + β · KL_est(π_θ‖π_ref)_{i,t}
 
@@ -31,7 +32,7 @@ from textgym.algorithms.clipped_loss import (
     kl_stats,
 )
 from textgym.algorithms.kl import KLEstimator
-from textgym.algorithms.registry import PolicyLossInputs, register_policy_loss, registered_policy_losses
+from textgym.algorithms.registry import POLICY_LOSSES, PolicyLossInputs, register_policy_loss
 
 
 def sequence_log_ratio(
@@ -306,5 +307,8 @@ def cispo_policy_loss(x: PolicyLossInputs) -> tuple[torch.Tensor, dict[str, floa
 
 
 def available_policy_losses() -> list[str]:
-    """Every registered policy loss's name, the built-ins included (for config validation)."""
-    return registered_policy_losses()
+    """Deprecated: `POLICY_LOSSES.names()` (`textgym.algorithms.registry`), which this returns.
+
+    Kept only while `tests/trainers/test_gspo_cispo.py` still imports it.
+    """
+    return POLICY_LOSSES.names()

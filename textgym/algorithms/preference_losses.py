@@ -6,8 +6,9 @@ returns the per-example losses ([B] or [N]) and a dict of detached statistics; t
 (`textgym.trainers.preference.offline`) averages them. The reference log-probabilities are inputs, so a
 trainer computes them once for the whole dataset and caches them.
 
-The pair losses are also registered by name (`register_pair_loss`, `pair_loss`): the offline
-and the online preference trainers call `pair_loss(cfg.loss, PairLossInputs(...))`.
+The pair losses are also registered by name (`PAIR_LOSSES`, a `textgym.algorithms.registry.Registry`;
+`register_pair_loss`, `pair_loss`): the offline and the online preference trainers call
+`pair_loss(cfg.loss, PairLossInputs(...))`.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from dataclasses import dataclass
 
 import torch
 from torch.nn.functional import logsigmoid
+
+from textgym.algorithms.registry import Registry
 
 
 def _pair_stats(chosen_rewards: torch.Tensor, rejected_rewards: torch.Tensor) -> dict[str, float]:
@@ -309,36 +312,35 @@ class PairLossInputs:
 
 
 PairLossFn = Callable[[PairLossInputs], tuple[torch.Tensor, dict[str, float]]]
-PAIR_LOSSES: dict[str, PairLossFn] = {}
+"""A pair loss: `PairLossInputs` in, `(per-pair losses [B], stats)` out."""
+
+PAIR_LOSSES: Registry[PairLossFn] = Registry(
+    "pair loss", "loss", "@register_pair_loss from textgym.algorithms.preference_losses"
+)
 """Name → pair loss: "dpo", "ipo", "simpo", "orpo" (KTO is unpaired: `kto_loss`)."""
 
 
-def register_pair_loss(name: str) -> Callable[[PairLossFn], PairLossFn]:
-    """Register a pair loss under `name` (a decorator).
+def register_pair_loss(name: str, *, replace: bool = False) -> Callable[[PairLossFn], PairLossFn]:
+    """Decorator: register a pair loss under `name` (`PAIR_LOSSES.register`).
+
+    Args:
+        name: the value of the preference stage's `loss` that selects it.
+        replace: allow replacing a loss already registered under `name`.
 
     Raises:
-        ValueError: if `name` is already registered.
+        ValueError: if `name` is empty or taken (and `replace` is False).
     """
-
-    def add(fn: PairLossFn) -> PairLossFn:
-        if name in PAIR_LOSSES:
-            raise ValueError(f"pair loss {name!r} is already registered")
-        PAIR_LOSSES[name] = fn
-        return fn
-
-    return add
+    return PAIR_LOSSES.register(name, replace=replace)
 
 
 def pair_loss(name: str, x: PairLossInputs) -> tuple[torch.Tensor, dict[str, float]]:
     """Per-pair losses [B] and stats of the registered pair loss `name`.
 
     Raises:
-        KeyError: an unregistered name (the message lists the registered ones).
+        UnknownNameError: an unregistered name (a `KeyError`; the message lists the registered ones).
         ValueError: a reference-based loss (DPO, IPO) without reference log-probs.
     """
-    if name not in PAIR_LOSSES:
-        raise KeyError(f"unknown pair loss {name!r}; registered: {sorted(PAIR_LOSSES)}")
-    return PAIR_LOSSES[name](x)
+    return PAIR_LOSSES.get(name)(x)
 
 
 @register_pair_loss("dpo")

@@ -1,8 +1,15 @@
-"""Named advantage estimators and policy losses, selectable from the config by name.
+"""One registry class behind every table of named things, and the advantage and policy-loss tables.
+
+`Registry[T]` maps names to things of one kind (advantage estimators, policy losses, the
+preference trainers' pair losses, the stages of `textgym train`): `register(name)` is its
+decorator, `get(name)` its lookup, `names()` the sorted names. Every registry refuses a second
+entry under a taken name (unless `replace=True`) and answers an unknown name with one error,
+`UnknownNameError` (a `KeyError` and a `ValueError`), naming the known names and how to add one.
 
 `@register_advantage("name")` makes an advantage estimator selectable by the GRPO trainer
-(`grpo.advantage_estimator`); `@register_policy_loss("name")` makes a policy loss selectable
-by every on-policy trainer (`grpo.policy_loss`, `ppo.policy_loss`).
+(`grpo.advantage_estimator`, table `ADVANTAGES`); `@register_policy_loss("name")` makes a policy
+loss selectable by every on-policy trainer (`grpo.policy_loss`, `ppo.policy_loss`, table
+`POLICY_LOSSES`).
 
 ## Advantage estimators
 
@@ -14,9 +21,9 @@ A registered estimator is a function `fn(inputs: AdvantageInputs) -> (advantages
   `inputs.mask`), using `inputs.reduce` for any statistic over the whole batch.
 
 `stats` are detached floats, logged with the step's metrics (keys like `adv/std`). The
-built-in estimators (`grpo`, `rloo`, `reinforce_pp`) are registered in
-`textgym.algorithms.advantages`; `available_advantages()` there lists every name after they are.
-Adding one:
+built-in estimators (`grpo`, `rloo`, `reinforce_pp`, `grpo_process`) are registered in
+`textgym.algorithms.advantages`, which `ADVANTAGES` imports before its first lookup, so
+`ADVANTAGES.names()` lists them. Adding one:
 
     from textgym.algorithms.registry import AdvantageInputs, register_advantage
 
@@ -34,19 +41,159 @@ micro-batch losses add up to the minibatch's) and detached float stats (`loss/po
 `clip/frac`, ...). The built-in `ppo_clip` (PPO's clipped surrogate with the config's clip
 range, dual-clip, KL in the loss and importance weights) is registered in
 `textgym.algorithms.clipped_loss`; `gspo`, `gspo_token` (Zheng et al. 2025) and `cispo` (MiniMax 2025)
-in `textgym.algorithms.policy_losses`, whose `available_policy_losses()` lists every name.
+in `textgym.algorithms.policy_losses`; `POLICY_LOSSES` imports both before its first lookup.
 
-This module imports nothing heavy, so the config can validate names against it.
+This module imports nothing heavy (torch only for type checking), so the config can validate
+names against it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import importlib
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 if TYPE_CHECKING:
     import torch
+
+T = TypeVar("T")
+
+
+class UnknownNameError(KeyError, ValueError):
+    """A registry has nothing under the name asked for.
+
+    Both a `KeyError` (a failed lookup) and a `ValueError` (a bad config value), so code that
+    catches either keeps working. Its text reads, e.g.
+    `policy_loss: unknown policy loss 'nope'; registered: cispo, gspo, gspo_token, ppo_clip
+    (add one with @register_policy_loss from textgym.algorithms.registry)`; a caller that knows
+    the config section prefixes it (`grpo.policy_loss: ...`).
+
+    Attributes:
+        kind: what the registry holds ("advantage estimator", "stage", ...).
+        field: the config field whose value is looked up ("" when the name is itself the field).
+        name: the name asked for.
+        known: the registered names, sorted.
+        add_with: how to add one (a decorator and its module).
+    """
+
+    def __init__(self, kind: str, field: str, name: str, known: list[str], add_with: str) -> None:
+        """Keep the parts of the message (see the class's attributes)."""
+        super().__init__(name)
+        self.kind, self.field, self.name, self.known, self.add_with = kind, field, name, known, add_with
+
+    def __reduce__(self) -> tuple[type[UnknownNameError], tuple[str, str, str, list[str], str]]:
+        """Rebuild from all its parts when unpickled (another process's error)."""
+        return type(self), (self.kind, self.field, self.name, self.known, self.add_with)
+
+    def __str__(self) -> str:
+        """The message (unquoted, unlike a plain `KeyError`'s)."""
+        where = f"{self.field}: " if self.field else ""
+        known = ", ".join(self.known) or "none"
+        return f"{where}unknown {self.kind} {self.name!r}; registered: {known} (add one with {self.add_with})"
+
+
+class Registry(Generic[T]):
+    """Names → things of one kind, filled by a decorator, read by name.
+
+    Args:
+        kind: what it holds, for messages ("advantage estimator").
+        field: the config field whose value names an entry ("advantage_estimator"); "" when the
+            name is itself the field (stages).
+        add_with: how a user adds one, for the unknown-name message
+            ("@register_advantage from textgym.algorithms.registry").
+        modules: modules that register the built-ins, imported before the first lookup
+            (`get`, `names`, `in`), so that a lookup sees them whatever was imported before.
+    """
+
+    def __init__(self, kind: str, field: str, add_with: str, modules: Sequence[str] = ()) -> None:
+        """Make an empty registry (see the class's arguments)."""
+        self.kind, self.field, self.add_with = kind, field, add_with
+        self._modules = tuple(modules)
+        self._loaded = not self._modules
+        self._entries: dict[str, T] = {}
+
+    def _load(self) -> None:
+        """Import the modules that register the built-ins, once.
+
+        Raises:
+            ImportError: what importing one of them raises.
+        """
+        if self._loaded:
+            return
+        self._loaded = True  # first: a module that looks a name up while it loads does not recurse
+        try:
+            for module in self._modules:
+                importlib.import_module(module)
+        except BaseException:
+            self._loaded = False  # the next lookup tries again (and raises again)
+            raise
+
+    def register(self, name: str, *, replace: bool = False) -> Callable[[T], T]:
+        """Decorator: register the decorated thing under `name` (and return it unchanged).
+
+        Registering the same object again under its name is a no-op (a module imported twice).
+
+        Args:
+            name: the name that selects it.
+            replace: allow replacing another entry already registered under `name`.
+
+        Raises:
+            ValueError: if `name` is empty, or (when decorating) it is taken by another entry and
+                `replace` is False.
+        """
+        if not name:
+            raise ValueError(f"a {self.kind} needs a name")
+
+        def add(item: T) -> T:
+            taken = self._entries.get(name)
+            if taken is not None and taken is not item and not replace:
+                raise ValueError(
+                    f"{self.kind} {name!r} is already registered ({_qualname(taken)}); "
+                    "pass replace=True to replace it"
+                )
+            self._entries[name] = item
+            return item
+
+        return add
+
+    def unregister(self, name: str) -> None:
+        """Remove `name` if it is registered (a test's or a notebook's throwaway entry)."""
+        self._entries.pop(name, None)
+
+    def get(self, name: str) -> T:
+        """The entry registered under `name`.
+
+        Raises:
+            UnknownNameError: if none is; its message names `name`, the registered names and
+                how to add one.
+        """
+        self._load()
+        try:
+            return self._entries[name]
+        except KeyError:
+            raise UnknownNameError(self.kind, self.field, name, self.names(), self.add_with) from None
+
+    def names(self) -> list[str]:
+        """The registered names, sorted (the built-ins included)."""
+        self._load()
+        return sorted(self._entries)
+
+    def __contains__(self, name: object) -> bool:
+        """Whether `name` is registered (the built-ins included)."""
+        self._load()
+        return name in self._entries
+
+    def __repr__(self) -> str:
+        """`Registry('advantage estimator': grpo, rloo, ...)`, the names registered so far."""
+        return f"Registry({self.kind!r}: {', '.join(sorted(self._entries))})"
+
+
+def _qualname(item: Any) -> str:
+    """`module.qualname` of a registered function (its repr for anything else)."""
+    if hasattr(item, "__qualname__"):
+        return f"{getattr(item, '__module__', '?')}.{item.__qualname__}"
+    return repr(item)
 
 
 @dataclass(frozen=True)
@@ -81,7 +228,13 @@ class AdvantageInputs:
 AdvantageFn = Callable[[AdvantageInputs], "tuple[torch.Tensor, dict[str, float]]"]
 """An advantage estimator: `AdvantageInputs` in, `(advantages [N] or [B, L], stats)` out."""
 
-_ADVANTAGES: dict[str, AdvantageFn] = {}
+ADVANTAGES: Registry[AdvantageFn] = Registry(
+    "advantage estimator",
+    "advantage_estimator",
+    "@register_advantage from textgym.algorithms.registry",
+    modules=["textgym.algorithms.advantages"],
+)
+"""The advantage estimators by name (`grpo.advantage_estimator`)."""
 
 
 @dataclass(frozen=True)
@@ -117,33 +270,17 @@ class PolicyLossInputs:
 PolicyLossFn = Callable[[PolicyLossInputs], "tuple[torch.Tensor, dict[str, float]]"]
 """A policy loss: `PolicyLossInputs` in, `(scalar loss, stats)` out."""
 
-_POLICY_LOSSES: dict[str, PolicyLossFn] = {}
-
-
-def _register(table: dict[str, Any], kind: str, name: str, replace: bool) -> Callable[[Any], Any]:
-    """The decorator of `register_advantage` / `register_policy_loss` for `table`."""
-    if not name:
-        raise ValueError(f"a {kind} needs a name")
-
-    def decorate(fn: Any) -> Any:
-        taken = table.get(name)
-        if taken is not None and taken is not fn and not replace:
-            raise ValueError(f"{kind} {name!r} is already registered ({_qualname(taken)})")
-        table[name] = fn
-        return fn
-
-    return decorate
-
-
-def _lookup(table: dict[str, Any], kind: str, name: str) -> Any:
-    try:
-        return table[name]
-    except KeyError:
-        raise ValueError(f"unknown {kind} {name!r}; registered: {', '.join(sorted(table))}") from None
+POLICY_LOSSES: Registry[PolicyLossFn] = Registry(
+    "policy loss",
+    "policy_loss",
+    "@register_policy_loss from textgym.algorithms.registry",
+    modules=["textgym.algorithms.clipped_loss", "textgym.algorithms.policy_losses"],
+)
+"""The policy losses by name (`grpo.policy_loss`, `ppo.policy_loss`)."""
 
 
 def register_advantage(name: str, *, replace: bool = False) -> Callable[[AdvantageFn], AdvantageFn]:
-    """Decorator: register an advantage estimator under `name` (returns the function unchanged).
+    """Decorator: register an advantage estimator under `name` (`ADVANTAGES.register`).
 
     Args:
         name: the value of `advantage_estimator` that selects it.
@@ -152,25 +289,20 @@ def register_advantage(name: str, *, replace: bool = False) -> Callable[[Advanta
     Raises:
         ValueError: if `name` is empty or taken (and `replace` is False).
     """
-    return _register(_ADVANTAGES, "advantage estimator", name, replace)
+    return ADVANTAGES.register(name, replace=replace)
 
 
 def get_advantage(name: str) -> AdvantageFn:
-    """The estimator registered under `name`.
+    """The estimator registered under `name` (`ADVANTAGES.get`; the GRPO trainer's call).
 
     Raises:
-        ValueError: if none is, listing the registered names.
+        UnknownNameError: if none is, listing the registered names.
     """
-    return _lookup(_ADVANTAGES, "advantage estimator", name)  # type: ignore[no-any-return]
-
-
-def registered_advantages() -> list[str]:
-    """The names registered so far, sorted (the built-ins once `algorithms.advantages` is imported)."""
-    return sorted(_ADVANTAGES)
+    return ADVANTAGES.get(name)
 
 
 def register_policy_loss(name: str, *, replace: bool = False) -> Callable[[PolicyLossFn], PolicyLossFn]:
-    """Decorator: register a policy loss under `name` (returns the function unchanged).
+    """Decorator: register a policy loss under `name` (`POLICY_LOSSES.register`).
 
     Args:
         name: the value of `policy_loss` that selects it.
@@ -179,22 +311,13 @@ def register_policy_loss(name: str, *, replace: bool = False) -> Callable[[Polic
     Raises:
         ValueError: if `name` is empty or taken (and `replace` is False).
     """
-    return _register(_POLICY_LOSSES, "policy loss", name, replace)
+    return POLICY_LOSSES.register(name, replace=replace)
 
 
 def get_policy_loss(name: str) -> PolicyLossFn:
-    """The policy loss registered under `name`.
+    """The policy loss registered under `name` (`POLICY_LOSSES.get`; the on-policy update's call).
 
     Raises:
-        ValueError: if none is, listing the registered names.
+        UnknownNameError: if none is, listing the registered names.
     """
-    return _lookup(_POLICY_LOSSES, "policy loss", name)  # type: ignore[no-any-return]
-
-
-def registered_policy_losses() -> list[str]:
-    """The names registered so far, sorted (all built-ins once `trainers.policy_losses` is imported)."""
-    return sorted(_POLICY_LOSSES)
-
-
-def _qualname(fn: Any) -> str:
-    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
+    return POLICY_LOSSES.get(name)

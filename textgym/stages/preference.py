@@ -2,74 +2,16 @@
 
 from __future__ import annotations
 
-import functools
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from textgym import distributed
 from textgym.agents.llm_agent import LLMAgent
 from textgym.agents.sampling import SamplingParams
 from textgym.config import RunConfig
-from textgym.models import load_model
 from textgym.stages.registry import StageContext, StageResult, register_stage
-from textgym.training.seeding import seed_everything
-
-
-def preference_rounds(
-    cfg: RunConfig,
-    run_dir: Path,
-    model_path: Path,
-    device: torch.device,
-    resume: bool,
-    echo: Callable[[str], None],
-) -> tuple[Path, list[dict[str, Any]]]:
-    """Run `cfg.dpo.rounds` rounds of collect → pair → train; return the last model and per-round counts.
-
-    Each round rolls out the current policy (`collect_round`, on rank 0 under torchrun), pairs
-    the rollouts and trains a `PreferenceTrainer` on them, in `<run_dir>/dpo/round_<r>/`.
-    With `resume`, finished rounds are skipped.
-
-    Returns:
-        (the last round's final model folder, one dict of counts per round trained now).
-    """
-    from textgym.trainers.preference.offline import PreferenceTrainer
-
-    pc = cfg.dpo
-    assert pc is not None
-    info: list[dict[str, Any]] = []
-    for r in range(pc.rounds):
-        round_dir = run_dir / "dpo" / f"round_{r}"
-        final = round_dir / "train" / "final"
-        if resume and (final / "config.json").is_file():
-            echo(f"dpo round {r}: finished earlier, skipped")
-            model_path = final
-            continue
-        model, tok = load_model(model_path, getattr(torch, cfg.model.dtype), device)
-
-        # Distributed: rank 0 collects with the whole model (the others wait) and every rank
-        # gets the pairs; the training below is sharded.
-        collect = functools.partial(collect_round, cfg, r, round_dir, model, tok, model_path, echo)
-        pairs, unpaired, counts = distributed.on_main(collect)
-        seed_everything(distributed.rank_seed(cfg.seed + 100 + r))
-        trainer = PreferenceTrainer(
-            pc,
-            model,
-            tok,
-            round_dir / "train",
-            pairs,
-            unpaired,
-            seed=cfg.seed + r,
-            resume=resume,
-            parallel=cfg.parallel,
-            log_with=cfg.log_with,
-        )
-        model_path = trainer.train(echo)
-        info.append(counts)
-    return model_path, info
+from textgym.stages.rounds import Round, run_rounds, train_round
 
 
 def collect_round(
@@ -139,7 +81,29 @@ def collect_round(
 
 @register_stage("dpo", order=20)
 def dpo_stage(ctx: StageContext, model_path: Path) -> StageResult:
-    """The DPO family's rounds (`preference_rounds`); the summary gets `dpo_rounds`."""
-    t = time.perf_counter()
-    final, rounds = preference_rounds(ctx.cfg, ctx.run_dir, model_path, ctx.device, ctx.resume, ctx.echo)
-    return StageResult(final, time.perf_counter() - t, {"dpo_rounds": rounds, "models_in_memory": ["policy"]})
+    """Run `cfg.dpo.rounds` rounds of collect → pair → train (`run_rounds`, in `<run_dir>/dpo/round_<r>/`).
+
+    Each round rolls out the current policy (`collect_round`, on rank 0 under torchrun), pairs
+    the rollouts and trains a `PreferenceTrainer` on them in `round_<r>/train/`. With `resume`,
+    finished rounds (`train/final/`) are skipped. The summary gets `dpo_rounds`, one dict of
+    counts per round trained now.
+    """
+    cfg, pc = ctx.cfg, ctx.cfg.dpo
+    assert pc is not None
+
+    def collect(rnd: Round) -> tuple[Any, Any, dict[str, Any]]:
+        return collect_round(cfg, rnd.index, rnd.dir, rnd.model, rnd.tok, rnd.model_path, ctx.echo)
+
+    def train(rnd: Round, data: tuple[Any, Any, dict[str, Any]]) -> tuple[Path, dict[str, Any]]:
+        from textgym.trainers.preference.offline import PreferenceTrainer
+
+        pairs, unpaired, counts = data
+        return train_round(ctx, rnd, PreferenceTrainer, pc, pairs, unpaired), counts
+
+    return run_rounds(ctx, "dpo", pc.rounds, model_path, finished=_finished, collect=collect, train=train)
+
+
+def _finished(round_dir: Path) -> tuple[Path, None] | None:
+    """A finished round's model (`train/final/`; its counts are not kept), or None."""
+    final = round_dir / "train" / "final"
+    return (final, None) if (final / "config.json").is_file() else None

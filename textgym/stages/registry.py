@@ -7,7 +7,8 @@ each stage that asks for it (`evaluate_before`; the last such evaluation is the 
 and the model that leaves the last one, and writes the summary. A stage's `check` runs in
 `textgym.pipeline.preflight`, before any work.
 
-The built-in stages register when their modules are imported (`textgym.pipeline` imports them):
+The built-in stages register when their modules are imported (`textgym.pipeline` imports them,
+and `STAGES`, a `textgym.algorithms.registry.Registry`, does before its first lookup):
 `sft` (order 0), `grpo` / `ppo` (10, 11), `dpo` (20), `rft` (30), `online_dpo` (40).
 """
 
@@ -23,6 +24,7 @@ import torch
 import yaml
 
 from textgym import distributed
+from textgym.algorithms.registry import Registry
 from textgym.config import RunConfig
 from textgym.models import load_model
 
@@ -71,8 +73,13 @@ class Stage:
     check: Callable[[RunConfig], None] | None = None
 
 
-STAGES: dict[str, Stage] = {}
-"""Registered stages by name."""
+STAGES: Registry[Stage] = Registry(
+    "stage",
+    "",
+    "@register_stage(name, order=...) from textgym.stages.registry",
+    modules=[f"textgym.stages.{m}" for m in ("sft", "rl", "preference", "rft", "online_dpo")],
+)
+"""Registered stages by name (the built-ins imported before the first lookup)."""
 
 
 def register_stage(
@@ -81,6 +88,7 @@ def register_stage(
     order: int,
     evaluate_before: Callable[[RunConfig], bool] = _always,
     check: Callable[[RunConfig], None] | None = None,
+    replace: bool = False,
 ) -> Callable[[StageFn], StageFn]:
     """Register `fn(ctx, model_path) -> StageResult` as the stage of `RunConfig.<name>`.
 
@@ -89,17 +97,17 @@ def register_stage(
         order: where it runs among the enabled stages (ascending).
         evaluate_before: whether the model that enters it is evaluated (with `eval:` set).
         check: extra validation for `preflight` (raises `ConfigError` naming the field).
+        replace: allow replacing a stage already registered under `name`.
 
     Raises:
-        ValueError: `name` is not a `RunConfig` field, or is registered already.
+        ValueError: `name` is not a `RunConfig` field, or is registered already (and `replace`
+            is False).
     """
 
     def deco(fn: StageFn) -> StageFn:
         if name not in RunConfig.model_fields:
             raise ValueError(f"stage {name!r}: RunConfig has no field {name!r}")
-        if name in STAGES:
-            raise ValueError(f"stage {name!r} is registered already")
-        STAGES[name] = Stage(name, order, fn, evaluate_before, check)
+        STAGES.register(name, replace=replace)(Stage(name, order, fn, evaluate_before, check))
         return fn
 
     return deco
@@ -107,7 +115,8 @@ def register_stage(
 
 def enabled_stages(cfg: RunConfig) -> list[Stage]:
     """The registered stages whose config field is set, in run order."""
-    return sorted((s for s in STAGES.values() if getattr(cfg, s.name) is not None), key=lambda s: s.order)
+    stages = (STAGES.get(name) for name in STAGES.names() if getattr(cfg, name) is not None)
+    return sorted(stages, key=lambda s: s.order)
 
 
 def write_yaml(path: Path, cfg: Any) -> None:

@@ -39,8 +39,8 @@ from textgym.config import ConfigError, RunConfig, SFTConfig
 from textgym.config.rft import RFTConfig
 from textgym.models import load_model
 from textgym.stages.registry import StageContext, StageResult, register_stage
+from textgym.stages.rounds import Round, run_rounds, train_round
 from textgym.trainers.sft import SFTExample
-from textgym.training.seeding import seed_everything
 
 
 def preflight_rft(rc: RFTConfig) -> None:
@@ -88,74 +88,49 @@ def record_example(record: dict[str, Any]) -> SFTExample:
     )
 
 
-def rft_rounds(
-    cfg: RunConfig,
-    run_dir: Path,
-    model_path: Path,
-    device: torch.device,
-    resume: bool,
-    echo: Callable[[str], None],
-) -> tuple[Path, list[dict[str, Any]]]:
-    """Run `cfg.rft.rounds` rounds of sample → filter → SFT; return the last model and per-round counts.
+def _rft_round(
+    ctx: StageContext, start_path: Path, rnd: Round, data: tuple[list[dict[str, Any]], dict[str, Any]]
+) -> tuple[Path, dict[str, Any]]:
+    """Step 5 of a round: SFT on the kept set (`data`, from `collect_round`); mark the round done.
+
+    SFT starts from the round's model (RAFT) or the stage's start model `start_path` (ReST-EM);
+    with nothing kept, the model is unchanged. `done.json` gets the counts with `sft_steps` and
+    `model`.
 
     Returns:
-        (the last round's model folder, one dict of counts per round: `round`, `rollouts`,
-        `sample_accuracy`, `kept`, `prompts_kept`, …, `sft_steps`, `model`; skipped rounds give
-        the counts they recorded).
+        (the model the round leaves, its counts).
     """
     from textgym.trainers.sft import SFTTrainer
 
-    rc = cfg.rft
+    cfg, rc, echo = ctx.cfg, ctx.cfg.rft, ctx.echo
     assert rc is not None
-    start_path = model_path
-    dtype = getattr(torch, cfg.model.dtype)
-    info: list[dict[str, Any]] = []
-    for r in range(rc.rounds):
-        round_dir = run_dir / "rft" / f"round_{r}"
-        done = round_dir / "done.json"
-        if resume and done.is_file():
-            counts = json.loads(done.read_text(encoding="utf-8"))
-            echo(f"rft round {r}: finished earlier, skipped")
-            model_path = Path(counts["model"])
-            info.append(counts)
-            continue
-        # 1-4. Rank 0 samples the latest model, filters and writes the kept set; every rank gets it.
-        model, tok = load_model(model_path, dtype, device)
-        agent = LLMAgent(model, tok, batch_size=256)
-        collect = functools.partial(collect_round, cfg, r, round_dir, agent, model_path, echo)
-        records, counts = distributed.on_main(collect)
-        del agent
-        # 5. SFT on the kept set, from the latest model (RAFT) or the stage's start model (ReST-EM).
-        final = model_path
-        counts["sft_steps"] = 0
-        if not records:
-            echo(f"rft round {r}: no sample was kept; the model is unchanged")
-        else:
-            if rc.from_ == "start" and model_path != start_path:
-                del model
-                model, tok = load_model(start_path, dtype, device)
-            sft_cfg = round_sft_config(rc, len(records))
-            seed_everything(distributed.rank_seed(cfg.seed + 100 + r))
-            trainer = SFTTrainer(
-                sft_cfg,
-                model,
-                tok,
-                round_dir / "train",
-                seed=cfg.seed + r,
-                resume=resume,
-                parallel=cfg.parallel,
-                log_with=cfg.log_with,
-                examples=[record_example(x) for x in records],
-            )
-            final = trainer.train(echo)
-            counts["sft_steps"] = sft_cfg.steps
-        counts["model"] = str(final)
-        if distributed.is_main():
-            done.write_text(json.dumps(counts, indent=2), encoding="utf-8")
-        distributed.barrier()
-        model_path = final
-        info.append(counts)
-    return model_path, info
+    records, counts = data
+    final = rnd.model_path
+    counts["sft_steps"] = 0
+    if not records:
+        echo(f"rft round {rnd.index}: no sample was kept; the model is unchanged")
+    else:
+        if rc.from_ == "start" and rnd.model_path != start_path:
+            rnd.model = None  # free the round's model first
+            rnd.model, rnd.tok = load_model(start_path, getattr(torch, cfg.model.dtype), ctx.device)
+        sft_cfg = round_sft_config(rc, len(records))
+        examples = [record_example(x) for x in records]
+        final = train_round(ctx, rnd, SFTTrainer, sft_cfg, examples=examples)
+        counts["sft_steps"] = sft_cfg.steps
+    counts["model"] = str(final)
+    if distributed.is_main():
+        (rnd.dir / "done.json").write_text(json.dumps(counts, indent=2), encoding="utf-8")
+    distributed.barrier()
+    return final, counts
+
+
+def _finished(round_dir: Path) -> tuple[Path, dict[str, Any]] | None:
+    """A finished round's model and counts (from its `done.json`), or None."""
+    done = round_dir / "done.json"
+    if not done.is_file():
+        return None
+    counts = json.loads(done.read_text(encoding="utf-8"))
+    return Path(counts["model"]), counts
 
 
 def collect_round(
@@ -234,10 +209,21 @@ def _check_rft(cfg: RunConfig) -> None:
 
 @register_stage("rft", order=30, check=_check_rft)
 def rft_stage(ctx: StageContext, model_path: Path) -> StageResult:
-    """Rejection-sampling fine-tuning's rounds (`rft_rounds`); the summary gets `rft_rounds`."""
-    t = time.perf_counter()
-    final, rounds = rft_rounds(ctx.cfg, ctx.run_dir, model_path, ctx.device, ctx.resume, ctx.echo)
-    return StageResult(final, time.perf_counter() - t, {"rft_rounds": rounds, "models_in_memory": ["policy"]})
+    """Run `cfg.rft.rounds` rounds of sample → filter → SFT (`run_rounds`, in `<run_dir>/rft/round_<r>/`).
+
+    The summary gets `rft_rounds`: one dict of counts per round (`round`, `rollouts`,
+    `sample_accuracy`, `kept`, `prompts_kept`, …, `sft_steps`, `model`; skipped rounds give
+    the counts they recorded).
+    """
+    cfg, rc = ctx.cfg, ctx.cfg.rft
+    assert rc is not None
+
+    def collect(rnd: Round) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        agent = LLMAgent(rnd.model, rnd.tok, batch_size=256)
+        return collect_round(cfg, rnd.index, rnd.dir, agent, rnd.model_path, ctx.echo)
+
+    train = functools.partial(_rft_round, ctx, model_path)
+    return run_rounds(ctx, "rft", rc.rounds, model_path, finished=_finished, collect=collect, train=train)
 
 
 def _rationalize(

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from textgym import distributed
+from textgym.algorithms.registry import ADVANTAGES, POLICY_LOSSES, Registry, UnknownNameError
 from textgym.config import ConfigError, RunConfig
 from textgym.stages.evaluate import periodic_eval
 from textgym.stages.registry import StageContext, StageResult, register_stage, train_stage
@@ -19,25 +21,11 @@ def check_rl(cfg: RunConfig) -> None:
             `<stage>.rollout.servers...`).
     """
     if cfg.grpo is not None:
-        from textgym.algorithms.advantages import available_advantages
-
-        names = available_advantages()
-        if cfg.grpo.advantage_estimator not in names:
-            raise ConfigError(
-                f"grpo.advantage_estimator: unknown estimator {cfg.grpo.advantage_estimator!r}; registered: "
-                f"{', '.join(names)} (add one with @textgym.algorithms.registry.register_advantage)"
-            )
+        _check_name("grpo", ADVANTAGES, cfg.grpo.advantage_estimator)
     for stage_name, stage in (("grpo", cfg.grpo), ("ppo", cfg.ppo)):
         if stage is None:
             continue
-        from textgym.algorithms.policy_losses import available_policy_losses
-
-        losses = available_policy_losses()
-        if stage.policy_loss not in losses:
-            raise ConfigError(
-                f"{stage_name}.policy_loss: unknown policy loss {stage.policy_loss!r}; registered: "
-                f"{', '.join(losses)} (add one with @textgym.algorithms.registry.register_policy_loss)"
-            )
+        _check_name(stage_name, POLICY_LOSSES, stage.policy_loss)
         if stage.rollout.servers:  # reachable, with --weight-sync, one model (vocab: at the stage)
             from textgym.training.sources.remote import check_servers
 
@@ -46,6 +34,19 @@ def check_rl(cfg: RunConfig) -> None:
                 check_servers(r.servers, model=r.server_model, timeout_s=r.sync_http_timeout_s)
             except ConfigError as e:
                 raise ConfigError(f"{stage_name}.{e}") from None
+
+
+def _check_name(stage_name: str, registry: Registry[Any], name: str) -> None:
+    """Look `name` up in `registry`.
+
+    Raises:
+        ConfigError: the registry's `UnknownNameError` text, prefixed with the stage's section
+            (`grpo.advantage_estimator: unknown advantage estimator ...`).
+    """
+    try:
+        registry.get(name)
+    except UnknownNameError as e:
+        raise ConfigError(f"{stage_name}.{e}") from None
 
 
 def models_in_memory(cfg: RunConfig) -> list[str]:

@@ -6,12 +6,13 @@ import pytest
 import torch
 from conftest import WARM_ENV as ENV
 
-from textgym.algorithms import registry
 from textgym.algorithms.clipped_loss import clipped_policy_loss, ppo_clip_loss
-from textgym.algorithms.policy_losses import available_policy_losses
 from textgym.algorithms.registry import (
+    ADVANTAGES,
+    POLICY_LOSSES,
     AdvantageInputs,
     PolicyLossInputs,
+    UnknownNameError,
     get_policy_loss,
     register_advantage,
     register_policy_loss,
@@ -28,8 +29,8 @@ def unregister():
     names: list[str] = []
     yield names
     for name in names:
-        registry._POLICY_LOSSES.pop(name, None)
-        registry._ADVANTAGES.pop(name, None)
+        POLICY_LOSSES.unregister(name)
+        ADVANTAGES.unregister(name)
 
 
 def grpo_cfg(**over) -> GRPOConfig:
@@ -44,7 +45,7 @@ def grpo_cfg(**over) -> GRPOConfig:
 
 
 def test_ppo_clip_is_registered_and_computes_the_clipped_surrogate_with_the_configs_settings():
-    assert "ppo_clip" in available_policy_losses() and get_policy_loss("ppo_clip") is ppo_clip_loss
+    assert "ppo_clip" in POLICY_LOSSES and get_policy_loss("ppo_clip") is ppo_clip_loss
     torch.manual_seed(0)
     B, L = 6, 5
     logprobs = (-torch.rand(B, L)).requires_grad_()
@@ -63,7 +64,7 @@ def test_ppo_clip_is_registered_and_computes_the_clipped_surrogate_with_the_conf
 
 
 def test_an_unknown_policy_loss_lists_the_registered_ones_and_a_name_is_taken_once(unregister):
-    with pytest.raises(ValueError, match=r"unknown policy loss 'nope'; registered: .*ppo_clip"):
+    with pytest.raises(UnknownNameError, match=r"unknown policy loss 'nope'; registered: .*ppo_clip"):
         get_policy_loss("nope")
     unregister.append("twice")
     register_policy_loss("twice")(ppo_clip_loss)
@@ -118,7 +119,9 @@ def test_the_config_checks_the_policy_loss_name_before_work(unregister):
         cfg = RunConfig.model_validate(
             {"name": "t", "model": {"init_preset": "tiny"}, stage: {"env": ENV, "policy_loss": "test_late"}}
         )
-        with pytest.raises(ConfigError, match=rf"{stage}.policy_loss: unknown policy loss 'test_late'"):
+        with pytest.raises(
+            ConfigError, match=rf"{stage}\.policy_loss: unknown policy loss 'test_late'; registered: "
+        ):
             preflight(cfg)
     unregister.append("test_late")
     register_policy_loss("test_late")(ppo_clip_loss)

@@ -1,94 +1,32 @@
-"""GSPO, GSPO-token and CISPO: TRL 1.16 parity on identical tensors, hand values, the config's
-checks, and a GRPO step through the real trainer on the tiny model.
+"""GSPO, GSPO-token and CISPO: TRL 1.16 parity on identical tensors, hand values and the config's
+checks; a GRPO step with each loss through the real trainer is in
+tests/trainers/test_gspo_cispo_steps.py.
 
 TRL's `GRPOTrainer._compute_loss` is called on a trainer object carrying only the attributes
-it reads, with its model forward replaced by the given per-token log-probs (as in
-`test_trl_parity.py`), so both libraries see exactly the same tensors. TRL 1.16 has GSPO as
-`importance_sampling_level="sequence"` and CISPO as `loss_type="cispo"` (its cap is
-`epsilon_high` itself, textgym's is 1 + `cispo_clip_high`); it has no GSPO-token, which equals
-GSPO with per-sequence advantages (Zheng et al. 2025, §4.3) and is checked against it
-there, and against hand values with per-token advantages.
+it reads, with its model forward replaced by the given per-token log-probs
+(`trl_fakes.trl_grpo_loss`, as in `test_trl_parity.py`), so both libraries see exactly the
+same tensors. TRL 1.16 has GSPO as `importance_sampling_level="sequence"` and CISPO as
+`loss_type="cispo"` (its cap is `epsilon_high` itself, textgym's is 1 + `cispo_clip_high`); it
+has no GSPO-token, which equals GSPO with per-sequence advantages (Zheng et al. 2025, §4.3)
+and is checked against it there, and against hand values with per-token advantages.
 """
 
 from __future__ import annotations
 
-import collections
-import copy
 import math
-import types
 from pathlib import Path
 
 import pytest
 import torch
 from conftest import WARM_ENV as ENV
+from trl_fakes import trl_grpo_loss
 
-from textgym.algorithms import registry
 from textgym.algorithms.clipped_loss import clipped_policy_loss
 from textgym.algorithms.policy_losses import available_policy_losses, cispo_loss, gspo_loss
-from textgym.algorithms.registry import AdvantageInputs, PolicyLossInputs, get_policy_loss, register_advantage
+from textgym.algorithms.registry import PolicyLossInputs, get_policy_loss
 from textgym.config import ConfigError, GRPOConfig, PPOConfig, load_config
-from textgym.models import load_model
-from textgym.trainers.rl.grpo import GRPOTrainer
-from textgym.training.batch import RolloutBatch
-from textgym.training.seeding import seed_everything
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
-
-
-class _Accelerator:
-    num_processes = 1
-    sync_gradients = True
-
-    def gather(self, x):
-        return x
-
-    gather_for_metrics = gather
-
-    def reduce(self, x, reduction="sum"):
-        return x
-
-
-def trl_loss(logps, old, ref, adv, mask, *, loss_type, level, eps_low, eps_high, beta, max_len, tis=None):
-    """TRL 1.16's loss on the given tensors (its model forward replaced by `logps`); `tis`: the
-    per-token vLLM importance weights it multiplies the policy term by. Skips without TRL (a
-    test-only dependency: the `dev` extra)."""
-    trl_grpo = pytest.importorskip("trl.trainer.grpo_trainer")
-    trainer = object.__new__(trl_grpo.GRPOTrainer)
-    B, L = logps.shape
-    trainer.__dict__.update(
-        loss_type=loss_type,
-        beta=beta,
-        epsilon_low=eps_low,
-        epsilon_high=eps_high,
-        importance_sampling_level=level,
-        top_entropy_quantile=1.0,
-        off_policy_mask_threshold=None,
-        use_vllm=tis is not None,
-        vllm_importance_sampling_correction=tis is not None,
-        aux_loss_enabled=False,
-        _entropy_bonus_enabled=False,
-        current_gradient_accumulation_steps=1,
-        max_completion_length=max_len,
-        accelerator=_Accelerator(),
-        args=types.SimpleNamespace(delta=None, use_bias_correction_kl=False, steps_per_generation=1),
-        model=types.SimpleNamespace(training=True),
-        _metrics={"train": collections.defaultdict(list)},
-    )
-    trainer._get_per_token_logps_and_entropies = lambda *a, **k: (logps, torch.zeros(B, L), None)
-    inputs = {
-        "prompt_ids": torch.zeros(B, 2, dtype=torch.long),
-        "prompt_mask": torch.ones(B, 2, dtype=torch.long),
-        "completion_ids": torch.zeros(B, L, dtype=torch.long),
-        "completion_mask": mask.long(),
-        "advantages": adv,
-        "old_per_token_logps": old,
-        "num_items_in_batch": mask.sum(),
-    }
-    if beta:
-        inputs["ref_per_token_logps"] = ref
-    if tis is not None:
-        inputs["importance_sampling_ratio"] = tis
-    return trainer._compute_loss(None, inputs), trainer._metrics["train"]
 
 
 def tensors(seed, B=8, L=9, spread=0.5):
@@ -146,7 +84,7 @@ def test_gspo_matches_trl_sequence_level(name, loss_type, clip, seed):
         is_weights=tis if tis_on else None,
     )  # fmt: skip
     theirs_lp = logp.clone().requires_grad_(True)
-    theirs, metrics = trl_loss(
+    theirs, metrics = trl_grpo_loss(
         theirs_lp, old, ref, adv, mask, loss_type=loss_type, level="sequence", eps_low=eps_low,
         eps_high=eps_high, beta=beta, max_len=max_len, tis=tis if tis_on else None,
     )  # fmt: skip
@@ -177,7 +115,7 @@ def test_cispo_matches_trl(trl_cap, seed):
         ref_logprobs=ref, kl_coef=beta, is_weights=tis if tis_on else None,
     )  # fmt: skip
     theirs_lp = logp.clone().requires_grad_(True)
-    theirs, metrics = trl_loss(
+    theirs, metrics = trl_grpo_loss(
         theirs_lp, old, ref, adv, mask, loss_type="cispo", level="token", eps_low=0.2, eps_high=trl_cap,
         beta=beta, max_len=12, tis=tis if tis_on else None,
     )  # fmt: skip
@@ -391,74 +329,3 @@ def test_the_presets_load_and_name_the_bad_field():
         # CISPO has no trust region: its rate is GRPO's over the 4 optimizer steps per batch
         assert other.optim.lr == pytest.approx(grpo.optim.lr / 4 if preset == "cispo" else grpo.optim.lr)
         assert other.optim.model_copy(update={"lr": grpo.optim.lr}) == grpo.optim  # all else equal
-
-
-# --- through the trainer ----------------------------------------------------------------------
-@pytest.fixture
-def spread_advantages():
-    """Advantages that are never all zero (a random model's rewards are), so every step has a gradient."""
-
-    @register_advantage("test_gspo_spread")
-    def spread(x: AdvantageInputs):
-        return torch.linspace(-1.0, 1.0, len(x.rewards)), {}
-
-    yield "test_gspo_spread"
-    registry._ADVANTAGES.pop("test_gspo_spread", None)
-
-
-LOSS_STATS = {
-    "gspo": ("ratio/seq_mean", "ratio/seq_max", "ratio/seq_min", "clip/frac"),
-    "gspo_token": ("ratio/seq_mean", "ratio/seq_max", "ratio/seq_min", "clip/frac"),
-    "cispo": ("cispo/weight_mean", "ratio/max", "clip/frac_high"),
-}
-
-
-@pytest.mark.parametrize("name", list(LOSS_STATS))
-def test_a_grpo_step_with_each_loss(tiny_model_dir, tmp_path, spread_advantages, name):
-    """Two minibatches × two epochs, so the later updates are off-policy: ratios move off 1."""
-    seed_everything(0)
-    model, tok = load_model(tiny_model_dir)
-    before = {k: v.clone() for k, v in model.state_dict().items()}
-    over = {"clip_low": 3e-4, "clip_high": 4e-4} if name != "cispo" else {"cispo_clip_high": 0.01}
-    cfg = grpo_cfg(
-        policy_loss=name, advantage_estimator=spread_advantages, epochs=2, minibatch_size=4, kl_coef=0.02,
-        optim={"lr": 1e-3}, **over,
-    )  # fmt: skip
-    metrics = GRPOTrainer(cfg, model, tok, tmp_path).train_step()
-    for key in ("loss/total", "loss/policy", "grad_norm", "kl/ref", "kl/old_approx", *LOSS_STATS[name]):
-        assert math.isfinite(metrics[key]), key
-    assert any(not torch.equal(v, before[k]) for k, v in model.state_dict().items())
-    if name == "cispo":
-        assert metrics["ratio/max"] > 1.01 and 0 < metrics["clip/frac_high"] < 1
-        assert metrics["cispo/weight_mean"] <= 1.01
-    else:
-        assert metrics["ratio/seq_max"] > 1 + 4e-4 and 0 < metrics["clip/frac"] < 1
-
-
-@pytest.mark.parametrize("name", ["gspo", "cispo"])
-def test_gradient_accumulation_is_invariant(tiny_model_dir, tmp_path, name):
-    """One micro-batch of 8 == 8 of 1, on a batch whose π_old is perturbed so the clips engage."""
-    import gymnasium as gym
-
-    from textgym.agents import LLMAgent, SamplingParams, rollout
-
-    model, tok = load_model(tiny_model_dir)
-    torch.manual_seed(3)
-    envs = [gym.make(ENV["id"], **ENV["kwargs"]) for _ in range(8)]
-    trajs = rollout(LLMAgent(model, tok), envs, [0, 1], SamplingParams(max_new_tokens=8), group_size=4)
-    batch = RolloutBatch.from_trajectories(trajs, tok.pad_token_id)
-    batch.old_logprobs = batch.old_logprobs + 0.05 * torch.randn(batch.old_logprobs.shape) * batch.loss_mask
-    adv = torch.linspace(-1.0, 1.0, len(batch))
-    grads = []
-    for micro in (8, 1):
-        m = copy.deepcopy(model)
-        over = {"clip_low": 0.01, "clip_high": 0.01} if name == "gspo" else {"cispo_clip_high": 0.02}
-        cfg = grpo_cfg(
-            policy_loss=name, micro_batch_size=micro, kl_coef=0.05, optim={"max_grad_norm": None}, **over
-        )
-        stats = GRPOTrainer(cfg, m, tok, tmp_path / f"m{micro}").update(batch, adv)
-        grads.append(torch.cat([p.grad.flatten() for p in m.parameters() if p.grad is not None]))
-        assert 0 < stats["clip/frac"] < 1
-    assert grads[0].abs().max() > 0
-    rel = float((grads[1] - grads[0]).norm() / grads[0].norm())
-    assert rel < 1e-5, f"relative gradient difference {rel:.2e}"

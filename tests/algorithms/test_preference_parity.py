@@ -1,18 +1,19 @@
 """Parity with TRL: on identical log-prob tensors, textgym's DPO, IPO, KTO, SimPO and ORPO losses
 equal what TRL 1.16's trainers compute for the matching loss types, to 1e-5.
 
-TRL's loss methods are called on trainer objects carrying only the attributes they read, with
-a stand-in model whose forward returns the given per-token log-probs, so both libraries see
-exactly the same numbers. TRL is a test-only dependency (the `dev` extra).
+TRL's loss methods are called on trainer objects carrying only the attributes they read
+(`trl_fakes.trl_trainer`), with a stand-in model whose forward returns the given per-token
+log-probs, so both libraries see exactly the same numbers. TRL is a test-only dependency (the
+`dev` extra).
 """
 
 from __future__ import annotations
 
-import collections
 import types
 
 import pytest
 import torch
+from trl_fakes import trl_trainer
 
 from textgym.algorithms.preference_losses import dpo_loss, ipo_loss, kto_loss, orpo_loss, simpo_loss
 
@@ -22,19 +23,6 @@ trl_cpo = pytest.importorskip("trl.experimental.cpo.cpo_trainer")
 trl_orpo = pytest.importorskip("trl.experimental.orpo.orpo_trainer")
 
 TOL = 1e-5
-
-
-class _Accelerator:
-    num_processes = 1
-    device = torch.device("cpu")
-
-    def gather_for_metrics(self, x):
-        return x if isinstance(x, torch.Tensor) else torch.as_tensor(x)
-
-    gather = gather_for_metrics
-
-    def unwrap_model(self, m):
-        return m
 
 
 def _outputs(per_token: torch.Tensor) -> types.SimpleNamespace:
@@ -48,20 +36,6 @@ def _outputs(per_token: torch.Tensor) -> types.SimpleNamespace:
     )
 
 
-def _stub(cls, **attrs):
-    trainer = object.__new__(cls)
-    trainer.__dict__.update(
-        accelerator=_Accelerator(),
-        model=types.SimpleNamespace(training=True),
-        _metrics={"train": collections.defaultdict(list), "eval": collections.defaultdict(list)},
-        _total_train_tokens=0,
-        _tp_size=1,
-        aux_loss_enabled=False,
-        **attrs,
-    )
-    return trainer
-
-
 def _pairs(seed: int, B: int = 6, L: int = 7):
     g = torch.Generator().manual_seed(seed)
     mask = (torch.rand(2 * B, L, generator=g) < 0.8).float()
@@ -73,7 +47,7 @@ def _pairs(seed: int, B: int = 6, L: int = 7):
 
 def trl_dpo_loss(per_token, mask, ref, *, loss_type, beta):
     n, L = per_token.shape
-    trainer = _stub(
+    trainer = trl_trainer(
         trl_dpo.DPOTrainer,
         loss_types=[loss_type],
         loss_weights=[1.0],
@@ -120,7 +94,7 @@ def test_kto_matches_trl(seed):
     kl_logps = -torch.rand(n, generator=g) * 4.0
     ref_kl_logps = kl_logps - 0.3 * torch.rand(n, generator=g)  # KL estimate > 0
     beta, wd, wu = 0.2, 1.0, 1.33
-    trainer = _stub(
+    trainer = trl_trainer(
         trl_kto.KTOTrainer,
         loss_type="kto",
         beta=beta,
@@ -158,13 +132,13 @@ def test_simpo_and_orpo_match_trl(seed):
     per_token, mask, _ = _pairs(seed)
     B = per_token.shape[0] // 2
     avg = per_token.sum(1) / mask.sum(1)
-    cpo = _stub(
+    cpo = trl_trainer(
         trl_cpo.CPOTrainer, loss_type="simpo", beta=2.5, simpo_gamma=1.2, label_smoothing=0.0, alpha=0.0
     )
     theirs, _, _ = cpo.cpo_loss(avg[:B], avg[B:])
     ours, _ = simpo_loss(avg[:B], avg[B:], beta=2.5, gamma=1.2)
     torch.testing.assert_close(ours, theirs, atol=TOL, rtol=0)
-    orpo = _stub(trl_orpo.ORPOTrainer, beta=0.1)
+    orpo = trl_trainer(trl_orpo.ORPOTrainer, beta=0.1)
     ratio_term, _, _, _, _ = orpo.odds_ratio_loss(avg[:B], avg[B:])
     nll = -avg[:B]
     ours, _ = orpo_loss(avg[:B], avg[B:], nll, lam=0.1)

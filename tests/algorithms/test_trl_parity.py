@@ -3,70 +3,19 @@ TRL's `GRPOTrainer._compute_loss` computes for the matching `loss_type` (value a
 
 TRL is a test-only dependency (the `dev` extra). Its loss method is called on a trainer
 object that carries only the attributes the method reads, with the per-token log-probs
-injected in place of its model forward, so both libraries see exactly the same tensors.
+injected in place of its model forward (`trl_fakes.trl_grpo_loss`), so both libraries see
+exactly the same tensors.
 """
 
 from __future__ import annotations
 
-import types
-
 import pytest
 import torch
+from trl_fakes import trl_grpo_loss
 
 from textgym.algorithms.clipped_loss import clipped_policy_loss
 
-trl_grpo = pytest.importorskip("trl.trainer.grpo_trainer")
-
-
-class _Accelerator:
-    num_processes = 1
-    sync_gradients = True
-
-    def gather(self, x):
-        return x
-
-    gather_for_metrics = gather
-
-    def reduce(self, x, reduction="sum"):
-        return x
-
-
-def trl_loss(per_token_logps, old, ref, adv, mask, *, loss_type, eps_low, eps_high, beta, max_len):
-    """TRL's loss on the given tensors (its model forward replaced by `per_token_logps`)."""
-    trainer = object.__new__(trl_grpo.GRPOTrainer)
-    B, L = per_token_logps.shape
-    trainer.__dict__.update(
-        loss_type=loss_type,
-        beta=beta,
-        epsilon_low=eps_low,
-        epsilon_high=eps_high,
-        importance_sampling_level="token",
-        top_entropy_quantile=1.0,
-        off_policy_mask_threshold=None,
-        use_vllm=False,
-        aux_loss_enabled=False,
-        _entropy_bonus_enabled=False,
-        current_gradient_accumulation_steps=1,
-        max_completion_length=max_len,
-        accelerator=_Accelerator(),
-        args=types.SimpleNamespace(delta=None, use_bias_correction_kl=False, steps_per_generation=1),
-        model=types.SimpleNamespace(training=True),
-        _metrics={"train": __import__("collections").defaultdict(list)},
-    )
-    trainer._get_per_token_logps_and_entropies = lambda *a, **k: (per_token_logps, torch.zeros(B, L), None)
-    inputs = {
-        "prompt_ids": torch.zeros(B, 2, dtype=torch.long),
-        "prompt_mask": torch.ones(B, 2, dtype=torch.long),
-        "completion_ids": torch.zeros(B, L, dtype=torch.long),
-        "completion_mask": mask.long(),
-        "advantages": adv,
-        "old_per_token_logps": old,
-        "num_items_in_batch": mask.sum(),
-    }
-    if beta:
-        inputs["ref_per_token_logps"] = ref
-    return trainer._compute_loss(None, inputs)
-
+pytest.importorskip("trl.trainer.grpo_trainer")
 
 CASES = {
     # loss_type: (textgym aggregation, eps_low, eps_high, beta)
@@ -107,7 +56,7 @@ def test_loss_and_gradient_match_trl(loss_type, seed):
     ours.backward()
 
     theirs_lp = logp0.clone().requires_grad_(True)
-    theirs = trl_loss(
+    theirs, _ = trl_grpo_loss(
         theirs_lp, old, ref, adv, mask, loss_type=loss_type, eps_low=eps_low, eps_high=eps_high, beta=beta,
         max_len=max_len,
     )  # fmt: skip
