@@ -34,7 +34,7 @@ def spread_advantages():
         return torch.linspace(-1.0, 1.0, len(x.rewards)), {}
 
     yield "test_gspo_spread"
-    registry._ADVANTAGES.pop("test_gspo_spread", None)
+    registry.ADVANTAGES.unregister("test_gspo_spread")
 
 
 LOSS_STATS = {
