@@ -22,8 +22,8 @@ from conftest import WARM_ENV as ENV
 from trl_fakes import trl_grpo_loss
 
 from textgym.algorithms.clipped_loss import clipped_policy_loss
-from textgym.algorithms.policy_losses import available_policy_losses, cispo_loss, gspo_loss
-from textgym.algorithms.registry import PolicyLossInputs, get_policy_loss
+from textgym.algorithms.policy_losses import cispo_loss, gspo_loss
+from textgym.algorithms.registry import POLICY_LOSSES, PolicyLossInputs, get_policy_loss
 from textgym.config import ConfigError, GRPOConfig, PPOConfig, load_config
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
@@ -267,7 +267,7 @@ def grpo_cfg(**over) -> GRPOConfig:
 
 
 def test_the_losses_are_registered_and_read_their_options_from_the_config():
-    assert {"ppo_clip", "gspo", "gspo_token", "cispo"} <= set(available_policy_losses())
+    assert {"ppo_clip", "gspo", "gspo_token", "cispo"} <= set(POLICY_LOSSES.names())
     logp, old, ref, adv, mask, tis = tensors(4)
     cfg = grpo_cfg(policy_loss="gspo", clip_low=0.01, clip_high=0.02, loss_aggregation="token_mean")
     x = PolicyLossInputs(logp, old, adv, mask, cfg, ref_logprobs=ref, kl_coef=0.1, is_weights=tis)

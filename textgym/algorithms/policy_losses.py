@@ -32,7 +32,7 @@ from textgym.algorithms.clipped_loss import (
     kl_stats,
 )
 from textgym.algorithms.kl import KLEstimator
-from textgym.algorithms.registry import POLICY_LOSSES, PolicyLossInputs, register_policy_loss
+from textgym.algorithms.registry import PolicyLossInputs, register_policy_loss
 
 
 def sequence_log_ratio(
@@ -304,11 +304,3 @@ def cispo_policy_loss(x: PolicyLossInputs) -> tuple[torch.Tensor, dict[str, floa
         clip_high=c.cispo_clip_high,
         **config_kwargs(x),
     )
-
-
-def available_policy_losses() -> list[str]:
-    """Deprecated: `POLICY_LOSSES.names()` (`textgym.algorithms.registry`), which this returns.
-
-    Kept only while `tests/trainers/test_gspo_cispo.py` still imports it.
-    """
-    return POLICY_LOSSES.names()
