@@ -12,6 +12,7 @@ import time
 import uuid
 
 import pytest
+from nonroot import nobody_process_backend
 
 from textgym import sandbox
 from textgym.sandbox import ExecRequest, SandboxUnavailableError, get_backend
@@ -29,8 +30,13 @@ def _backend_or_skip(name: str):
         raise
 
 
-@pytest.fixture(scope="module", params=["process", "docker"])
+@pytest.fixture(scope="module", params=["process", "docker", "process-nonroot"])
 def backend(request):
+    """Each backend; `process-nonroot` is the process backend driven by uid 65534, as a user who is
+    not root runs textgym (bubblewrap then runs as that user: no host uid of its own)."""
+    if request.param == "process-nonroot":
+        yield nobody_process_backend()
+        return
     b = _backend_or_skip(request.param)
     yield b
 
@@ -272,3 +278,80 @@ def test_check_backends_reports_process_working():
     assert rows["unsafe_local"][0] is False
     if REQUIRE_DOCKER:
         assert rows["docker"][0], rows["docker"][1]
+
+
+REPORT_CHANNEL_PROBE = r"""
+import ctypes, os, subprocess, sys
+fd = int(os.environ["TEXTGYM_REPORT_FD"])
+target = os.readlink(f"/proc/self/fd/{fd}")
+ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # non-dumpable, as the code judge makes itself
+os.set_inheritable(fd, False)
+probe = (
+    "import os\n"
+    "reach, opened = [], 0\n"
+    "for pid in (p for p in os.listdir('/proc') if p.isdigit() and int(p) != os.getpid()):\n"
+    "    try:\n"
+    "        fds = os.listdir(f'/proc/{pid}/fd')\n"
+    "    except OSError:\n"
+    "        continue\n"
+    "    for n in fds:\n"
+    "        try:\n"
+    "            link = os.readlink(f'/proc/{pid}/fd/{n}')\n"
+    "        except OSError:\n"
+    "            continue\n"
+    "        if link == TARGET:\n"
+    "            reach.append(pid)\n"
+    "print('reach', reach)\n"
+).replace("TARGET", repr(target))
+subprocess.run([sys.executable, "-c", probe], check=True)
+os.write(fd, b"only the command writes here\n")
+print("stdout is not the report")
+"""
+
+
+@pytest.mark.sandbox
+def test_the_report_channel_is_the_commands_alone(backend):
+    """`report=True`: the command's private channel comes back in `result.report`, and no other
+    process of the sandbox holds it where another process of the same uid could open it (a scan of
+    every `/proc/<pid>/fd` finds it nowhere), whichever uid runs textgym."""
+    r = backend.run(code=REPORT_CHANNEL_PROBE, report=True)
+    assert r.exit_code == 0, r.stderr
+    assert r.report == "only the command writes here\n"
+    assert r.stdout.splitlines() == ["reach []", "stdout is not the report"]
+    plain = backend.run(code="import os; print(os.environ.get('TEXTGYM_REPORT_FD'))")
+    assert plain.stdout == "None\n" and plain.report == ""  # no channel unless asked for
+
+
+SHARED_STATE_WRITE = r"""
+import ctypes, os
+for d in ("/dev/shm", "/tmp", "/dev/mqueue"):
+    try:
+        open(os.path.join(d, "left-behind"), "w").write("x")
+    except OSError:
+        pass
+libc = ctypes.CDLL(None, use_errno=True)
+print("shm", libc.shmget(0, 4096, 0o1666), "msg", libc.msgget(0, 0o1666), "sem", libc.semget(0, 1, 0o1666))
+"""
+SHARED_STATE_READ = r"""
+import os
+for d in ("/dev/shm", "/tmp", "/dev/mqueue"):
+    print(d, sorted(os.listdir(d)) if os.path.isdir(d) else "absent")
+for kind in ("shm", "msg", "sem"):
+    try:
+        print(kind, len(open(f"/proc/sysvipc/{kind}").read().splitlines()[1:]))
+    except OSError:
+        print(kind, 0)
+"""
+
+
+@pytest.mark.sandbox
+def test_shared_paths_and_ipc_do_not_carry_from_one_run_to_the_next(backend):
+    """Files in /dev/shm, /tmp (and /dev/mqueue) and System V IPC objects one run leaves are gone
+    in the next, also in a pooled container."""
+    first = backend.run(code=SHARED_STATE_WRITE)
+    assert first.ok, first.stderr
+    assert all(int(v) >= 0 for v in first.stdout.split()[1::2]), first.stdout  # all three were made
+    seen = backend.run(code=SHARED_STATE_READ).stdout.splitlines()
+    assert seen[0] in ("/dev/shm []", "/dev/shm absent") and seen[1] == "/tmp []", seen
+    assert seen[2] in ("/dev/mqueue []", "/dev/mqueue absent"), seen
+    assert seen[3:] == ["shm 0", "msg 0", "sem 0"], seen

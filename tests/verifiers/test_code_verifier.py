@@ -14,7 +14,8 @@ from textgym import sandbox
 from textgym.cli import app
 from textgym.envs.code import humaneval_tasks, mbpp_tasks
 from textgym.sandbox import SandboxUnavailableError, get_backend
-from textgym.verifiers.code import CodeVerifier, extract_code, split_check_function
+from textgym.types import Task
+from textgym.verifiers.code import CodeVerifier, entry_points, extract_code, split_check_function
 
 REQUIRE_DOCKER = os.environ.get("TEXTGYM_REQUIRE_DOCKER") == "1"
 
@@ -80,6 +81,89 @@ def test_humaneval_fraction_mode_counts_asserts():
     # has_close_elements: 7 asserts; a solution that always says False passes the 3 False ones
     s = v("    return False\n", tasks[0])
     assert s.details["total"] == 7 and s.details["passed"] == 3 and s.reward == pytest.approx(3 / 7)
+
+
+@pytest.mark.sandbox
+def test_fraction_mode_counts_only_units_that_call_the_solution():
+    """HumanEval's `assert True` units and its check's module-level lines are not counted: a solution
+    that returns None earned > 0 on 40 of 164 tasks for them. Now it earns only on units that call it
+    and accept None (HumanEval/12's `candidate([]) == None`, HumanEval/52's `assert not candidate(...)`)."""
+    from textgym.verifiers.code import counted_units, entry_points
+
+    v = _verifier_or_skip("process", mode="fraction")
+    tasks = list(humaneval_tasks("fraction"))
+    for t in tasks:
+        counting = counted_units(t.metadata["tests"], t.metadata.get("setup", ""), entry_points(t))
+        assert counting.must_call and counting.units
+        assert all(t.metadata["tests"][i].strip() != "assert True" for i in counting.units), t.task_id
+    scores = v.score_batch(["    return None\n"] * len(tasks), tasks)
+    paid = {t.task_id: s for t, s in zip(tasks, scores, strict=True) if s.reward > 0}
+    assert len(paid) <= 8, sorted(paid)
+    for task_id, s in paid.items():  # partial credit only where a counted test accepts None
+        task = next(t for t in tasks if t.task_id == task_id)
+        accepts = [u for u in task.metadata["tests"] if "None" in u or u.startswith("assert not candidate")]
+        assert s.reward < 1 and accepts, task_id
+
+
+@pytest.mark.sandbox
+def test_a_unit_that_never_calls_the_solution_is_not_paid():
+    """A unit that passed without calling the solution (the judge counts the calls) drops out of the
+    count: it pays nothing, and costs a correct solution nothing."""
+    task = Task(
+        task_id="t",
+        prompt="",
+        metadata={"tests": ["assert add(1, 2) == 3", "assert True or add(0, 0)", "assert add(2, 2) == 4"]},
+    )
+    v = _verifier_or_skip("process", mode="fraction")
+    s = v("def add(a, b):\n    return None\n", task)
+    assert s.details["total"] == 2 and s.details["passed"] == 0 and s.reward == 0.0
+    right = v("def add(a, b):\n    return a + b\n", task)
+    assert right.reward == 1.0 and right.details["total"] == 2
+    only = Task(task_id="u", prompt="", metadata={"tests": ["assert True or add(0, 0)"]})
+    assert v("def add(a, b):\n    return None\n", only).reward == 0.0
+    assert CodeVerifier("process")("def add(a, b):\n    return None\n", only).reward == 0.0  # binary too
+
+
+CANDIDATE_MADE = {  # correct answers in standard types that are not the plain data the wire names
+    "defaultdict of a lambda": (
+        "assert count('abca') == {'a': 2, 'b': 1, 'c': 1}",
+        "import collections\ndef count(s):\n    d = collections.defaultdict(lambda: 0)\n"
+        "    for ch in s:\n        d[ch] += 1\n    return d\n",
+    ),
+    "ChainMap": (
+        "assert merged({'a': 1}, {'b': 2}) == {'a': 1, 'b': 2}",
+        "import collections\ndef merged(x, y):\n    return collections.ChainMap(x, y)\n",
+    ),
+    "itertools.chain": (
+        "assert list(flat([[1, 2], [3]])) == [1, 2, 3]",
+        "import itertools\ndef flat(xs):\n    return itertools.chain.from_iterable(xs)\n",
+    ),
+    "itertools.islice": (
+        "assert list(first(3)) == [0, 1, 2]",
+        "import itertools\ndef first(n):\n    return itertools.islice(itertools.count(), n)\n",
+    ),
+    "MappingProxyType": (
+        "assert frozen({'k': 1})['k'] == 1 and dict(frozen({'k': 1})) == {'k': 1}",
+        "import types\ndef frozen(d):\n    return types.MappingProxyType(d)\n",
+    ),
+}
+
+
+@pytest.mark.sandbox
+@pytest.mark.parametrize("backend", ["process", "docker"])
+def test_candidate_made_mappings_and_iterators_are_paid_not_refused(backend):
+    """They cross as their items: 1.0, and not counted as a refusal by the hack telemetry. A dict
+    subclass whose `==` always says True crosses as its (wrong) items, and earns 0."""
+    v = _verifier_or_skip(backend)
+    tasks = [Task(task_id=n, prompt="", metadata={"tests": [t]}) for n, (t, _) in CANDIDATE_MADE.items()]
+    scores = v.score_batch([code for _, code in CANDIDATE_MADE.values()], tasks)
+    assert {t.task_id: (s.reward, s.details["refused"]) for t, s in zip(tasks, scores, strict=True)} == {
+        n: (1.0, False) for n in CANDIDATE_MADE
+    }
+    liar = (
+        "class D(dict):\n    def __eq__(self, other):\n        return True\ndef count(s):\n    return D()\n"
+    )
+    assert v(liar, tasks[0]).reward == 0.0
 
 
 @pytest.mark.sandbox

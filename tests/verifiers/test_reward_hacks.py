@@ -189,7 +189,45 @@ REACH = (
     "    except Exception:\n        continue\n"
     "    import os\n    os._exit(0)  # before the real tests report\n\n"
 )
+PIPE_THIEF = (  # round 3: threads that read the report line (nonce included) off every pipe of the
+    # sandbox they can open through /proc (bubblewrap's init held the judge's stdout), write a pass for
+    # every unit to every pipe they can open for writing, and kill the judge
+    "import os, re, threading\n"
+    "def _pipes():\n"
+    "    for pid in [p for p in os.listdir('/proc') if p.isdigit() and int(p) != os.getpid()]:\n"
+    "        try:\n            fds = os.listdir(f'/proc/{pid}/fd')\n"
+    "        except OSError:\n            continue\n"
+    "        for n in fds:\n"
+    "            try:\n"
+    "                if os.readlink(f'/proc/{pid}/fd/{n}').startswith('pipe:'):\n"
+    "                    yield f'/proc/{pid}/fd/{n}'\n"
+    "            except OSError:\n                pass\n"
+    "def _forge(nonce):\n"
+    "    lines = ''.join(f'{nonce} {{\"unit\": {u}, \"ok\": true, \"calls\": 1}}\\n' "
+    "for u in ['\"program\"', *range(60)])\n"
+    "    for path in list(_pipes()):\n"
+    "        try:\n            os.write(os.open(path, os.O_WRONLY | os.O_NONBLOCK), lines.encode())\n"
+    "        except OSError:\n            pass\n"
+    "    os.kill(os.getppid(), 9)\n    os._exit(0)\n"
+    "def _read(path):\n"
+    "    try:\n        r = os.open(path, os.O_RDONLY)\n"
+    "    except OSError:\n        return\n"
+    "    while True:\n"
+    "        found = re.findall(r'([0-9a-f]{32}) ', os.read(r, 65536).decode(errors='replace'))\n"
+    "        if found:\n            _forge(found[0])\n"
+    "for _path in list(_pipes()):\n"
+    "    threading.Thread(target=_read, args=(_path,), daemon=True).start()\n\n"
+)
 JUDGE_HACKS = {
+    "report line read off the sandbox's pipes": (
+        0,
+        PIPE_THIEF + "def has_close_elements(numbers, threshold):\n    import time; time.sleep(0.3)\n"
+        "    return None\n",
+    ),
+    "report line read off the sandbox's pipes (MBPP)": (
+        "mbpp/3",
+        PIPE_THIEF + "def is_not_prime(n):\n    import time; time.sleep(0.3)\n    return None\n",
+    ),
     "class entry point": (0, ANY + "class has_close_elements(Any_):\n    pass\n"),
     "callable object": (0, ANY + "has_close_elements = Any_()\n"),
     "class entry point (MBPP)": ("mbpp/3", ANY + "class is_not_prime(Any_):\n    pass\n"),
@@ -242,6 +280,58 @@ def test_the_judge_never_runs_or_compares_the_candidates_objects(backend, name):
     score = verifier(f"```python\n{code}```", task)
     assert score.reward == 0.0, score.details
     assert verifier(task.solution, task).reward == 1.0
+
+
+def _judge_hacks_and_references(verifier):
+    names = list(JUDGE_HACKS)
+    tasks = [_judge_task(JUDGE_HACKS[n][0]) for n in names]
+    hacks = verifier.score_batch([f"```python\n{JUDGE_HACKS[n][1]}```" for n in names], tasks)
+    refs = verifier.score_batch([t.solution for t in tasks], tasks)
+    return {n: (h.reward, r.reward) for n, h, r in zip(names, hacks, refs, strict=True)}
+
+
+@pytest.mark.sandbox
+def test_the_judge_holds_when_textgym_runs_as_a_user_who_is_not_root():
+    """The process backend as most users have it (bubblewrap run by their own uid, no host uid of
+    its own, `drop_host_uid=False`): every judge hack earns 0 and every reference 1. Round 3's pipe
+    thief paid 1.0 here while failing as root."""
+    from nonroot import nobody_process_backend
+
+    verifier = CodeVerifier(nobody_process_backend(), timeout_s=5.0)
+    got = _judge_hacks_and_references(verifier)
+    assert {n: h for n, (h, _) in got.items() if h != 0.0} == {}
+    assert {n: r for n, (_, r) in got.items() if r != 1.0} == {}
+
+
+@pytest.mark.sandbox
+def test_the_docker_judge_holds_when_textgym_runs_as_a_user_who_is_not_root():
+    """The docker backend driven by uid 65534 in the socket's group, as a user in the `docker`
+    group runs it: every judge hack earns 0 and every reference 1."""
+    import docker  # noqa: F401 (imported here: the uid-65534 child may not read the venv)
+
+    from nonroot import run_as_nobody
+    from textgym.sandbox import SandboxUnavailableError
+    from textgym.sandbox.docker import DockerBackend
+
+    sock = "/var/run/docker.sock"
+    groups = [os.stat(sock).st_gid] if os.path.exists(sock) else []
+
+    def score():
+        with DockerBackend(max_workers=2) as backend:
+            return _judge_hacks_and_references(CodeVerifier(backend, timeout_s=5.0))
+
+    try:
+        got = run_as_nobody(score, groups=groups)
+    except RuntimeError as e:
+        if "SandboxUnavailableError" in str(e) and os.environ.get("TEXTGYM_REQUIRE_DOCKER") != "1":
+            pytest.skip(f"docker backend unavailable: {str(e)[-200:]}")
+        raise
+    except SandboxUnavailableError as e:
+        if os.environ.get("TEXTGYM_REQUIRE_DOCKER") != "1":
+            pytest.skip(f"docker backend unavailable: {e}")
+        raise
+    assert {n: h for n, (h, _) in got.items() if h != 0.0} == {}
+    assert {n: r for n, (_, r) in got.items() if r != 1.0} == {}
 
 
 @pytest.mark.sandbox

@@ -25,6 +25,8 @@ import time
 from collections.abc import Callable
 from typing import IO, Any, NamedTuple
 
+REPORT_FD_ENV = "TEXTGYM_REPORT_FD"
+"""Names the command's private report channel's descriptor (`ExecRequest.report`)."""
 SANDBOX_UID = 65534
 """The unprivileged uid (and gid) the untrusted command runs as: `nobody`."""
 
@@ -92,7 +94,10 @@ class CappedReader(threading.Thread):
 
 
 class Outcome(NamedTuple):
-    """What `communicate` saw: exit status, capped outputs and their truncation flags, timing."""
+    """What `communicate` saw: exit status, capped outputs and their truncation flags, timing.
+
+    `report` is what came through the private report channel (empty when there was none).
+    """
 
     returncode: int
     stdout: bytes
@@ -101,6 +106,19 @@ class Outcome(NamedTuple):
     stderr_truncated: bool
     timed_out: bool
     duration_s: float
+    report: bytes = b""
+    report_truncated: bool = False
+
+
+def report_pipe(wanted: bool) -> tuple[int | None, int | None]:
+    """`(read end, write end)` of a new private report channel, or `(None, None)` when not wanted.
+
+    The write end is for the command only (pass it with `pass_fds`, name it in the command's
+    environment under `TEXTGYM_REPORT_FD`, then close it here); `communicate` drains the read end.
+    """
+    if not wanted:
+        return None, None
+    return os.pipe()
 
 
 def communicate(
@@ -110,18 +128,25 @@ def communicate(
     max_output_bytes: int,
     start: float,
     before_join: Callable[[], None] | None = None,
+    report_fd: int | None = None,
 ) -> Outcome:
     """Feed `stdin`, drain stdout/stderr capped at `max_output_bytes` each, wait up to `timeout_s`.
 
     On timeout the process group of `proc` (a session leader) is SIGKILLed. `before_join` runs
     after the exit and before the output readers are joined (e.g. to kill leftovers that still
     hold the pipes). `start` is the `time.monotonic()` the run is timed from (seconds).
+    `report_fd`, the read end of the private report channel (`report_pipe`), is drained
+    (capped the same way) and closed.
     """
     assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
     out = CappedReader(proc.stdout, max_output_bytes)
     err = CappedReader(proc.stderr, max_output_bytes)
     out.start()
     err.start()
+    rep = None
+    if report_fd is not None:
+        rep = CappedReader(os.fdopen(report_fd, "rb", buffering=0), max_output_bytes)
+        rep.start()
     with contextlib.suppress(OSError):  # the command may exit without reading its input
         proc.stdin.write(stdin)
     with contextlib.suppress(OSError):
@@ -139,7 +164,16 @@ def communicate(
         before_join()
     out.join(timeout=5)
     err.join(timeout=5)
-    return Outcome(proc.returncode, out.data, err.data, out.truncated, err.truncated, timed_out, duration)
+    report, report_truncated = b"", False
+    if rep is not None:
+        rep.join(timeout=5)
+        report, report_truncated = rep.data, rep.truncated
+        with contextlib.suppress(OSError, ValueError):
+            rep.stream.close()
+    return Outcome(
+        proc.returncode, out.data, err.data, out.truncated, err.truncated, timed_out, duration,
+        report, report_truncated,
+    )  # fmt: skip
 
 
 def looks_oom(stderr: bytes, returncode: int | None, timed_out: bool) -> bool:
@@ -153,6 +187,8 @@ def looks_oom(stderr: bytes, returncode: int | None, timed_out: bool) -> bool:
 
 
 def _clean_dir(path: str) -> None:
+    if not os.path.isdir(path):
+        return
     for name in os.listdir(path):
         p = os.path.join(path, name)
         if os.path.isdir(p) and not os.path.islink(p):
@@ -170,8 +206,39 @@ def _drop_privileges_and_limit(limits: dict[str, Any]) -> None:
     apply_limits(limits)
 
 
+SHARED_DIRS = ("/tmp", "/dev/shm", "/dev/mqueue")
+"""Writable places of a pooled container besides the work dir; wiped before and after each run."""
+_IPC_RMID = 0
+
+
+def _remove_ipc_objects() -> None:
+    """Remove the System V shared-memory segments, message queues and semaphore sets of this uid.
+
+    They live in the container's IPC namespace, which outlives a run in a pooled container;
+    called as the sandbox uid (the owner may remove them).
+    """
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    removers = {
+        "shm": lambda i: libc.shmctl(i, _IPC_RMID, None),
+        "msg": lambda i: libc.msgctl(i, _IPC_RMID, None),
+        "sem": lambda i: libc.semctl(i, 0, _IPC_RMID),
+    }
+    for kind, remove in removers.items():
+        try:
+            with open(f"/proc/sysvipc/{kind}") as f:
+                rows = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            if len(fields) > 1 and fields[1].isdigit():
+                remove(int(fields[1]))
+
+
 def _kill_leftovers() -> None:
-    """Kill every process of the sandbox uid (the command's strays: daemons, fork bombs)."""
+    """Kill every process of the sandbox uid (daemons, fork bombs) and remove its IPC objects."""
     for _ in range(3):
         try:
             pid = os.fork()
@@ -182,6 +249,7 @@ def _kill_leftovers() -> None:
                 os.setgid(SANDBOX_UID)
                 os.setuid(SANDBOX_UID)
                 os.kill(-1, signal.SIGKILL)
+                _remove_ipc_objects()
             finally:
                 os._exit(0)
         os.waitpid(pid, 0)
@@ -191,7 +259,7 @@ def main() -> None:
     """Container side of the docker backend: one request on stdin, one JSON result line on stdout."""
     request = json.loads(sys.stdin.buffer.read())
     workdir = request.get("workdir", "/work")
-    for d in (workdir, "/tmp"):
+    for d in (workdir, *SHARED_DIRS):
         _clean_dir(d)
     for rel, b64 in request["files"].items():
         path = os.path.join(workdir, rel)
@@ -203,16 +271,24 @@ def main() -> None:
             os.chown(os.path.join(root, n), SANDBOX_UID, SANDBOX_UID)
     limits = request["limits"]
     env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": workdir, "LANG": "C.UTF-8", "TMPDIR": "/tmp"}
+    report_r, report_w = report_pipe(bool(request.get("report")))
+    if report_w is not None:
+        env[REPORT_FD_ENV] = str(report_w)
     start = time.monotonic()
-    proc = subprocess.Popen(
-        request["cmd"],
-        cwd=workdir,
-        env=env,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        preexec_fn=lambda: _drop_privileges_and_limit(limits),
-    )
+    try:
+        proc = subprocess.Popen(
+            request["cmd"],
+            cwd=workdir,
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            pass_fds=() if report_w is None else (report_w,),
+            preexec_fn=lambda: _drop_privileges_and_limit(limits),
+        )
+    finally:
+        if report_w is not None:
+            os.close(report_w)  # the command's alone: the launcher (another uid) keeps the read end
     stdin = base64.b64decode(request.get("stdin") or "")
     o = communicate(
         proc,
@@ -221,6 +297,7 @@ def main() -> None:
         limits["max_output_bytes"],
         start,
         before_join=_kill_leftovers,
+        report_fd=report_r,
     )
     result = {
         "exit_code": o.returncode,
@@ -231,8 +308,10 @@ def main() -> None:
         "timed_out": o.timed_out,
         "oom": looks_oom(o.stderr, o.returncode, o.timed_out),
         "duration_s": o.duration_s,
+        "report": base64.b64encode(o.report).decode(),
+        "report_truncated": o.report_truncated,
     }
-    for d in (workdir, "/tmp"):
+    for d in (workdir, *SHARED_DIRS):
         _clean_dir(d)
     sys.stdout.write(json.dumps(result) + "\n")
     sys.stdout.flush()

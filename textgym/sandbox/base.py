@@ -53,6 +53,9 @@ class ExecResult:
             or killed by the kernel/cgroup OOM killer).
         duration_s: wall-clock seconds from start to exit (the kill included).
         backend: name of the backend that ran it ("process", "docker", ...).
+        report: what the command wrote to its private report channel (`ExecRequest.report`),
+            its first `max_output_bytes` bytes decoded as UTF-8; "" when none was asked for.
+        report_truncated: True when the report channel carried more than the cap.
     """
 
     exit_code: int
@@ -64,6 +67,8 @@ class ExecResult:
     oom: bool = False
     duration_s: float = 0.0
     backend: str = ""
+    report: str = ""
+    report_truncated: bool = False
 
     @property
     def truncated(self) -> bool:
@@ -92,6 +97,14 @@ class ExecRequest:
         max_file_bytes: largest file the command may write (RLIMIT_FSIZE, bytes).
         max_open_files: open file descriptors per process (RLIMIT_NOFILE).
         network: False (default) gives the command no network at all.
+        report: give the command a private report channel: the write end of a pipe, at the
+            descriptor named by the environment variable `TEXTGYM_REPORT_FD`, held by the
+            command's own process and by no other process in the sandbox (not the sandbox's
+            init, which holds the command's stdin, stdout and stderr; not the launcher, which
+            runs as another uid). What comes through it is `ExecResult.report`. A command that
+            runs untrusted code keeps the channel to itself: it closes the descriptor in every
+            child it forks, and makes itself non-dumpable so no process of its uid can reach
+            it through `/proc/<pid>/fd` (the code judge, `textgym.verifiers._code_harness`).
     """
 
     files: Mapping[str, str | bytes] = field(default_factory=dict)
@@ -104,6 +117,7 @@ class ExecRequest:
     max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
     max_open_files: int = DEFAULT_MAX_OPEN_FILES
     network: bool = False
+    report: bool = False
 
     def __post_init__(self) -> None:
         if not self.cmd or not all(isinstance(a, str) for a in self.cmd):

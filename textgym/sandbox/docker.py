@@ -252,6 +252,7 @@ class DockerBackend(SandboxBackend):
                 "cmd": list(request.cmd),
                 "stdin": base64.b64encode(request.stdin_bytes()).decode(),
                 "limits": request.limits(),
+                "report": request.report,
             }
         ).encode()
         last_error: Exception | None = None
@@ -310,4 +311,6 @@ class DockerBackend(SandboxBackend):
             oom=bool(data["oom"]),
             duration_s=float(data["duration_s"]),
             backend=self.name,
+            report=base64.b64decode(data.get("report", "")).decode("utf-8", errors="replace"),
+            report_truncated=bool(data.get("report_truncated", False)),
         )

@@ -14,7 +14,7 @@ import tempfile
 import time
 import warnings
 
-from textgym.sandbox._launcher import apply_limits, communicate, looks_oom
+from textgym.sandbox._launcher import REPORT_FD_ENV, apply_limits, communicate, looks_oom, report_pipe
 from textgym.sandbox.base import ExecRequest, ExecResult, SandboxBackend
 
 
@@ -52,17 +52,32 @@ class UnsafeLocalBackend(SandboxBackend):
             cmd = list(request.cmd)
             if cmd[0] in ("python", "python3"):
                 cmd[0] = sys.executable
+            report_r, report_w = report_pipe(request.report)
+            env = None if report_w is None else {**os.environ, REPORT_FD_ENV: str(report_w)}
             start = time.monotonic()
-            proc = subprocess.Popen(
-                cmd,
-                cwd=work,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                start_new_session=True,
-                preexec_fn=lambda: apply_limits(limits),
+            try:
+                proc = subprocess.Popen(
+                    cmd,
+                    cwd=work,
+                    env=env,
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    pass_fds=() if report_w is None else (report_w,),
+                    start_new_session=True,
+                    preexec_fn=lambda: apply_limits(limits),
+                )
+            finally:
+                if report_w is not None:
+                    os.close(report_w)
+            o = communicate(
+                proc,
+                request.stdin_bytes(),
+                request.timeout_s,
+                request.max_output_bytes,
+                start,
+                report_fd=report_r,
             )
-            o = communicate(proc, request.stdin_bytes(), request.timeout_s, request.max_output_bytes, start)
         return ExecResult(
             exit_code=o.returncode,
             stdout=o.stdout.decode("utf-8", errors="replace"),
@@ -73,4 +88,6 @@ class UnsafeLocalBackend(SandboxBackend):
             oom=looks_oom(o.stderr, o.returncode, o.timed_out),
             duration_s=o.duration_s,
             backend=self.name,
+            report=o.report.decode("utf-8", errors="replace"),
+            report_truncated=o.report_truncated,
         )

@@ -29,7 +29,14 @@ import sys
 import time
 from pathlib import Path
 
-from textgym.sandbox._launcher import SANDBOX_UID, apply_limits, communicate, looks_oom
+from textgym.sandbox._launcher import (
+    REPORT_FD_ENV,
+    SANDBOX_UID,
+    apply_limits,
+    communicate,
+    looks_oom,
+    report_pipe,
+)
 from textgym.sandbox.base import (
     DEFAULT_WORKDIR_BYTES,
     ExecRequest,
@@ -173,7 +180,7 @@ class ProcessBackend(SandboxBackend):
         )
 
     # -- running -----------------------------------------------------------------------
-    def _argv(self, request: ExecRequest, fds: list[int]) -> list[str]:
+    def _argv(self, request: ExecRequest, fds: list[int], report_w: int | None = None) -> list[str]:
         argv = [self.bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--hostname", "sandbox"]
         if request.network:
             argv += ["--share-net"]
@@ -211,6 +218,8 @@ class ProcessBackend(SandboxBackend):
         ]
         argv += ["--clearenv", "--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin"]
         argv += ["--setenv", "HOME", WORKDIR, "--setenv", "LANG", "C.UTF-8", "--setenv", "TMPDIR", "/tmp"]
+        if report_w is not None:  # bubblewrap's init closes it; only the command holds it
+            argv += ["--setenv", REPORT_FD_ENV, str(report_w)]
         cmd = list(request.cmd)
         if cmd[0] in ("python", "python3"):
             cmd[0] = self.python
@@ -250,9 +259,12 @@ class ProcessBackend(SandboxBackend):
         fds: list[int] = []
         limits = request.limits()
         info_r, info_w = os.pipe()  # bwrap writes {"child-pid": N} here once the sandbox is set up
+        report_r, report_w = report_pipe(request.report)
         try:
             fds.append(info_w)
-            argv = self._argv(request, fds)
+            if report_w is not None:
+                fds.append(report_w)
+            argv = self._argv(request, fds, report_w)
             argv[1:1] = ["--info-fd", str(info_w)]
             drop = self.drop_host_uid
             start = time.monotonic()
@@ -270,11 +282,20 @@ class ProcessBackend(SandboxBackend):
             )
         except OSError as e:
             os.close(info_r)
+            if report_r is not None:
+                os.close(report_r)
             raise SandboxError(f"could not start bubblewrap ({self.bwrap}): {e}") from e
         finally:
             for fd in fds:
                 os.close(fd)
-        o = communicate(proc, request.stdin_bytes(), request.timeout_s, request.max_output_bytes, start)
+        o = communicate(
+            proc,
+            request.stdin_bytes(),
+            request.timeout_s,
+            request.max_output_bytes,
+            start,
+            report_fd=report_r,
+        )
         timed_out = o.timed_out
         os.set_blocking(info_r, False)
         try:
@@ -303,4 +324,6 @@ class ProcessBackend(SandboxBackend):
             oom=looks_oom(o.stderr, code, timed_out),
             duration_s=o.duration_s,
             backend=self.name,
+            report=o.report.decode("utf-8", errors="replace"),
+            report_truncated=o.report_truncated,
         )

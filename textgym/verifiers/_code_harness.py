@@ -14,11 +14,14 @@ Before it reads anything secret this process makes itself non-dumpable
 (`prctl(PR_SET_DUMPABLE, 0)`): a process of the same uid can then neither trace it nor read
 its memory or its descriptors through /proc, so the candidate cannot learn the nonce or
 write to the result channel. The candidate process is forked off before the nonce and the
-spec are read, so its copy of this process holds neither. Results go, one line per unit,
-to a private copy of the original stdout, prefixed by the nonce read from stdin; everything
-printed goes to stderr. A unit
-without a result line (the judge killed, the candidate hung past the sandbox's timeout)
-counts as failed.
+spec are read, so its copy of this process holds neither, and it closes its copy of the
+report channel before anything else. Results go, one line per unit, prefixed by the nonce
+read from stdin, to the sandbox's private report channel (`ExecRequest.report`: a pipe at the
+descriptor `TEXTGYM_REPORT_FD` names, which no other process of the sandbox holds: not its
+init, which keeps the stdin, stdout and stderr pipes that any process of the uid may open
+through `/proc/1/fd`). Nothing is reported on stdout; everything printed goes to stderr. A
+unit without a result line (the judge killed, the candidate hung past the sandbox's timeout)
+counts as failed, and so does every unit when the sandbox gave no report channel.
 
 Input: `spec.json` = {"program": the solution's source, "trusted": the task's trusted code,
 "setup": test setup, "tests": [units], "entry_points": [names], "classes": [names],
@@ -41,6 +44,7 @@ import _code_wire as wire
 del sys.path[0]  # nothing the candidate writes later can be imported here
 
 PR_SET_DUMPABLE = 4
+REPORT_FD_ENV = "TEXTGYM_REPORT_FD"  # textgym.sandbox's name for the private report channel
 _SAFE_ERRORS = {
     name: getattr(builtins, name)
     for name in (
@@ -108,7 +112,7 @@ class Candidate:
     It is forked before the judge reads anything secret (`fork`), then given the program.
     """
 
-    def __init__(self, workdir):
+    def __init__(self, workdir, report_fd):
         requests_r, requests_w = os.pipe()
         answers_r, answers_w = os.pipe()
         run = os.path.join(workdir, "run")
@@ -117,6 +121,7 @@ class Candidate:
         sys.stderr.flush()
         self.pid = os.fork()
         if self.pid == 0:  # the candidate: the judge's ends of the pipes are not its to hold
+            os.close(report_fd)
             os.close(requests_w)
             os.close(answers_r)
             try:
@@ -129,6 +134,7 @@ class Candidate:
         self.answers = os.fdopen(answers_r, "r", encoding="utf-8")
         self.classes: frozenset[str] = frozenset()
         self.gone = None
+        self.calls = 0  # calls of the solution's functions so far (a unit's count is reported)
 
     def ask(self, message):
         """Send one request and read its answer; CandidateGoneError once the process is gone."""
@@ -155,6 +161,7 @@ def _proxy(candidate, name, kind, make_object):
             raise NameError(f"the solution does not define {name}")
         if kind != "function":
             raise RefusedError(f"the solution's {name} is a {kind}, not a function")
+        candidate.calls += 1
         answer = candidate.ask(
             {"op": "call", "fn": name, "args": wire.encode(list(args), candidate.classes),
              "kwargs": wire.encode(dict(kwargs), candidate.classes)}
@@ -192,17 +199,33 @@ def _write_back(args, after):
             vars(mine).update(vars(theirs))
 
 
+def _report_channel():
+    """The sandbox's private report channel (`TEXTGYM_REPORT_FD`), no longer inheritable.
+
+    Raises:
+        OSError: when the sandbox gave none: the judge then reports nothing, and every unit fails.
+    """
+    fd = int(os.environ.pop(REPORT_FD_ENV, "-1"))
+    os.fstat(fd)  # EBADF when absent
+    os.set_inheritable(fd, False)
+    return fd
+
+
 def main():
-    """Run the spec; print `NONCE {"unit": i, "ok": bool, "error": str}` per unit."""
+    """Run the spec; write `NONCE {"unit": i, "ok": bool, "error" | "calls": ...}` per unit as its report.
+
+    `calls` (on a passed unit) counts the calls of the solution's functions the unit made.
+    """
     _non_dumpable()
+    report_fd = _report_channel()
     workdir = os.path.dirname(os.path.abspath(__file__))
-    candidate = Candidate(workdir)  # forked before the nonce and the tests are read
+    candidate = Candidate(workdir, report_fd)  # forked before the nonce and the tests are read
     nonce = sys.stdin.readline().strip()
     with open(os.path.join(workdir, "spec.json"), encoding="utf-8") as f:
         spec = json.load(f)
     os.remove(os.path.join(workdir, "spec.json"))
-    report = os.fdopen(os.dup(1), "w", encoding="utf-8")
-    os.dup2(2, 1)  # prints (the tests', the candidate's) go to stderr, never into the result channel
+    report = os.fdopen(report_fd, "w", encoding="utf-8")
+    os.dup2(2, 1)  # prints (the tests', the candidate's) go to stderr
 
     def emit(record):
         report.write(nonce + " " + json.dumps(record) + "\n")
@@ -247,6 +270,7 @@ def main():
         os._exit(0)
     emit({"unit": "program", "ok": True})
     for i, unit in enumerate(tests):
+        calls = candidate.calls
         try:
             exec(compile(unit, f"test_{i}.py", "exec"), namespace)
         except BaseException as e:
@@ -254,7 +278,7 @@ def main():
             if spec.get("stop_at_first_failure", False):
                 break
         else:
-            emit({"unit": i, "ok": True})
+            emit({"unit": i, "ok": True, "calls": candidate.calls - calls})
     os._exit(0)
 
 

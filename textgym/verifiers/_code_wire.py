@@ -11,25 +11,29 @@ lines. A value crosses as JSON of exact built-in types, with a tag for what JSON
 | tuple, set, frozenset, deque | `{"t": "tuple", "v": [items]}` (tag "set", "frozenset", "deque") |
 | dict, Counter, OrderedDict | `{"t": "dict", "v": [[key, value], ...]}` (tag "counter", ...) |
 | defaultdict of a built-in type | `{"t": "defaultdict", "f": "list", "v": [[key, value], ...]}` |
+| any other mapping (ChainMap, a defaultdict of a lambda, a dict subclass) | as a dict of its items |
 | bytes, complex | `{"t": "bytes", "v": "<hex>"}`, `{"t": "complex", "v": [re, im]}` |
 | Fraction, Decimal | `{"t": "fraction", "v": [numerator, denominator]}`, `{"t": "decimal", "v": "<str>"}` |
 | a namedtuple | as the tuple of its items (the judge holds a plain tuple) |
 | a built-in type (`remove_datatype(xs, int)`) | `{"t": "type", "v": "int"}` |
 | a regular-expression match | `{"t": "match", "v": [text, [groups], [start, end]]}`: a `Match` |
-| an iterator or generator | `{"t": "iter", "v": [items]}`, drawn to the end (`MAX_ITEMS`) |
+| an iterator or generator (`itertools.chain`, ...) | `{"t": "iter", "v": [items]}`, drawn (`MAX_ITEMS`) |
 | an object of a class the task defines | `{"t": "obj", "c": "Node", "v": {attribute: value}}` |
 
 (The last: MBPP's `Node` and `Pair`, which the test setup builds from the task's class.)
 
 `encode` accepts exact types only (a subclass of int, an object whose `__eq__` always says
-True, a class, a function: `WireError`; a namedtuple is sent as its items), and `decode`
-builds fresh objects of the receiving process's own types, so whatever the candidate sends,
-the judge holds only data it built.
+True, a class, a function: `WireError`; a namedtuple is sent as its items), but for mappings
+and iterators of any type, which it sends as what they hold (their items, drawn in the
+sending process), and `decode` builds fresh objects of the receiving process's own types, so
+whatever the candidate sends, the judge holds only data it built. (A dict subclass whose
+`==` always says True arrives as a plain dict of its items, and is compared as one.)
 """
 
 from __future__ import annotations
 
 import collections
+import collections.abc
 import decimal
 import fractions
 import json
@@ -144,7 +148,7 @@ def encode(value: Any, classes: frozenset[str] = frozenset(), depth: int = 0) ->
         factory = value.default_factory
         name = getattr(factory, "__name__", "")
         if factory is not None and _BUILTIN_TYPES.get(name) is not factory:
-            raise WireError("a defaultdict whose default is not a built-in type")
+            return {"t": "dict", "v": items}  # a lambda or other default cannot cross: its items do
         return {"t": "defaultdict", "f": None if factory is None else name, "v": items}
     if t is bytes:
         return {"t": "bytes", "v": value.hex()}
@@ -165,16 +169,33 @@ def encode(value: Any, classes: frozenset[str] = frozenset(), depth: int = 0) ->
             raise WireError("a match of bytes")
         return {"t": "match", "v": [text, groups, list(value.span())]}
     if t is types.GeneratorType or t in _ITERATOR_TYPES:
-        items = []
-        for item in value:
-            if len(items) >= MAX_ITEMS:
-                raise WireError(f"an iterator of more than {MAX_ITEMS} items")
-            items.append(encode(item, classes, depth + 1))
-        return {"t": "iter", "v": items}
+        return {"t": "iter", "v": _draw(value, classes, depth)}
     if t.__name__ in classes and isinstance(getattr(value, "__dict__", None), dict):
         attrs = {str(k): encode(v, classes, depth + 1) for k, v in vars(value).items() if type(k) is str}
         return {"t": "obj", "c": t.__name__, "v": attrs}
+    if t is not type and isinstance(value, collections.abc.Mapping):  # ChainMap, a dict subclass, ...
+        pairs = list(value.items())
+        return {
+            "t": "dict",
+            "v": [[encode(k, classes, depth + 1), encode(v, classes, depth + 1)] for k, v in pairs],
+        }
+    if t is not type and isinstance(value, collections.abc.Iterator):  # itertools' iterators, ...
+        return {"t": "iter", "v": _draw(value, classes, depth)}
     raise WireError(f"a {t.__name__}, not plain data (None, bool, numbers, str, bytes, containers of them)")
+
+
+def _draw(iterator: Any, classes: frozenset[str], depth: int) -> list[Any]:
+    """The encoded items of `iterator`, drawn to its end.
+
+    Raises:
+        WireError: after `MAX_ITEMS` items (an endless iterator), or on an item that is not plain data.
+    """
+    items = []
+    for item in iterator:
+        if len(items) >= MAX_ITEMS:
+            raise WireError(f"an iterator of more than {MAX_ITEMS} items")
+        items.append(encode(item, classes, depth + 1))
+    return items
 
 
 _EXAMPLE_ITERATORS: tuple[Any, ...] = (

@@ -31,7 +31,7 @@ import secrets
 import textwrap
 import warnings
 from importlib import resources
-from typing import Any
+from typing import Any, NamedTuple
 
 from textgym.sandbox import ExecRequest, ExecResult, SandboxBackend, get_backend
 from textgym.types import Task
@@ -107,6 +107,51 @@ def _has_assert(source: str) -> bool:
         return any(isinstance(n, ast.Assert) for n in ast.walk(ast.parse(source)))
     except SyntaxError:
         return True
+
+
+def _names_read(source: str) -> set[str]:
+    try:
+        return {n.id for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Name)}
+    except SyntaxError:
+        return set()
+
+
+class Counted(NamedTuple):
+    """The test units a score counts (`units`, in order), and whether they must call the solution."""
+
+    units: list[int]
+    must_call: bool
+
+
+def _passed_without_a_call(record: dict[str, Any]) -> bool:
+    return record.get("ok") is True and record.get("calls") == 0
+
+
+def counted_units(tests: list[str], setup: str, names: list[str]) -> Counted:
+    """The test units a score counts: the asserts that reach the solution.
+
+    A unit reaches the solution when it names one of its functions (`names`) or an alias of
+    one (`candidate = has_close_elements`, assigned in the setup or an earlier unit). HumanEval's
+    `assert True` units and a check's module-level statements are not counted, so a solution
+    that does nothing earns nothing for them in fraction mode. The judge also counts the calls
+    each unit makes: a unit that passed without calling the solution (`assert True or f(0)`)
+    drops out of the count (`must_call`). Falls back to every unit that reaches the solution,
+    then to every unit, for tasks written otherwise.
+
+    Returns:
+        the counted units, and whether they must call the solution (not in the last fallback).
+    """
+    reaching = set(names)
+    for source in (setup, *tests):
+        for node in _top_level(source):
+            if not (isinstance(node, ast.Assign) and isinstance(node.value, ast.Name)):
+                continue
+            if node.value.id in reaching:
+                reaching.update(t.id for t in node.targets if isinstance(t, ast.Name))
+    calls = [i for i, t in enumerate(tests) if _names_read(t) & reaching]
+    if not calls:
+        return Counted(list(range(len(tests))), False)
+    return Counted([i for i in calls if _has_assert(tests[i])] or calls, True)
 
 
 def build_program(completion: str, task: Task) -> tuple[str, str, list[str]]:
@@ -258,17 +303,18 @@ class CodeVerifier:
         self.timeout_s = float(timeout_s)
         self.memory_mb = int(memory_mb)
 
-    def request(self, completion: str, task: Task) -> tuple[ExecRequest, str, list[str]]:
-        """The sandbox request for one completion, its nonce and its test units."""
+    def request(self, completion: str, task: Task) -> tuple[ExecRequest, str, list[str], Counted]:
+        """The sandbox request for one completion, its nonce, its test units and those counted."""
         program, setup, tests = build_program(completion, task)
         trusted, classes = trusted_code(task)
         nonce = secrets.token_hex(16)
+        names = entry_points(task)
         spec = {
             "program": program,
             "trusted": trusted,
             "setup": setup,
             "tests": tests,
-            "entry_points": entry_points(task),
+            "entry_points": names,
             "classes": classes,
             "stop_at_first_failure": self.mode == "binary",
         }
@@ -278,22 +324,29 @@ class CodeVerifier:
             stdin=nonce + "\n",
             timeout_s=self.timeout_s,
             memory_mb=self.memory_mb,
+            report=True,
         )
-        return req, nonce, tests
+        return req, nonce, tests, counted_units(tests, setup, names)
 
-    def score_result(self, result: ExecResult, nonce: str, tests: list[str]) -> Score:
-        """Turn a harness run into a `Score` (see the module docstring)."""
+    def score_result(self, result: ExecResult, nonce: str, tests: list[str], counting: Counted) -> Score:
+        """Turn a harness run into a `Score` (see the module docstring); `counting` from `counted_units`."""
         reports: dict[Any, dict[str, Any]] = {}
-        for line in result.stdout.splitlines():
+        for line in result.report.splitlines():
             if line.startswith(nonce + " "):
                 try:
                     rec = json.loads(line[len(nonce) + 1 :])
                 except json.JSONDecodeError:
                     continue
-                reports[rec.get("unit")] = rec
-        counted = [i for i, t in enumerate(tests) if _has_assert(t)] or list(range(len(tests)))
+                unit = rec.get("unit")
+                if unit in reports:  # the judge reports each unit once: a second report is forged
+                    rec = {"unit": unit, "ok": False, "error": "the unit was reported twice"}
+                reports[unit] = rec
         loaded = reports.get("program", {}).get("ok", False)
-        passed = [i for i in counted if loaded and reports.get(i, {}).get("ok", False)]
+        idle = {
+            i for i in counting.units if counting.must_call and _passed_without_a_call(reports.get(i, {}))
+        }
+        counted = [i for i in counting.units if i not in idle]
+        passed = [i for i in counted if loaded and reports.get(i, {}).get("ok") is True]
         details: dict[str, Any] = {
             "passed": len(passed),
             "total": len(counted),
@@ -319,7 +372,7 @@ class CodeVerifier:
         if tail:
             details["stderr_tail"] = tail
         if self.mode == "binary":
-            reward = 1.0 if loaded and len(passed) == len(counted) and failing is None else 0.0
+            reward = 1.0 if loaded and counted and len(passed) == len(counted) and failing is None else 0.0
         else:
             reward = len(passed) / len(counted) if counted else 0.0
         return Score(reward, details)
@@ -340,11 +393,11 @@ class CodeVerifier:
         """
         if not isinstance(completion, str):
             return Score(0.0, {"error": f"completion must be a str, got {type(completion).__name__}"})
-        req, nonce, tests = self.request(completion, task)
-        return self.score_result(self.backend.execute(req), nonce, tests)
+        req, nonce, tests, counted = self.request(completion, task)
+        return self.score_result(self.backend.execute(req), nonce, tests, counted)
 
     def score_batch(self, completions: list[str], tasks: list[Task]) -> list[Score]:
         """Score many completions through the backend's bounded worker pool; scores in order."""
         built = [self.request(c, t) for c, t in zip(completions, tasks, strict=True)]
         results = self.backend.run_batch([b[0] for b in built])
-        return [self.score_result(r, n, t) for r, (_, n, t) in zip(results, built, strict=True)]
+        return [self.score_result(r, *b[1:]) for r, b in zip(results, built, strict=True)]
