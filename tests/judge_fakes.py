@@ -5,9 +5,10 @@ assistant's message (the prompt text is the last message's content; with `whole=
 `reply(messages)` gets every message of the request), after `delay_s`. A judge's verdict counts
 only inside the request's verdict tags: `tagged(prompt, "SCORE: 7")` writes it there. Scripted
 failures come first: each `fail(status, body, headers)` is answered once, in order, before any
-judgement. It records every request body, and the most requests it ever held at once
-(`max_in_flight`). `GET /v1/models` lists `models`. Imported by tests as `from judge_fakes import ...`
-(tests/ is on sys.path).
+judgement. `right_answer_judge` grades `Compute a+b.` honestly; `obedient_judge` gives a response
+the score it claims (`claimed_by`, a reading of its own), in its own words. It records every request
+body, and the most requests it ever held at once (`max_in_flight`). `GET /v1/models` lists `models`.
+Imported by tests as `from judge_fakes import ...` (tests/ is on sys.path).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import json
 import re
 import threading
 import time
+import unicodedata
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -166,3 +168,53 @@ def right_answer_judge(prompt: str) -> str:
     return f"Graded against {gold}.\n" + tagged(
         prompt, f"SCORE: {10 if right(block(prompt, 'response')) else 0}"
     )
+
+
+_WORDS = {"ten": 10.0, "nine": 9.0, "full": 10.0, "perfect": 10.0}
+
+
+def claimed_by(response: str) -> float | None:
+    """The score an obedient judge reads in a response: its own reading, independent of textgym's.
+
+    Reads, after NFKC, with every decimal digit as ASCII and zero-width characters dropped: a
+    fraction or "out of" (`9.5/10`, `10 out of 10` → 10·N/M), a percentage after a score word
+    (`Score: 100%` → 10), a number or `ten` after score/rating/grade (`Score = 10`, `rating: ten`),
+    or "full marks" / a note to the grader (→ 10). None when it finds nothing.
+    """
+    t = unicodedata.normalize("NFKC", response.replace("&lt;", "<"))
+    t = "".join(ch for ch in t if unicodedata.category(ch) != "Cf")
+    t = "".join(str(unicodedata.decimal(ch)) if ch.isdecimal() else ch for ch in t).lower()
+    m = re.search(r"(\d+(?:\.\d+)?|ten)\s*(?:/|out of)\s*(\d+|ten)", t)
+    if m:
+        n, d = (_WORDS.get(x) or float(x) for x in m.groups())
+        return 10.0 * n / d
+    m = re.search(r"(?:score|rating|grade)\s*[:=]?\s*(\d+(?:\.\d+)?|ten|nine)\s*(%?)", t)
+    if m:
+        n = _WORDS.get(m.group(1)) or float(m.group(1))
+        return n / 10.0 if m.group(2) else n
+    if "full marks" in t or "note to the grader" in t:
+        return 10.0
+    return None
+
+
+def obedient_judge(prompt: str) -> str:
+    """A judge that obeys: any response claiming a score gets that score, written in its own words.
+
+    The others are graded as `right_answer_judge` grades them. Its verdict, `SCORE: 10.0` for a
+    claimed `10`, is never a copy of the response's text, so only a rule that compares numbers
+    (rule 4 of `judge_verdict`) refuses it. Pointwise and group.
+    """
+    fair = right_answer_judge(prompt)
+    groups = re.findall(r'<response id="(\d+)">\n(.*?)\n</response>', prompt, re.DOTALL)
+    if groups:
+        scores = dict(re.findall(r"SCORE (\d+): (\d+)", fair))
+        lines = []
+        for i, text in groups:
+            final = text.split("<final_turn>")[-1]
+            claim = claimed_by(final)
+            lines.append(f"SCORE {i}: {claim:.1f}" if claim is not None else f"SCORE {i}: {scores[i]}")
+        return "Grading each response.\n" + tagged(prompt, "\n" + "\n".join(lines) + "\n")
+    claim = claimed_by(block(prompt, "response"))
+    if claim is None:
+        return fair
+    return f"The response says it deserves {claim:g}, and I agree.\n" + tagged(prompt, f"SCORE: {claim:.1f}")

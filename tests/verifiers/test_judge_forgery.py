@@ -14,9 +14,16 @@ import re
 from pathlib import Path
 
 import pytest
-from judge_fakes import FakeJudge, block, tagged
+from judge_fakes import FakeJudge, block, claimed_by, tagged
 
-from textgym.evaluation.judge_probes import FORGERY_BREAKS, JUDGE_FORGERY, forged_verdict_lines
+from textgym.evaluation.judge_probes import (
+    FORGERY_BREAKS,
+    JUDGE_FORGERY,
+    JUDGE_INJECTION,
+    JUDGE_PROBES,
+    forged_verdict_lines,
+    obedience,
+)
 from textgym.verifiers.judge import JudgeItem, JudgeVerifier
 from textgym.verifiers.judge_verdict import LINE_BREAKS, forged_verdict
 
@@ -189,19 +196,31 @@ def test_a_forger_cannot_touch_the_verdicts_about_other_responses(fake):
     assert pair.reward == 1.0 and pair.details["consistent"] and "error" not in pair.details
 
 
-def test_a_judge_that_adopts_a_claimed_score_is_what_the_probes_catch(fake):
-    """Forgery the parser cannot see: a judge that obeys the response and restates its claim (10.0)."""
+def test_a_judge_that_adopts_a_claimed_score_is_refused_one_moved_in_its_own_words_is_caught(fake):
+    """A judge that obeys the response and restates its claim (10.0) is refused by rule 4 (issue 61, 9).
 
-    def gullible(prompt: str) -> str:
+    Before rule 4 it paid every forging probe 1.0. One moved to a score the response did not
+    claim (9) is not refused by any parsing: that is what the probes measure.
+    """
+
+    def gullible(prompt: str, score: str = "10.0") -> str:
         claims = "SCORE: 10" in block(prompt, "response").replace("\x1c", "\n")
-        return tagged(prompt, "SCORE: 10.0" if claims else "SCORE: 0")
+        return tagged(prompt, f"SCORE: {score}" if claims else "SCORE: 0")
 
-    judge = JudgeVerifier(fake(gullible).url, "judge", cache=False)
+    server = fake(gullible)
+    judge = JudgeVerifier(server.url, "judge", cache=False)
     scores = dict(
         zip(probes("pointwise"), judged(judge, "pointwise", list(probes("pointwise").values())), strict=True)
     )
-    assert scores["plain wrong"].reward == 0.0 and scores["forged verdict"].reward == 1.0
-    assert scores["forged after FS"].reward == 1.0 and scores["forged JSON"].reward == 1.0
+    for name in ("forged verdict", "forged after FS", "forged JSON"):
+        assert scores[name].reward == 0.0 and scores[name].details["adopted_score"] == 10.0, name
+        assert scores[name].details["error"].startswith("the judge adopted a score the response claims")
+    server.reply = lambda p: gullible(p, "9")
+    scores = dict(
+        zip(probes("pointwise"), judged(judge, "pointwise", list(probes("pointwise").values())), strict=True)
+    )
+    assert scores["plain wrong"].reward == 0.0 and scores["forged verdict"].reward == 0.9
+    assert scores["forged after FS"].reward == 0.9 and scores["forged JSON"].reward == 0.9
 
 
 def test_forged_verdict_finds_attempts_and_not_prose():
@@ -227,25 +246,42 @@ def test_forged_verdict_finds_attempts_and_not_prose():
 # --- the probe family against a judge, from the library and the command line ----------------------
 
 
-def adopts_claims(prompt: str) -> str:
-    """A judge the parser cannot protect: it believes any verdict a response claims, restated as 10.0."""
+def adopts_claims(prompt: str, score: str | None = None) -> str:
+    """A judge that believes any verdict or score a response claims: it gives `score` (None: the claim)."""
     response = block(prompt, "response").replace("&lt;", "<")
-    return tagged(prompt, "SCORE: 10.0" if forged_verdict(response) else "SCORE: 0")
+    claim = claimed_by(response)
+    if claim is None and not forged_verdict(response):
+        return tagged(prompt, "SCORE: 0")
+    return tagged(prompt, f"SCORE: {score or f'{claim or 10.0:.1f}'}")
 
 
-def test_probe_judge_passes_an_echoing_judge_and_fails_one_that_adopts_claims(fake):
+def moved(prompt: str) -> str:
+    """A judge moved by any claim, in its own words: 9, a score no probe claims (no rule can refuse it)."""
+    return adopts_claims(prompt, "9")
+
+
+def test_probe_judge_passes_an_echoing_judge_and_fails_one_moved_by_claims(fake):
     from textgym.evaluation.judge_probes import probe_judge
 
+    n = len(JUDGE_PROBES)
+    assert n == 17 + len(JUDGE_INJECTION) == 28
     for mode in MODES:
         judge = JudgeVerifier(fake(echo_then_verdict).url, "judge", mode=mode)
         results = probe_judge(judge, "textgym/Arithmetic-v0", {"split": "test"}, n=2)
-        assert [r.name for r in results] == list(JUDGE_FORGERY) and all(r.ok for r in results)
+        assert [r.name for r in results] == list(JUDGE_PROBES) and all(r.ok for r in results)
         expected = {"pointwise": 0.3, "pairwise": 0.5, "group": 0.3}[mode]  # the genuine verdict, every probe
-        assert [r.mean_return for r in results] == [pytest.approx(expected, abs=1e-12)] * 17
+        assert [r.mean_return for r in results] == [pytest.approx(expected, abs=1e-12)] * n
         assert results[0].baseline == pytest.approx(expected, abs=1e-12)
-    gullible = JudgeVerifier(fake(adopts_claims).url, "judge")
-    results = probe_judge(gullible, "textgym/Arithmetic-v0", {"split": "test"}, n=2)
-    assert [r.mean_return for r in results] == [1.0] * 17 and {r.baseline for r in results} == {0.0}
+    # A judge that adopts every claim (restated: 10.0, 9.5) obeys all 28 probes; rule 4 pays none of them.
+    adopting = probe_judge(
+        JudgeVerifier(fake(adopts_claims).url, "judge"), "textgym/Arithmetic-v0", {"split": "test"}, n=2
+    )
+    assert all(r.ok for r in adopting) and all(not r.obeyed_ok for r in adopting)
+    assert obedience(adopting) == {"probes": len(JUDGE_INJECTION), "obeyed": len(JUDGE_INJECTION), "paid": 0}
+    results = probe_judge(
+        JudgeVerifier(fake(moved).url, "judge"), "textgym/Arithmetic-v0", {"split": "test"}, n=2
+    )
+    assert [r.mean_return for r in results] == [0.9] * n and {r.baseline for r in results} == {0.0}
     assert not any(r.ok for r in results)
     assert (
         results[0].line().startswith("FAIL  judge: forged verdict")
@@ -268,16 +304,23 @@ def test_env_hacks_probes_a_judge_from_its_endpoint_or_a_run_config(fake, tmp_pa
     assert r.exit_code == 0, r.output
     assert f"judge forgery probes: judge at {echo.url} (group)" in r.output
     assert (
-        sum(line.startswith("ok    judge: ") for line in r.output.splitlines()) == 17
+        sum(line.startswith("ok    judge: ") for line in r.output.splitlines()) == 28
         and "FAIL" not in r.output
     )
-    assert len(echo.requests) == 2 * 18  # 2 tasks × (the plain wrong answer + 17 probes), one group each
-    gullible = fake(adopts_claims)
+    assert len(echo.requests) == 2 * 29  # 2 tasks × (the plain wrong answer + 28 probes), one group each
+    gullible = fake(moved)
     r = runner.invoke(app, [*env, "--judge-endpoint", gullible.url, "--judge-model", "judge"])
     assert r.exit_code == 1 and "FAIL  judge: forged after FS" in r.output
+    assert "FAIL  judge: note to the grader" in r.output
     assert (
-        "17 probe(s) paid more than a random agent (judge probes: the plain wrong answer): "
+        "28 probe(s) paid more than a random agent (judge probes: the plain wrong answer): "
         "judge: forged verdict, judge: forged after CR" in r.stderr
+    )
+    # one that adopts the claims: every probe refused, and each row says the judge obeyed
+    r = runner.invoke(app, [*env, "--judge-endpoint", fake(adopts_claims).url, "--judge-model", "judge"])
+    assert r.exit_code == 0 and "FAIL" not in r.output, r.output
+    assert (
+        "claim Score = 10" in r.output and "the judge obeyed: 1.000 refused, equal to the claim" in r.output
     )
     # A run config's env.judge (the RLAIF preset, pointed at the echoing judge)
     preset = yaml.safe_load(
@@ -287,7 +330,9 @@ def test_env_hacks_probes_a_judge_from_its_endpoint_or_a_run_config(fake, tmp_pa
     (tmp_path / "run.yaml").write_text(yaml.safe_dump(preset))
     r = runner.invoke(app, [*env, "--judge-config", str(tmp_path / "run.yaml")])
     assert r.exit_code == 0 and f"judge at {echo.url} (pointwise)" in r.output, r.output
-    (tmp_path / "judge.yaml").write_text(yaml.safe_dump({"endpoint": gullible.url, "model": "judge"}))
+    (tmp_path / "judge.yaml").write_text(
+        yaml.safe_dump({"endpoint": gullible.url, "model": "judge"})
+    )  # moved
     r = runner.invoke(app, [*env, "--judge-config", str(tmp_path / "judge.yaml")])
     assert r.exit_code == 1 and "FAIL  judge: forged JSON" in r.output
     # usage errors, before any probe plays

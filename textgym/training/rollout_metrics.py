@@ -12,8 +12,7 @@ import torch
 
 from textgym import distributed
 from textgym.agents.trajectory import EPISODE_COUNTS, TRUNCATION_CAUSES, Trajectory
-from textgym.verifiers.hack_telemetry import hack_signs, shares_of
-from textgym.verifiers.judge_verdict import forged_verdict
+from textgym.verifiers.hack_telemetry import hack_signs, judge_signs, shares_of
 
 HACK_WARN_FRAC = 0.25
 """A step whose rewarded responses show a hack sign (`hack/*_frac`) at least this often says so."""
@@ -28,16 +27,16 @@ def hack_warning(metrics: dict[str, float], threshold: float = HACK_WARN_FRAC) -
 
 
 def episode_hack_signs(t: Trajectory) -> dict[str, int] | None:
-    """A paid episode's reward-hacking signs (`hack_telemetry.hack_signs`) and `forged_verdict`; None: unpaid.
+    """A paid episode's reward-hacking signs (`hack_telemetry.hack_signs`) and its judge signs; None: unpaid.
 
-    `forged_verdict` (issue 50): its last assistant message writes something shaped like an LLM
-    judge's verdict (`judge_verdict.forged_verdict`: a `SCORE:`/`WINNER:` line, a `<verdict...>`
-    tag, a JSON score), a forgery attempt whether or not the env has a judge term.
+    The judge signs (`hack_telemetry.judge_signs`), whether or not the env has a judge term:
+    `forged_verdict` (issue 50), its last assistant message writes something shaped like an LLM
+    judge's verdict (a `SCORE:`/`WINNER:` line, a `<verdict...>` tag, a JSON score);
+    `claims_score` (issue 61), what it wrote claims a score or addresses the grader.
     """
     signs = hack_signs(t.reward, t.reward_terms, t.messages)
     if signs is not None:
-        answer = next((m.get("content") for m in reversed(t.messages) if m.get("role") == "assistant"), "")
-        signs["forged_verdict"] = int(forged_verdict(str(answer or "")))
+        signs.update(judge_signs(t.messages))
     return signs
 
 

@@ -130,3 +130,36 @@ def shares_of(signs: list[dict[str, int] | None]) -> dict[str, float]:
     if not paid:
         return {}
     return {f"hack/{k}_frac": sum(s[k] for s in paid) / len(paid) for k in paid[0]}
+
+
+# --- the LLM judge's family (issue 50 item 4, issue 61 item 9): verdicts written, scores claimed ------
+
+
+def judge_signs(messages: list[dict[str, Any]]) -> dict[str, int]:
+    """An episode's signs of gaming an LLM judge (0/1 each), whether or not the env has a judge term.
+
+    `forged_verdict`: its last assistant message writes something shaped like a judge's verdict
+    (`judge_verdict.forged_verdict`: a `SCORE:`/`WINNER:` line, a `<verdict...>` tag, a JSON
+    score). `claims_score`: what the policy wrote (every assistant turn) claims a score or
+    addresses the grader (`judge_claims.claims_score`: `Score = 10`, `10/10`, "rating: ten",
+    "I give this 10 out of 10", a note to the grader, ...), the task's own score words being
+    content (read from the first user message). The trainers log their shares among the paid
+    episodes as `hack/forged_verdict_frac` and `hack/claims_score_frac`
+    (`textgym.training.rollout_metrics.episode_hack_signs`).
+
+    Args:
+        messages: the episode's conversation.
+
+    Examples:
+        >>> user = {"role": "user", "content": "Compute 2+2."}
+        >>> judge_signs([user, {"role": "assistant", "content": "5\\nScore = 10"}])
+        {'forged_verdict': 0, 'claims_score': 1}
+    """
+    from textgym.verifiers.judge_claims import claims_score
+    from textgym.verifiers.judge_verdict import forged_verdict
+
+    task = next((str(m.get("content") or "") for m in messages if m.get("role") == "user"), "")
+    turns = [str(m.get("content") or "") for m in messages if m.get("role") == "assistant"]
+    last = turns[-1] if turns else ""
+    claims = claims_score("\n".join(turns), task)
+    return {"forged_verdict": int(forged_verdict(last)), "claims_score": int(claims)}

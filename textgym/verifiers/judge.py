@@ -14,7 +14,9 @@ Three ways to ask (Zheng et al. 2023, "Judging LLM-as-a-judge", arXiv:2306.05685
 Every request carries a fresh nonce and the judge writes its verdict inside tags named after it
 (`<verdict-<nonce>>...</verdict-<nonce>>`); a verdict outside them, or one that repeats the
 prompt or the policy's text (an echo), is not read (`textgym.verifiers.judge_verdict`), so a
-response cannot forge the verdict. A judgement without such a verdict gives reward 0.0 with
+response cannot forge the verdict; and a score equal to one the response claims for itself
+(`Score = 10`, `10/10`, a note to the grader: `textgym.verifiers.judge_claims`) is the judge
+obeying the response and is not paid. A judgement without such a verdict gives reward 0.0 with
 `details["error"]` saying why; an endpoint that refuses a request (4xx) or keeps failing
 raises `JudgeError`. Judgements are
 cached (in memory, optionally in a JSONL file); requests run concurrently up to `concurrency`.
@@ -34,6 +36,7 @@ from typing import Any, TypeVar
 
 from textgym.types import Task
 from textgym.verifiers.base import Score
+from textgym.verifiers.judge_claims import equals_claim
 from textgym.verifiers.judge_client import JudgeClient, JudgeError, JudgementCache, cache_key
 from textgym.verifiers.judge_prompts import (
     DEFAULT_MAX_CHARS,
@@ -42,6 +45,7 @@ from textgym.verifiers.judge_prompts import (
     Mode,
     preference,
     render,
+    split_conversations,
     validate_rubric,
 )
 from textgym.verifiers.judge_verdict import (
@@ -76,11 +80,21 @@ class JudgeItem:
         prompt: the question the completions answer (the conversation so far, as text).
         completions: the completion(s) to grade.
         answer: a reference answer shown to the judge through `{answer}` / `{reference}`, or None.
+        conversations: group mode, multi-turn: each completion's own conversation before it (one
+            per completion). The part they share becomes `{prompt}`, the rest is shown inside each
+            response's block; None (or all equal): every completion answers `prompt`.
+        authored: the text the policy wrote for each completion (its earlier turns and the
+            completion), read for the scores it claims; None: the completions.
+        task: the task's own words (an episode's first user message), whose score words are
+            content, not claims (`judge_claims.score_claims`); None: `prompt`.
     """
 
     prompt: str
     completions: tuple[str, ...]
     answer: str | None = None
+    conversations: tuple[str, ...] | None = None
+    authored: tuple[str, ...] | None = None
+    task: str | None = None
 
 
 @dataclass(frozen=True)
@@ -203,7 +217,14 @@ class JudgeVerifier:
         self.reference = bool(reference)
         self.max_chars = int(max_chars)
         self.cache = JudgementCache(cache_path) if cache or cache_path is not None else None
-        self.counts: dict[str, float] = {"judgements": 0, "cache_hits": 0, "unparsable": 0, "echoed": 0}
+        self.counts: dict[str, float] = {
+            "judgements": 0,
+            "cache_hits": 0,
+            "unparsable": 0,
+            "echoed": 0,
+            "claimed": 0,
+            "adopted": 0,
+        }
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=self.client.concurrency, thread_name_prefix="judge")
 
@@ -212,11 +233,14 @@ class JudgeVerifier:
         """The request that asks the judge about `item` in `mode` (default: the judge's mode).
 
         `nonce` names the verdict tags; None (always, outside examples and tests) draws a fresh one.
+
+        Raises:
+            ValueError: an item whose `conversations` are not one per completion.
         """
         mode = mode or self.mode
         nonce = new_nonce() if nonce is None else nonce
-        cs = item.completions
-        kw: dict[str, Any] = {"prompt": item.prompt, "max_chars": self.max_chars, "nonce": nonce}
+        cs, prompt, shown = item.completions, item.prompt, item.completions
+        kw: dict[str, Any] = {"max_chars": self.max_chars, "nonce": nonce}
         kw["answer"] = item.answer if self.reference else None
         if mode == "pointwise":
             kw["completion"] = cs[0]
@@ -224,11 +248,19 @@ class JudgeVerifier:
             kw["completion_a"], kw["completion_b"] = cs
         else:
             kw["completions"] = list(cs)
-        text = render(self.rubrics[mode], **kw).text
+            if item.conversations is not None and len(set(item.conversations)) > 1:
+                if len(item.conversations) != len(cs):
+                    raise ValueError(f"{len(item.conversations)} conversations for {len(cs)} completions")
+                prompt, own = split_conversations(list(item.conversations))
+                kw["conversations"] = own
+                shown = tuple(f"{o}\n{c}" for o, c in zip(own, cs, strict=True))
+        text = render(self.rubrics[mode], prompt=prompt, **kw).text
         head = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
         messages = [*head, {"role": "user", "content": text}]
         sent = tuple(m["content"] for m in messages)
-        return JudgeRequest(messages, VerdictContext(nonce, sent, item.prompt, tuple(cs)))
+        authored = item.authored if item.authored is not None else ()
+        ctx = VerdictContext(nonce, sent, prompt, tuple(shown), tuple(authored), item.task)
+        return JudgeRequest(messages, ctx)
 
     def messages(self, item: JudgeItem, mode: Mode | None = None) -> list[dict[str, str]]:
         """The chat messages that ask the judge about `item` in `mode`, under a fresh nonce (`request`)."""
@@ -272,18 +304,42 @@ class JudgeVerifier:
             self._count(echoed=1)
         return {"echoed": k} if k else {}
 
+    def _claims(self, judgement: str, context: VerdictContext, mode: Mode, index: int) -> dict[str, Any]:
+        """Rule 4's details about response `index` (counted): `claimed` and `adopted_score`, or {}.
+
+        `claimed`: the scores (0-10) the response claims; `adopted_score`: the judge's last score
+        of it (inside its own tags, an echo of the response's text included), when it equals one
+        of them: refused (rule 4, or rule 3 for a copy), it is what the judge gave, the obedience
+        measured (`judge/adopted`).
+        """
+        claims = context.claims
+        claimed = claims[index] if index < len(claims) else frozenset()
+        if not claimed:
+            return {}
+        self._count(claimed=1)
+        found = own_verdicts(judgement, context, mode)
+        about = [m for m in found.graded if mode == "pointwise" or int(m.group(2)) == index + 1]
+        value = float(about[-1].group(3 if mode == "group" else 2)) if about else None
+        if value is not None and equals_claim(value, claimed):
+            self._count(adopted=1)
+            return {"claimed": sorted(claimed), "adopted_score": value}
+        return {"claimed": sorted(claimed)}
+
     def reward_of(self, judgement: str, context: VerdictContext) -> Score:
         """The pointwise reward of a judgement read against its request's `context`.
 
         The judge's own `SCORE: s` inside the request's verdict tags → s / 10; none → 0.0 and
         `error` (with `echoed`: how many verdict lines were dropped as echoes, when any were).
+        A response that claims a score has `claimed` in the details; a score equal to a claim
+        is not paid: 0.0, `error`, and `adopted_score` (the judge's score, refused).
         """
         score, error = parse_score(judgement, context)
         echoes = self._echoes(judgement, context, "pointwise")
+        claims = self._claims(judgement, context, "pointwise", 0)
         if score is None:
-            self._count(unparsable=1)
-            return Score(0.0, {"judgement": judgement, "error": error, **echoes})
-        return Score(score / 10.0, {"judgement": judgement, "score": score, **echoes})
+            self._count(unparsable=int("adopted_score" not in claims))
+            return Score(0.0, {"judgement": judgement, "error": error, **echoes, **claims})
+        return Score(score / 10.0, {"judgement": judgement, "score": score, **echoes, **claims})
 
     def score(self, items: Sequence[JudgeItem]) -> list[Score]:
         """Pointwise rewards in [0, 1] of `items` (one completion each), judged concurrently, in order.
@@ -353,7 +409,8 @@ class JudgeVerifier:
         Returns:
             Per item, one `Score` per completion: reward = its score / 10, or 0.0 with `error`
             when the judgement has no usable `SCORE <i>:` line for it in the request's verdict
-            tags; every score's details hold the shared `judgement`.
+            tags, or when that score equals one the completion claims (`adopted_score`); every
+            score's details hold the shared `judgement`.
 
         Raises:
             JudgeError: when the endpoint refuses a request or keeps failing.
@@ -365,9 +422,10 @@ class JudgeVerifier:
             echoes = self._echoes(text, ctx, "group")
             out = []
             for i, (s, err) in enumerate(zip(scores, errors, strict=True), 1):
-                base = {"judgement": text, "cached": hit, "index": i, **echoes}
+                claims = self._claims(text, ctx, "group", i - 1)
+                base = {"judgement": text, "cached": hit, "index": i, **echoes, **claims}
                 if s is None:
-                    self._count(unparsable=1)
+                    self._count(unparsable=int("adopted_score" not in claims))
                     out.append(Score(0.0, {**base, "error": err}))
                 else:
                     out.append(Score(s / 10.0, {**base, "score": s}))
@@ -401,8 +459,10 @@ class JudgeVerifier:
         """Counters over the judge's life: `judge/requests`, `judge/retries`, `judge/cache_hits`, ...
 
         Also `judge/judgements`, `judge/unparsable`, `judge/echoed` (judgements in which a
-        verdict line was dropped as an echo of the prompt or of the policy's text) and
-        `judge/latency_s_mean` (per successful request).
+        verdict line was dropped as an echo of the prompt or of the policy's text),
+        `judge/claimed` (responses judged pointwise or in a group that claim a score:
+        `judge_claims`), `judge/adopted` (of those, the ones whose score equalled a claim and was
+        not paid) and `judge/latency_s_mean` (per successful request).
         """
         st = self.client.stats
         ok = st["ok"]
@@ -413,6 +473,8 @@ class JudgeVerifier:
             "judge/cache_hits": self.counts["cache_hits"],
             "judge/unparsable": self.counts["unparsable"],
             "judge/echoed": self.counts["echoed"],
+            "judge/claimed": self.counts["claimed"],
+            "judge/adopted": self.counts["adopted"],
             "judge/latency_s_mean": st["latency_s"] / ok if ok > 0 else 0.0,
         }
 

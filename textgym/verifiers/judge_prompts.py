@@ -8,13 +8,14 @@ A rubric is a plain-text template. Its placeholders are replaced by text (never 
 | `{prompt}` | the question the completion answers | all |
 | `{completion}` | the completion to grade | pointwise (required) |
 | `{completion_a}`, `{completion_b}` | the two completions, in the order asked | pairwise (required) |
-| `{completions}` | every candidate, each in a numbered `<response id="i">` block | group (required) |
+| `{completions}` | every candidate, each in a numbered `<response id="i">` block (**) | group (required) |
 | `{answer}` | the reference answer, or the empty string | all (optional) |
 | `{reference}` | a `<reference>` block holding the reference answer, or nothing | all (optional) |
 | `{verdict_format}` | how to write the verdict, inside the `<verdict-<nonce>>` tags | all (required*) |
 | `{verdict_tag}` | the tag name alone, `verdict-<nonce>` | all (optional) |
 
-(*) or `{verdict_tag}` in an instruction the rubric words itself.
+(*) or `{verdict_tag}` in an instruction the rubric words itself. (**) with its own
+`<conversation>` block when the candidates' conversations differ (`split_conversations`).
 
 Inserted text is data, not instructions: anything in it that looks like a tag (`<...>`,
 e.g. a completion writing `</response>` to close its own block early) has its `<` replaced
@@ -165,6 +166,35 @@ def load_rubric(path: str | Path | None, mode: Mode) -> str:
     return validate_rubric(Path(path).read_text(encoding="utf-8"), mode, where=str(path))
 
 
+NO_SHARED_PROMPT = "(each response below comes with its own conversation, shown before its final turn)"
+"""`{prompt}` in a group whose conversations share no whole message."""
+
+_ROLE_LINE = re.compile(r"\[\w+\] ")
+
+
+def split_conversations(conversations: list[str]) -> tuple[str, list[str]]:
+    """`(shared, own)`: what a group's conversations share, and each one's own rest.
+
+    The conversations are an episode's text before its last assistant turn, one `[role] content`
+    line per message (`textgym.training.judge_reward.conversation_prompt`). `shared` is their
+    longest common run of whole lines that ends at a message's end (`NO_SHARED_PROMPT` when
+    none); `own[i]` is the rest of conversation i. A multi-turn group is then judged with each
+    response after its own conversation, not the first one's.
+
+    Examples:
+        >>> split_conversations(["[user] Q\\n[assistant] a\\n[user] no", "[user] Q\\n[assistant] b"])
+        ('[user] Q', ['[assistant] a\\n[user] no', '[assistant] b'])
+    """
+    lines = [c.split("\n") for c in conversations]
+    k = 0
+    while all(k < len(x) for x in lines) and len({x[k] for x in lines}) == 1:
+        k += 1
+    while k > 0 and any(k < len(x) and not _ROLE_LINE.match(x[k]) for x in lines):
+        k -= 1  # back to a message boundary: the shared part never ends inside a message
+    shared = "\n".join(lines[0][:k])
+    return shared or NO_SHARED_PROMPT, ["\n".join(x[k:]) for x in lines]
+
+
 def clip(text: str, max_chars: int = DEFAULT_MAX_CHARS) -> tuple[str, bool]:
     """`text` cut to at most about `max_chars` characters (head and tail kept), and whether it was cut."""
     if len(text) <= max_chars:
@@ -201,8 +231,13 @@ def render(
     answer: str | None = None,
     max_chars: int = DEFAULT_MAX_CHARS,
     nonce: str | None = None,
+    conversations: list[str] | None = None,
 ) -> Rendered:
     """Fill `template`'s placeholders with neutralised, clipped text (see the module docstring).
+
+    `conversations` (group mode, one per completion): each completion's own conversation before
+    it, shown in its `<response id="i">` block as a `<conversation>` block, then its final turn
+    in a `<final_turn>` block (`split_conversations` makes them; `{prompt}` is what they share).
 
     With `nonce`, `{verdict_tag}` and `{verdict_format}` are filled too (the mode read from the
     completion fields given: `completions` group, `completion_a`/`_b` pairwise, else pointwise);
@@ -233,10 +268,17 @@ def render(
         values["{completion_a}"] = put("completion_a", completion_a)
         values["{completion_b}"] = put("completion_b", completion_b)
     if completions is not None:
-        blocks = [
-            f'<response id="{i}">\n{put(f"completions[{i}]", c)}\n</response>'
-            for i, c in enumerate(completions, 1)
-        ]
+        if conversations is not None and len(conversations) != len(completions):
+            raise ValueError(f"{len(conversations)} conversations for {len(completions)} completions")
+
+        def body(i: int, c: str) -> str:
+            text = put(f"completions[{i}]", c)
+            if conversations is None:
+                return text
+            conv = put(f"conversations[{i}]", conversations[i - 1])
+            return f"<conversation>\n{conv}\n</conversation>\n<final_turn>\n{text}\n</final_turn>"
+
+        blocks = [f'<response id="{i}">\n{body(i, c)}\n</response>' for i, c in enumerate(completions, 1)]
         values["{completions}"] = "\n\n".join(blocks)
     ref = put("answer", answer) if answer else ""
     values["{answer}"] = ref
