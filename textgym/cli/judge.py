@@ -98,8 +98,9 @@ def verify_judge_cmd(
 
     Pointwise: reward = the judge's last `SCORE: <0-10>` line inside the request's verdict tags
     / 10 (0.0 with details.error when there is none); pairwise: reward = the first completion's
-    preference over both orders; group: rewards, one per completion. Exit 1 when a line was
-    unusable or the endpoint failed.
+    preference over both orders; group: rewards, one per completion. A score equal to one the
+    completion claims (`Score = 10`, `10/10`, a note to the grader) is not paid, and the summary
+    counts such completions. Exit 1 when a line was unusable or the endpoint failed.
     """
     from textgym.verifiers.judge import JudgeVerifier, api_key_from_env
     from textgym.verifiers.judge_client import JudgeError
@@ -172,6 +173,11 @@ def verify_judge_cmd(
         f"{int(m['judge/unparsable'])} unparsable ({int(m['judge/echoed'])} with a verdict dropped as an "
         f"echo), {m['judge/latency_s_mean']:.3f} s mean latency"
     )
+    if m["judge/claimed"]:  # rule 4: responses claiming a score, and those the judge gave that score
+        summary += (
+            f"; {int(m['judge/claimed'])} response(s) claiming a score, {int(m['judge/adopted'])} given "
+            "the score claimed (not paid)"
+        )
     if picks["pairs"]:
         decisive = picks["a"] + picks["b"]
         bias = (picks["a"] - picks["b"]) / decisive if decisive else 0.0
