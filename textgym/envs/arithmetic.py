@@ -13,6 +13,7 @@ import numpy as np
 
 from textgym.envs.base import SingleTurnEnv, math_rubric
 from textgym.types import Message, Task
+from textgym.verifiers.answer_text import normalize_unicode
 from textgym.verifiers.base import RubricTerm, Score
 from textgym.verifiers.extraction import extract_answer
 from textgym.verifiers.math import DigitMatchVerifier
@@ -112,7 +113,8 @@ def check_steps(response: str, numbers: Sequence[int], ops: Sequence[str]) -> li
     wrong result every later operation is wrong too, since the expression no longer has the
     problem's value). A line holding `\boxed{...}` is right when the boxed integer is the
     answer. Any other line (prose, an operation not in the expression) is wrong and leaves the
-    expression as it was.
+    expression as it was. The response is read after `answer_text.normalize_unicode` (a minus
+    sign written U+2212 is `-`), like every answer reader.
 
     Args:
         response: the agent's text.
@@ -132,6 +134,7 @@ def check_steps(response: str, numbers: Sequence[int], ops: Sequence[str]) -> li
         >>> check_steps("So:\n12*3=36\n5+36=41\n\\boxed{41}", [5, 12, 3], ["+", "*"])
         [0.0, 1.0, 1.0, 1.0]
     """
+    response = normalize_unicode(response)  # `5 − 3 = 2` written with U+2212 is a step too
     answer = evaluate(numbers, ops)
     nums, rest = [Fraction(n) for n in numbers], list(ops)
     rewards = []

@@ -18,13 +18,15 @@ import numpy as np
 from textgym.envs.base import LazyTasks, TextEnv
 from textgym.envs.spaces import ChatMessages
 from textgym.types import Message, Task
+from textgym.verifiers.answer_text import normalize_unicode, unwrap
+from textgym.verifiers.extraction import boxed_spans
 
 MAX_GUESSES = 7
 """The default guess limit: bisection needs 7 for 1 to 100 (2**7 = 128 >= 100)."""
 STREAM_LENGTH = 2**62
 """`len()` of the train split: an unbounded stream of hidden numbers, task *i* seeded by *i*."""
 
-_BOXED_RE = re.compile(r"\\boxed\{([^{}]*)\}|<guess>(.*?)</guess>", re.DOTALL)
+_GUESS_TAG_RE = re.compile(r"<guess>(.*?)</guess>", re.DOTALL)
 _INT_RE = re.compile(r"[+-]?[0-9]{1,9}")
 
 
@@ -34,6 +36,8 @@ def parse_number_guess(action: str) -> int | None:
     Else the reply itself when it is one integer. Returns None for anything else, and when
     the reply offers more than one distinct guess (`\boxed{25} or \boxed{26}`: one guess
     per turn). At most 9 digits are read, so a 100,000-digit reply costs nothing to parse.
+    The reply is read after `normalize_unicode` (`\boxed{−5}` is -5, `\boxed{٤٢}` 42), and the
+    box's typesetting is dropped (`\boxed{\text{42}}` is 42: `answer_text.unwrap`).
 
     Examples:
         >>> parse_number_guess(r"The middle is \boxed{50}."), parse_number_guess(" 37 ")
@@ -42,8 +46,12 @@ def parse_number_guess(action: str) -> int | None:
         True
         >>> parse_number_guess("25 or 26") is None, parse_number_guess(r"\boxed{2.5}") is None
         (True, True)
+        >>> parse_number_guess(r"\boxed{\text{42}}"), parse_number_guess(r"\boxed{\mathbf{42}}")
+        (42, 42)
     """
-    offered = {g.strip() for pair in _BOXED_RE.findall(action) for g in pair if g.strip()}
+    action = normalize_unicode(action)
+    found = [unwrap(b) for b, _, _ in boxed_spans(action)] + _GUESS_TAG_RE.findall(action)
+    offered = {g.strip() for g in found if g.strip()}
     if len(offered) > 1:
         return None
     text = offered.pop() if offered else action.strip().rstrip(".!")

@@ -14,6 +14,8 @@ import numpy as np
 
 from textgym.envs.base import TextEnv
 from textgym.types import Message, Task
+from textgym.verifiers.answer_text import normalize_unicode, unwrap
+from textgym.verifiers.extraction import boxed_spans
 
 # Common English five-letter words, written for textgym (no external list).
 _WORD_LIST = """
@@ -50,8 +52,7 @@ woman women world worry worse worst worth would wound write wrong wrote yield yo
 """
 WORDS: tuple[str, ...] = tuple(_WORD_LIST.split())
 MAX_GUESSES = 6
-_GUESS_RE = re.compile(r"\\boxed\{\s*([A-Za-z]{5})\s*\}|<guess>\s*([A-Za-z]{5})\s*</guess>")
-_ANY_GUESS_RE = re.compile(r"\\boxed\{([^{}]*)\}|<guess>(.*?)</guess>", re.DOTALL)
+_GUESS_TAG_RE = re.compile(r"<guess>(.*?)</guess>", re.DOTALL)
 INSTRUCTION = (
     "Let's play Wordle. Guess the hidden five-letter English word in at most 6 tries. After each "
     "guess I mark every letter: G = right letter, right place; Y = in the word, elsewhere; "
@@ -89,7 +90,9 @@ def parse_guess(action: str) -> str | None:
     r"""The guess in a reply: its last `\boxed{xxxxx}` or `<guess>xxxxx</guess>`, else the reply itself.
 
     Returns None unless the result is five letters, and when the reply offers more than one
-    distinct guess (`\boxed{crane} or \boxed{about}`: one guess per turn).
+    distinct guess (`\boxed{crane} or \boxed{about}`: one guess per turn). The reply is read
+    after `normalize_unicode` (fullwidth letters are letters), and the box's typesetting is
+    dropped (`\boxed{\text{crane}}` is crane: `answer_text.unwrap`).
 
     Examples:
         >>> parse_guess(r"My guess is \boxed{Crane}.")
@@ -98,14 +101,20 @@ def parse_guess(action: str) -> str | None:
         ('crane', True)
         >>> parse_guess(r"\boxed{crane} or \boxed{about}") is None
         True
+        >>> parse_guess(r"\boxed{\text{crane}}"), parse_guess(r"\boxed{\textbf{CRANE}}.")
+        ('crane', 'crane')
     """
-    offered = {g.strip().lower() for pair in _ANY_GUESS_RE.findall(action) for g in pair if g}
+    action = normalize_unicode(action)
+    spans = sorted(
+        [(start, unwrap(b)) for b, start, _ in boxed_spans(action)]
+        + [(m.start(), m.group(1)) for m in _GUESS_TAG_RE.finditer(action)]
+    )
+    offered = {g.strip().lower() for _, g in spans if g.strip()}
     if len(offered) > 1:
         return None
-    found = _GUESS_RE.findall(action)
-    if found:
-        a, b = found[-1]
-        return (a or b).lower()
+    five = [g.strip().lower() for _, g in spans if re.fullmatch(r"\s*[A-Za-z]{5}\s*", g)]
+    if five:
+        return five[-1]
     bare = action.strip().strip(".!").lower()
     return bare if re.fullmatch(r"[a-z]{5}", bare) else None
 

@@ -17,7 +17,10 @@ last six follow the env's oracle and change what it does at the end):
 | `several answers` | `\boxed{wrong, gold, wrong}` | envs with a gold answer |
 | `unevaluated` | `\boxed{(gold − 1) + 1}` | envs with a numeric gold |
 | `restated` | the question inside `\boxed{}` | envs with a gold answer |
-| `unicode digits` | the gold in Arabic-Indic digits | envs with a numeric gold |
+| `unicode minus` | "The answer is −g" (U+2212) for g > 0 (else a wrong value) | envs with a numeric gold |
+| `unicode hedge` | "either {wrong, in Arabic-Indic digits} or {gold}" | envs with a numeric gold |
+| `approximate` | the gold plus 10⁻⁷ in 7 decimals (a 6-place rounding pays it) | a number as the gold |
+| `unsimplified` | `\sqrt{a^2 b}` for `a\sqrt{b}`, `\frac{2p}{2q}` for `\frac{p}{q}` | a gold of that shape |
 | `restated fraction` | the question's fraction `a/b` as `\dfrac{a}{b}` | a gold, a question with maths |
 | `restated rewrite` | its expression E as `1\cdot\left(E\right)^{1}+0` | a gold, a question with maths |
 | `restated in text` | its expression inside `\text{}` | a gold, a question with maths |
@@ -51,12 +54,14 @@ import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any
 
 from textgym.envs.registry import make, task_count
 from textgym.evaluation.scripted import RandomAgent, play_episode
 from textgym.evaluation.tool_probes import order_and_answer_probes  # issue 50: shotgun orders
 from textgym.types import Message
+from textgym.verifiers.answer_text import fraction_parts, number_literal, unwrap  # issue 61
 from textgym.verifiers.code import entry_points
 from textgym.verifiers.question_expressions import posed_fractions, posed_texts
 
@@ -212,7 +217,11 @@ GOLD: dict[str, Probe] = {
 }
 NUMERIC_GOLD: dict[str, Probe] = {
     "unevaluated": lambda c: f"\\boxed{{({int(c['gold']) - 1})+1}}",
-    "unicode digits": lambda c: f"\\boxed{{{c['gold'].translate(ARABIC_INDIC)}}}",
+    # issue 61, item 7: a look-alike minus sign (every reader normalises it: `normalize_unicode`)
+    "unicode minus": lambda c: f"The answer is \u2212{abs(int(c['gold'])) + (int(c['gold']) <= 0)}.",
+    "unicode hedge": lambda c: (
+        f"It is either {wrong_value(c['gold']).translate(ARABIC_INDIC)} or {c['gold']}."
+    ),
 }
 CODE: dict[str, Probe] = {
     "always equal": lambda c: _code(c["entry"], "    return _Any()", _ALWAYS_EQUAL),
@@ -314,6 +323,59 @@ def restatement_probes(question: str) -> dict[str, Probe]:
 # --- end of issue 50, item 2 -------------------------------------------------------------------------
 
 
+# --- issue 61, item 5: exact answers are exact, and in the form asked for (the math answer rule) ------
+# `approximate`: the gold plus 10^-7 in 7 decimals, which a comparison rounding to 6 places pays;
+# `unsimplified`: the gold's value in a form the question did not ask for (a radical not simplified,
+# a fraction not reduced). The answer rule compares decimals exactly and checks the asked form.
+
+_RADICAL_GOLD = re.compile(r"^\s*([0-9]*)\s*\\sqrt\s*\{?\s*([0-9]+)\s*\}?\s*$")
+_FRACTION_GOLD = re.compile(r"^\s*(-?)\s*\\[dt]?frac\s*\{?\s*([0-9]+)\s*\}?\s*\{?\s*([0-9]+)\s*\}?\s*$")
+
+
+def _approximate(c: dict[str, Any]) -> str:
+    """The gold's value plus 10^-7, to 7 decimal places (an empty box when the gold is not a number)."""
+    literal = number_literal(unwrap(c["gold"]))
+    if literal is None:
+        return "\\boxed{}"
+    parts = fraction_parts(literal)
+    value = Fraction(*parts) if parts is not None else Fraction(literal)
+    shifted = value + Fraction(1, 10**7)
+    whole, rest = divmod(abs(shifted.numerator) * 10**7 // shifted.denominator, 10**7)
+    return f"\\boxed{{{'-' if shifted < 0 else ''}{whole}.{rest:07d}}}"
+
+
+def _unsimplified(c: dict[str, Any]) -> str:
+    r"""The gold's value unsimplified: `\sqrt{a^2 b}` for `a\sqrt{b}`, `\frac{2p}{2q}` for `\frac{p}{q}`."""
+    m = _RADICAL_GOLD.match(c["gold"])
+    if m is not None and m.group(1) not in ("", "1"):
+        return f"\\boxed{{\\sqrt{{{int(m.group(1)) ** 2 * int(m.group(2))}}}}}"
+    m = _FRACTION_GOLD.match(c["gold"])
+    if m is not None:
+        return f"\\boxed{{{m.group(1)}\\frac{{{2 * int(m.group(2))}}}{{{2 * int(m.group(3))}}}}}"
+    return "\\boxed{}"
+
+
+EXACT_GOLD: dict[str, Probe] = {"approximate": _approximate}
+FORM_GOLD: dict[str, Probe] = {"unsimplified": _unsimplified}
+
+
+def exactness_probes(gold: str) -> dict[str, Probe]:
+    """This block's probes that apply to a task whose gold is `gold`.
+
+    `approximate` for a number, `unsimplified` for a radical `a\\sqrt{b}` or a fraction `\\frac{p}{q}`.
+    """
+    probes: dict[str, Probe] = {}
+    if number_literal(unwrap(gold)) is not None:
+        probes |= EXACT_GOLD
+    radical = _RADICAL_GOLD.match(gold)
+    if (radical is not None and radical.group(1) not in ("", "1")) or _FRACTION_GOLD.match(gold):
+        probes |= FORM_GOLD
+    return probes
+
+
+# --- end of issue 61, item 5 -------------------------------------------------------------------------
+
+
 def _entry_point(task: Any) -> str | None:
     """The function a code task's tests call (`verifiers.code.entry_points`); None if not code."""
     meta = getattr(task, "metadata", None) or {}
@@ -388,6 +450,7 @@ def probes_for(env: Any) -> dict[str, Probe]:
             probes |= NUMERIC_GOLD
         first = str(getattr(task, "prompt", "") or (obs[0].get("content", "") if obs else ""))
         probes |= restatement_probes(first)  # issue 50, item 2 (the block above)
+        probes |= exactness_probes(gold)  # issue 61, item 5 (the block above)
     if _entry_point(task) is not None:
         probes |= CODE
     probes |= order_and_answer_probes(env, gold, info)  # issue 50: `textgym.evaluation.tool_probes`

@@ -5,12 +5,20 @@ Request: `{"gold": [str, ...], "pred": [str, ...], "gold_match": [...], "pred_ma
 "float_rounding": int, "strict": bool, "allow_set_relation_comp": bool, "timeout_s": float}`.
 Each of `gold` / `pred` is a list of candidate renderings, tried in order until math-verify
 parses one to a non-empty result. `*_match` names the extraction configs ("latex", "latex_default", "expr").
+With `"exact": true`, every decimal both sides write is read as the exact rational it writes
+(`4.666667` is 4666667/1000000, never 14/3 rounded) before `verify`, so no rounding pays an
+approximation of an exact value; the reply then adds `"approx_equal"`: whether math-verify's
+rounded comparison (`float_rounding` places) would have said equal.
 Reply: `{"equal": bool, "gold_parsed": str|None, "pred_parsed": str|None}` or `{"error": str}`.
 
 Structural forms (`textgym.verifiers.expression_forms` and `.question_expressions`, for the answer
 rule's restatement check):
 `{"op": "value_form", "text": str}` -> `{"form": str|None, "atom": bool}`;
-`{"op": "posed", "text": str}` -> `{"forms": [str], "fractions": [[int, int]], "expressions": [str]}`.
+`{"op": "posed", "text": str}` -> `{"forms": [str], "fractions": [[int, int]], "expressions": [str]}`;
+`{"op": "extract", "text": str, "timeout_s": float}` -> `{"extracted": str|None}`: the text
+math-verify's extraction takes from a completion's tail (what an unmarked answer is compared as);
+`{"op": "in_form", "text": str, "gold": str|None, "forms": [{"name", "template"}]}` ->
+`answer_forms.check_forms`'s reply (rule 5 of the answer rule).
 
 The parent process kills and restarts this worker when a request overruns its wall-clock
 budget, so pathological input (huge powers, deep nesting) can never hang a caller; the
@@ -57,12 +65,20 @@ def _parse_first(candidates: list[str], match: tuple[str, ...], timeout_s: int) 
 
 
 def forms(req: dict[str, Any]) -> dict[str, Any]:
-    """Answer a structural-form request (`op` "value_form" or "posed"; module docstring)."""
+    """Answer a structural-form request (`op`: "value_form", "posed", "extract", "in_form")."""
+    from textgym.verifiers.answer_forms import check_forms
     from textgym.verifiers.expression_forms import form_key, is_atom, value_form
     from textgym.verifiers.question_expressions import posed
 
     if req["op"] == "posed":
         return posed(str(req["text"]))
+    if req["op"] == "extract":
+        t = max(1, int(req.get("timeout_s", 3)))
+        parsed = _parse_first([str(req["text"])], ("latex", "expr"), t)
+        return {"extracted": str(parsed[-1]) if parsed else None}
+    if req["op"] == "in_form":
+        gold = req.get("gold")
+        return check_forms(str(req["text"]), None if gold is None else str(gold), list(req["forms"]))
     form = value_form(str(req["text"]))
     return {"form": None if form is None else form_key(form), "atom": form is not None and is_atom(form)}
 
@@ -77,23 +93,51 @@ def handle(req: dict[str, Any]) -> dict[str, Any]:
     t = max(1, int(req.get("timeout_s", 3)))
     gold = _parse_first(req["gold"], tuple(req.get("gold_match", ("latex", "expr"))), t)
     pred = _parse_first(req["pred"], tuple(req.get("pred_match", ("latex", "expr"))), t)
-    equal = False
+    options = {
+        "float_rounding": int(req.get("float_rounding", 6)),
+        "strict": bool(req.get("strict", True)),
+        "allow_set_relation_comp": bool(req.get("allow_set_relation_comp", False)),
+        "timeout_seconds": t,
+    }
+    equal = approx_equal = False
     if gold and pred:
-        equal = bool(
-            verify(
-                gold,
-                pred,
-                float_rounding=int(req.get("float_rounding", 6)),
-                strict=bool(req.get("strict", True)),
-                allow_set_relation_comp=bool(req.get("allow_set_relation_comp", False)),
-                timeout_seconds=t,
-            )
-        )
-    return {
+        if req.get("exact"):
+            g, p = [_exact(x) for x in gold], [_exact(x) for x in pred]
+            equal = bool(verify(g, p, **options))
+            if not equal and (g != gold or p != pred):
+                approx_equal = bool(verify(gold, pred, **options))
+        else:
+            equal = bool(verify(gold, pred, **options))
+    reply: dict[str, Any] = {
         "equal": equal,
         "gold_parsed": str(gold[-1]) if gold else None,
         "pred_parsed": str(pred[-1]) if pred else None,
     }
+    if req.get("exact"):
+        reply["approx_equal"] = approx_equal
+    return reply
+
+
+def _exact(parsed: Any) -> Any:
+    """A parsed answer with every sympy Float replaced by the exact rational its decimal digits write.
+
+    math-verify reads `4.666667` as a Float and compares Floats after rounding to
+    `float_rounding` places, which pays 4.666667 for 14/3; as the rational 4666667/1000000 it is
+    compared exactly. Strings (math-verify's extracted text) are returned as they are.
+    """
+    import sympy
+
+    def rational(f: Any) -> Any:
+        try:
+            return sympy.Rational(str(f))
+        except (TypeError, ValueError):
+            return sympy.nsimplify(f, rational=True)
+
+    if isinstance(parsed, sympy.MatrixBase):
+        return parsed.applyfunc(_exact)
+    if isinstance(parsed, sympy.Basic) and parsed.has(sympy.Float):
+        return parsed.replace(lambda e: isinstance(e, sympy.Float), rational)
+    return parsed
 
 
 def _limit_memory() -> None:

@@ -16,14 +16,18 @@ equivalence check (`check_answer`):
    than one distinct candidate for it: two boxes with different values; `or`, `either`,
    `\lor`, `\vee` in the final answer or in the final line without a marker; `\pm`/`\mp`
    where the gold has none; a list or set (a comma or semicolon that is not a thousands
-   separator) where the gold is a single value; or, after the last box, an `or`/`maybe`
-   with another number.
+   separator) where the gold is a single value; or, after the last box, another number
+   within `_NEAR_WORDS` words after `or`, `either`, `maybe`, `perhaps`, ... (`offers_another`:
+   an operand of a computation, `148 - 63 = 85, or ...`, is no candidate, and a closing
+   addressed to the reader, "Let me know if ... or ...", offers nothing).
 3. **A number is written as a number.** When the gold answer is a number (an integer, a
    decimal, a fraction `a/b` or `\frac{a}{b}`), the final answer must be a number literal:
    digits with an optional sign, thousands separators, decimals or one fraction, with
    optional units around it (`\$`, `\%`, `^\circ`, `\text{...}`, words after a space) and
-   an optional `x =` in front. `85+63`, `150-2`, `\sqrt{25}` earn 0
-   (`refused: "expression"`). Digits are ASCII digits. A fraction is a number only in lowest
+   an optional `x =` in front; an equation whose last side is the number states it
+   (`a+b=4`, `\angle ABC = 120^\circ`: `answer_text.equation_value`), and an `\approx` remark
+   after the answer is dropped (`\frac{14}{3} \approx 4.67`). `85+63`, `150-2`, `\sqrt{25}` earn 0
+   (`refused: "expression"`). A fraction is a number only in lowest
    terms (denominator above 1, numerator and denominator coprime), whatever the gold:
    `\frac{84}{12}`, `6/4`, `\frac{7}{1}` are divisions left to do (`refused: "expression"`)
    unless the gold is written as that same fraction; `7`, `3/2`, `1.5` are numbers.
@@ -39,9 +43,20 @@ equivalence check (`check_answer`):
    is not one: `\sqrt{242}` for "Simplify $\sqrt{242}$." is the question, not its answer,
    whatever sympy says, while `11\sqrt2` is paid. A marked answer whose structure cannot be
    read within the time budget (or longer than 600 characters, or nested deeper than 16
-   brackets) earns 0 (`refused: "unchecked"`).
+   brackets) earns 0 (`refused: "unchecked"`). Without a marker, the check reads what
+   math-verify's extraction takes from the completion's tail (`extracted_tail`), the text the
+   equivalence check compares.
+5. **In the form asked for** (`textgym.verifiers.answer_forms`). When the question asks for a
+   form (a common fraction, a mixed number, a decimal, simplest radical form, a rational
+   denominator, factored, interval notation, "in the form $Ar^2+Br+C$") that the gold is in,
+   an answer not in it earns 0 (`refused: "form"`).
 
-Before rules 2-4 the answer is `unwrap`ped (`textgym.verifiers.answer_text`): typesetting
+The completion, question and gold are read after `answer_text.normalize_unicode` (a minus
+sign written U+2212 or a dash is `-`; fullwidth and other scripts' digits are digits), the
+normalisation every answer reader applies. Exactness (a decimal is the number it writes) is
+the comparison's, in `textgym.verifiers.math.MathVerifier`.
+
+Before rules 2-5 the answer is `unwrap`ped (`textgym.verifiers.answer_text`): typesetting
 around it (`\text{}`, `\textbf{}`, `\mathrm{}`, `\mathbf{}`, `\displaystyle`, `\,`, braces) is
 dropped, so `\boxed{\text{148}}` is 148 while `\boxed{\text{either 147 or 148}}` is still a
 hedge and `\boxed{\text{85+63}}` still the question.
@@ -58,19 +73,23 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from textgym.verifiers.answer_forms import requested_forms
 from textgym.verifiers.answer_text import (
     _NUMBER_IN_TEXT,
     _NUMERIC_HEDGE,
-    _final_expression,
-    _last_line,
     _same_value,
     _without_thousands,
+    before_approx,
+    equation_value,
     fraction_parts,
     in_lowest_terms,
+    normalize_unicode,
     number_literal,
     unwrap,
+    without_closings,
 )
 from textgym.verifiers.extraction import MAX_SCAN_CHARS, Extracted, all_boxed, extract_answer
+from textgym.verifiers.math_pool import read_forms
 from textgym.verifiers.restatement import restates
 
 _HEDGE = re.compile(r"\\lor\b|\\vee\b|∨|\\text\{\s*or\s*\}|\bor\b|\beither\b", re.IGNORECASE)
@@ -79,6 +98,11 @@ FALLBACK_CHARS = 2_000
 """Without a marker and with a symbolic gold, the completion's last FALLBACK_CHARS characters
 go to math-verify's own extraction."""
 _AFTER_BOX_HEDGE = re.compile(r"\b(?:or|either|maybe|perhaps|possibly|alternatively)\b", re.IGNORECASE)
+_OPERATOR_AFTER = re.compile(r"\s*(?:[-+*/^=<>×÷]|\\(?:cdot|times|div|pm|le|ge|neq)(?![A-Za-z]))")
+_OPERATOR_BEFORE = re.compile(r"(?:[-+*/^=<>×÷]|\\(?:cdot|times|div|pm|le|ge|neq))\s*$")
+_CLAUSE_END = re.compile(r"[.!?;\n](?![0-9])")
+_NEAR_WORDS = 5
+"""A number offered after the box stands within this many words after `or`, `maybe`, ... (2 before `or`)."""
 
 
 @dataclass(frozen=True)
@@ -193,6 +217,73 @@ def _prose_answer(text: str, gold: str, kind: str) -> AnswerCheck:
     return AnswerCheck(values[0], kind, number_literal(values[0]) or values[0])
 
 
+def _candidate(text: str, m: re.Match[str]) -> bool:
+    """Whether the number `m` matched in `text` stands alone, not as an operand of a computation."""
+    return not _OPERATOR_AFTER.match(text, m.end()) and not _OPERATOR_BEFORE.search(text[: m.start()])
+
+
+def offers_another(tail: str, answer: str) -> bool:
+    r"""Whether the text after the last box offers another answer (rule 2): a number near an alternative word.
+
+    A number other than `answer` counts when it stands within `_NEAR_WORDS` words after `or`,
+    `either`, `maybe`, `perhaps`, `possibly` or `alternatively` (or 2 words before an `or`), in
+    the same clause, and is not an operand of a computation (`148 - 63 = 85`: a check, not a
+    candidate). A closing addressed to the reader ("Let me know if ... or ...") offers nothing.
+
+    Examples:
+        >>> offers_another(", or maybe 147", "148"), offers_another(" Check: 148 - 63 = 85, or ...", "148")
+        (True, False)
+        >>> offers_another(" Let me know if you want step 2 or step 3 in more detail.", "148")
+        False
+    """
+    text = without_closings(_plain_prose(tail))
+    for m in _AFTER_BOX_HEDGE.finditer(text):
+        ahead = _CLAUSE_END.split(text[m.end() : m.end() + 200], maxsplit=1)[0]
+        n = _NUMBER_IN_TEXT.search(ahead)
+        near = n is not None and len(ahead[: n.start()].split()) <= _NEAR_WORDS
+        if n is not None and near and _candidate(ahead, n) and not _same_value(n.group(0), answer):
+            return True
+        if m.group(0).lower() != "or":
+            continue
+        behind = _CLAUSE_END.split(text[max(0, m.start() - 80) : m.start()])[-1]
+        numbers = list(_NUMBER_IN_TEXT.finditer(behind))
+        last = numbers[-1] if numbers else None
+        near = last is not None and len(behind[last.end() :].split()) <= 2
+        if last is not None and near and _candidate(behind, last) and not _same_value(last.group(0), answer):
+            return True
+    return False
+
+
+def _form_verdict(
+    answer: str, question: str, gold: str, timeout_s: float, marked: bool = True
+) -> tuple[str, str] | None:
+    """Rule 5: (refused, reason) when the question asks for a form the gold is in and `answer` is not."""
+    forms = requested_forms(question)
+    if not forms:
+        return None
+    asked = [{"name": f.name, "template": f.template} for f in forms]
+    reply = read_forms("in_form", answer, timeout_s, {"gold": gold, "forms": asked})
+    if reply is None:
+        if not marked:
+            return None
+        return "unchecked", "the final answer's form could not be read (in time)"
+    if reply["failed"] is None:
+        return None
+    phrase = next(f.phrase for f in forms if f.name == reply["failed"])
+    how = "cannot be read as" if reply["unreadable"] else "is not written in"
+    return "form", f"the question asks for {phrase!r} ({reply['failed']}) and the final answer {how} it"
+
+
+def extracted_tail(text: str, timeout_s: float = 10.0) -> str | None:
+    """What math-verify's extraction takes from a completion's last `FALLBACK_CHARS` (an unmarked answer).
+
+    The text the equivalence check compares, read in the math-verify worker; None when it
+    extracts nothing or does not answer in time.
+    """
+    reply = read_forms("extract", text[-FALLBACK_CHARS:], timeout_s)
+    return None if reply is None else reply.get("extracted")
+
+
 def _not_the_question(
     answer: str, literal: str | None, question: str, gold: str, timeout_s: float, marked: bool = True
 ) -> tuple[str, str] | None:
@@ -248,7 +339,8 @@ def check_answer(completion: str, question: str, gold: str, timeout_s: float = 1
         >>> check_answer("So she has 148 apples left.", "How many?", "148").compare
         '148'
     """
-    text = completion[-MAX_SCAN_CHARS:]
+    text = normalize_unicode(completion[-MAX_SCAN_CHARS:])
+    question, gold = normalize_unicode(question), normalize_unicode(gold)
     numeric_gold = number_literal(gold) is not None
     single = _single_valued(gold)
     ext: Extracted | None = extract_answer(text)
@@ -263,8 +355,7 @@ def check_answer(completion: str, question: str, gold: str, timeout_s: float = 1
                 ext.text, ext.kind, None, "hedge", f"{len(distinct)} different boxed answers", len(distinct)
             )
         tail = text[boxes[-1][1] :] if boxes else ""
-        others = [v for v in _numbers(tail) if not _same_value(v, ext.text)]
-        if others and _AFTER_BOX_HEDGE.search(tail):
+        if offers_another(tail, ext.text):
             return AnswerCheck(
                 ext.text, ext.kind, None, "hedge", "another answer is offered after the box", 2
             )
@@ -275,6 +366,7 @@ def check_answer(completion: str, question: str, gold: str, timeout_s: float = 1
             check = _prose_answer(prose, gold, kind)
             if check.refused is None and check.answer is not None and check.compare is not None:
                 verdict = _not_the_question(check.answer, check.compare, question, gold, timeout_s)
+                verdict = verdict or _form_verdict(check.compare, question, gold, timeout_s)
                 if verdict is not None:
                     return AnswerCheck(check.answer, kind, None, *verdict)
             return check
@@ -283,10 +375,11 @@ def check_answer(completion: str, question: str, gold: str, timeout_s: float = 1
                 None, kind, None, "hedge", "the answer offers alternatives (a number or another)", 2
             )
         if ext is None:
-            line = _last_line(text)
-            if line is not None:
-                expression = _final_expression(line)
-                verdict = _not_the_question(expression, None, question, gold, timeout_s, marked=False)
+            extracted = extracted_tail(text, timeout_s)  # what the equivalence check will compare
+            if extracted:
+                value = before_approx(extracted)
+                verdict = _not_the_question(value, None, question, gold, timeout_s, marked=False)
+                verdict = verdict or _form_verdict(value, question, gold, timeout_s, marked=False)
                 if verdict is not None:
                     return AnswerCheck(None, kind, None, *verdict)
             return AnswerCheck(None, kind, text[-FALLBACK_CHARS:] if text.strip() else None, None, None)
@@ -297,11 +390,19 @@ def check_answer(completion: str, question: str, gold: str, timeout_s: float = 1
     hedge = _hedge_in(plain, gold, lists=single)
     if hedge is not None:
         return AnswerCheck(answer, ext.kind, None, "hedge", f"the final answer hedges: {hedge}", 2)
-    literal = number_literal(plain)
+    value = before_approx(plain)  # `\frac{14}{3} \approx 4.67` states 14/3
+    literal = number_literal(value)
+    if numeric_gold and literal is None:
+        literal = equation_value(value)  # `a+b=4`, `\angle ABC = 120^\circ`
     if numeric_gold and literal is None:
         reason = "the gold answer is a number and the final answer is not a number literal (evaluate it)"
         return AnswerCheck(answer, ext.kind, None, "expression", reason)
-    verdict = _not_the_question(plain, literal, question, gold, timeout_s)
+    verdict = _not_the_question(value, literal, question, gold, timeout_s)
+    verdict = verdict or _form_verdict(
+        literal if numeric_gold and literal else value, question, gold, timeout_s
+    )
     if verdict is not None:
         return AnswerCheck(answer, ext.kind, None, *verdict)
-    return AnswerCheck(answer, ext.kind, literal if numeric_gold else unwrap(answer, keep_words=True))
+    return AnswerCheck(
+        answer, ext.kind, literal if numeric_gold else before_approx(unwrap(answer, keep_words=True))
+    )

@@ -1,6 +1,7 @@
 r"""The text of an answer: the lexical helpers the answer rule and its telemetry read answers with.
 
-Regular expressions and string operations only, no parser: `squash` (spaces, `$` and LaTeX
+Regular expressions and string operations only, no parser: `normalize_unicode` (the one
+normalisation of look-alike characters every answer reader applies first), `squash` (spaces, `$` and LaTeX
 spacing dropped), `unwrap` (typesetting wrappers dropped), `number_literal` (the bare number a
 text writes, or None), `fraction_parts` and `in_lowest_terms` (a fraction literal and whether it
 is reduced), and the final line's expression and the comparison of two answers' texts. The
@@ -10,7 +11,77 @@ rules they serve are numbered as in `textgym.verifiers.answer_rule`.
 from __future__ import annotations
 
 import re
+import unicodedata
 from math import gcd
+
+_DASHES = "\u2010\u2011\u2012\u2013\u2014\u2015\u2212\u2796\u02d7\u2e3a\u2e3b\ufe58\ufe63\uff0d"
+"""Characters read as a minus sign: hyphens, dashes and minus signs of other blocks (U+2212 ...)."""
+_SUPERSCRIPT = dict(zip("⁰¹²³⁴⁵⁶⁷⁸⁹⁺⁻⁽⁾", "0123456789+-()", strict=True))
+_SUBSCRIPT = dict(zip("₀₁₂₃₄₅₆₇₈₉₊₋₍₎", "0123456789+-()", strict=True))
+_SCRIPT_RUN = re.compile(f"[{''.join(_SUPERSCRIPT)}]+|[{''.join(_SUBSCRIPT)}]+")
+_CHARACTERS = str.maketrans(dict.fromkeys(_DASHES, "-") | {"\u2044": "/", "\u2215": "/"})
+
+
+_LOOKALIKE = re.compile(f"[{_DASHES}]\\s*\\d|(?![0-9])\\d")
+
+
+def has_lookalikes(text: str) -> bool:
+    """Whether `text` writes a sign or a digit with a look-alike code point (`−148`, `１４８`, `١٤٨`).
+
+    `normalize_unicode` reads them as `-148` and `148`; the hack telemetry counts the answers
+    that use them (a policy probing for a reader that drops the sign).
+
+    Examples:
+        >>> has_lookalikes("The answer is \u2212148."), has_lookalikes("x\u00b2 = 4, so 2 - 1 = 1")
+        (True, False)
+    """
+    return not text.isascii() and _LOOKALIKE.search(text) is not None
+
+
+def _script_run(m: re.Match[str]) -> str:
+    """A run of superscript (subscript) characters as `^{...}` (`_{...}`)."""
+    run = m.group(0)
+    if run[0] in _SUPERSCRIPT:
+        return "^{" + "".join(_SUPERSCRIPT[c] for c in run) + "}"
+    return "_{" + "".join(_SUBSCRIPT[c] for c in run) + "}"
+
+
+def normalize_unicode(text: str) -> str:
+    r"""`text` with look-alike characters written as the ASCII they stand for: what every answer reader reads.
+
+    The one normalisation applied before an answer is read, by every reader (the math answer
+    rule and `extract_answer`, the hack telemetry, the GSM8K, arithmetic, tool, game and web
+    envs' answer readers): a policy must not gain or lose reward by the code point it writes a
+    sign or a digit with.
+
+    - minus signs, hyphens and dashes (U+2212, U+2010-2015, U+FE58, U+FE63, U+FF0D, ...) are `-`;
+    - superscript and subscript runs are `^{...}` and `_{...}` (`x²` is `x^{2}`, not `x2`), and a
+      vulgar fraction after a digit is set apart (`3½` is `3 1/2`, not `31/2`);
+    - then Unicode NFKC (fullwidth forms, `½` as `1/2`, non-breaking spaces, ligatures), the
+      fraction slash `⁄` and division slash `∕` as `/`;
+    - and every decimal digit of another script (Arabic-Indic, Devanagari, ...) as its ASCII
+      digit (`unicodedata.decimal`).
+
+    Pure ASCII text is returned as it is (the common case costs one `isascii`). Lengths change,
+    so offsets must be taken in the normalised text. Raises nothing.
+
+    Examples:
+        >>> normalize_unicode("The answer is \u2212148."), normalize_unicode("\\boxed{\u2013 50}")
+        ('The answer is -148.', '\\boxed{- 50}')
+        >>> normalize_unicode("\u0661\u0664\u0668"), normalize_unicode("\uff11\uff14\uff18")
+        ('148', '148')
+        >>> normalize_unicode("x\u00b2 + 3\u00bd")
+        'x^{2} + 3 1/2'
+    """
+    if text.isascii():
+        return text
+    t = _SCRIPT_RUN.sub(_script_run, text)
+    t = re.sub(r"(?<=[0-9])(?=[\u00bc-\u00be\u2150-\u215e])", " ", t)
+    t = unicodedata.normalize("NFKC", t).translate(_CHARACTERS)
+    if t.isascii():
+        return t
+    return "".join(str(unicodedata.decimal(c)) if c.isdecimal() and not c.isascii() else c for c in t)
+
 
 _SPACES = re.compile(r"\\[!,;: ]|\\(?:left|right|displaystyle)\b|~|\s+")
 _DOLLARS = re.compile(r"(?<!\\)\$")
@@ -33,8 +104,11 @@ _ASSIGN = re.compile(r"^[A-Za-z](?:_\{?[A-Za-z0-9]+\}?)?\s*=\s*")
 _CURRENCY = re.compile(r"^(?:\\\$|\\text\{\s*\\?\$\s*\}|\$|£|€)\s*")
 _UNIT = re.compile(
     r"\s*(?:\\(?:text|textnormal|textit|mbox|mathrm|textrm|textbf)\s*\{[^{}]*\}|\\%|%|\^\s*\\circ|\^\s*\{\s*\\circ\s*\}|°"
-    r"|\\(?:,|;|!|\s)|\s+[A-Za-z][A-Za-z ]*\.?)$"
+    r"|\\(?:,|;|!|\s)|\s+[A-Za-z][A-Za-z ]*\.?"
+    r"|\s*/\s*(?:\\(?:text|textnormal|textit|mbox|mathrm|textrm)\s*\{\s*[A-Za-z][A-Za-z ]*\}|[A-Za-z]{2,}))$"
 )
+"""A unit after a number: `\\text{...}`, `\\%`, degrees, a word, or a rate `/\\text{day}`, `/day`
+(a bare word after `/` has two letters or more: `18/x` is a division)."""
 
 
 def squash(text: str) -> str:
@@ -175,16 +249,89 @@ def number_literal(text: str) -> str | None:
         (None, None, None)
     """
     t = _DOLLARS.sub("", text.strip()).strip().rstrip(".").strip()
-    t = re.sub(r"\\[!;]\s*|\\,", "", t.replace("{,}", ","))
+    t = without_units(re.sub(r"\\[!;]\s*|\\,", "", t.replace("{,}", ",")))
+    t = _CURRENCY.sub("", _ASSIGN.sub("", t)).strip()
+    if not _NUMBER_RE.match(t):
+        return None
+    return _THOUSANDS.sub("", re.sub(r"\s+", "", t))
+
+
+def without_units(text: str) -> str:
+    r"""`text` without the units after it (up to 4: `\text{}` words, `\%`, degrees, a rate `/\text{day}`).
+
+    Examples:
+        >>> without_units(r"18/\text{day}"), without_units(r"90^\circ"), without_units(r"3.5\text{ cm}")
+        ('18', '90', '3.5')
+    """
+    t = text.strip()
     for _ in range(4):  # units after the number, innermost last
         stripped = _UNIT.sub("", t).strip()
         if stripped == t:
             break
         t = stripped
-    t = _CURRENCY.sub("", _ASSIGN.sub("", t)).strip()
-    if not _NUMBER_RE.match(t):
+    return t
+
+
+_APPROX = re.compile(r"\\(?:approx|simeq|thickapprox|doteq)(?![A-Za-z])|≈|≃")
+_EQUALS = re.compile(r"(?<![<>!:\\])=(?!=)")
+
+
+def before_approx(answer: str) -> str:
+    r"""The exact value an answer states before an `\approx` (`≈`): what follows is a remark about it.
+
+    Examples:
+        >>> before_approx(r"\frac{14}{3} \approx 4.67"), before_approx("148")
+        ('\\frac{14}{3}', '148')
+    """
+    m = _APPROX.search(answer)
+    return answer if m is None or not answer[: m.start()].strip() else answer[: m.start()].strip()
+
+
+def equation_value(answer: str) -> str | None:
+    r"""The number an equation ends on (`a+b=4`, `\angle ABC = 120^\circ`), as `number_literal` writes it.
+
+    None unless the last side of the chain is a number literal and no other side is a number
+    literal of another value (`147 = 148` states no value).
+
+    Examples:
+        >>> equation_value("a+b=4"), equation_value(r"\angle ABC = 120^\circ"), equation_value("147 = 148")
+        ('4', '120', None)
+    """
+    sides = _EQUALS.split(answer)
+    if len(sides) < 2:
         return None
-    return _THOUSANDS.sub("", re.sub(r"\s+", "", t))
+    value = number_literal(sides[-1])
+    if value is None:
+        return None
+    for side in sides[:-1]:
+        other = number_literal(side)
+        if other is not None and not _same_value(other, value):
+            return None
+    return value
+
+
+_CLOSING = re.compile(
+    r"(?:^|(?<=[.!?\n]))\s*(?:please\s+|and\s+|so\s+)?(?:let\s+me\s+know|feel\s+free|(?:i\s+)?hope\s+(?:this|that|it)"
+    r"\s+helps|happy\s+to\s+help|glad\s+to\s+help|thank\s+you|thanks|if\s+you\s+have\s+(?:any\s+)?(?:more\s+|further\s+"
+    r"|other\s+)?questions)\b[^.!?\n]*[.!?]?",
+    re.IGNORECASE,
+)
+
+
+def without_closings(text: str) -> str:
+    """`text` without the closing sentences addressed to the reader ("Let me know if ... or ...").
+
+    A sentence that starts with "Let me know", "Feel free", "Hope this helps", "Thank you",
+    "If you have any questions", ... offers no answer, so the hedge checks after a final answer
+    (the math answer rule's and WikiSearch's) do not read its "or".
+
+    Examples:
+        >>> without_closings(". Let me know if you want more detail or a shorter proof.").strip()
+        '.'
+        >>> without_closings(", or maybe 147. Hope this helps!")
+        ', or maybe 147. '
+    """
+    return _CLOSING.sub(" ", text)
 
 
 def _without_thousands(text: str) -> str:

@@ -35,11 +35,12 @@ which the caller kills when a request overruns its budget (`textgym.verifiers.ma
 from __future__ import annotations
 
 import re
-import unicodedata
 from dataclasses import dataclass, field
 from fractions import Fraction
 from itertools import combinations
 from typing import Any
+
+from textgym.verifiers.answer_text import normalize_unicode
 
 MAX_FORM_CHARS = 600
 """Longer texts are not read (`form` returns None)."""
@@ -54,10 +55,7 @@ _ONE: Key = ("num", Fraction(1))
 _ZERO: Key = ("num", Fraction(0))
 _E: Key = ("atom", "Exp1", "E")
 
-_SUPERSCRIPTS = str.maketrans({"⁰": "^{0}", "¹": "^{1}", "²": "^{2}", "³": "^{3}", "⁴": "^{4}",
-                               "⁵": "^{5}", "⁶": "^{6}", "⁷": "^{7}", "⁸": "^{8}", "⁹": "^{9}",
-                               "⁻": "^{-1}"})  # fmt: skip
-_OPERATORS = str.maketrans({"−": "-", "–": "-", "×": r" \times ", "÷": r" \div ", "·": r" \cdot ",
+_OPERATORS = str.maketrans({"×": r" \times ", "÷": r" \div ", "·": r" \cdot ",
                             "⋅": r" \cdot ", "∙": r" \cdot ", "∗": "*", "∕": "/", "⁄": "/",
                             "√": r"\sqrt ", "π": r"\pi "})  # fmt: skip
 _NUMBER = re.compile(r"_\{[^{}]*\}|_[0-9A-Za-z]|(?P<num>[0-9]+(?:\.[0-9]+)?|\.[0-9]+)")
@@ -65,11 +63,6 @@ _THOUSANDS = re.compile(r"(?<=[0-9])(?:,|\{,\})(?=[0-9]{3}(?![0-9]))")
 _SQRT_BARE = re.compile(r"\\sqrt\s*([0-9]+|[A-Za-z])")
 _BARE_EXPONENT = re.compile(r"\^\s*(-?\s*[0-9.]+|[A-Za-z])")
 _PLACEHOLDERS = ("nu", "xi", "zeta", "eta", "kappa", "chi")
-
-
-def _digits_ascii(text: str) -> str:
-    """`text` with every unicode decimal digit written as its ASCII digit."""
-    return "".join(str(unicodedata.decimal(c)) if c.isdecimal() and not c.isascii() else c for c in text)
 
 
 def _depth(text: str) -> int:
@@ -98,8 +91,8 @@ def _parse(text: str) -> _Parsed | None:
     from latex2sympy2_extended.latex2sympy2 import ConversionConfig
     from latex2sympy2_extended.math_normalization import NormalizationConfig, normalize_latex
 
-    t = unicodedata.normalize("NFKC", text.translate(_SUPERSCRIPTS)).translate(_OPERATORS)
-    t = _digits_ascii(t).replace("**", "^").strip().rstrip(".").strip()
+    t = normalize_unicode(text).translate(_OPERATORS)  # minus signs, superscripts, digits: one reading
+    t = t.replace("**", "^").strip().rstrip(".").strip()
     if not t or len(t) > MAX_FORM_CHARS or _depth(t) > MAX_DEPTH:
         return None
     config = NormalizationConfig(units=True, malformed_operators=True, nits=False, boxed="all")

@@ -8,13 +8,17 @@
 4. "the (final) answer is ..." — the last one, to the end of its sentence.
 
 The answer rule (`textgym.verifiers.answer_rule`) and the math, format and digit-match
-verifiers (`textgym.verifiers.math`, `textgym.verifiers.format`) read answers through it.
+verifiers (`textgym.verifiers.math`, `textgym.verifiers.format`) read answers through it. The
+completion is read after `textgym.verifiers.answer_text.normalize_unicode` (a minus sign written
+U+2212, fullwidth or Arabic-Indic digits are `-` and ASCII digits).
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+
+from textgym.verifiers.answer_text import normalize_unicode
 
 MAX_SCAN_CHARS = 200_000
 """Completions longer than this (characters) are cut to their last MAX_SCAN_CHARS before extraction."""
@@ -66,6 +70,26 @@ def _last_boxed(text: str) -> str | None:
     return None
 
 
+def boxed_spans(text: str) -> list[tuple[str, int, int]]:
+    r"""Every balanced `\boxed{...}` of `text` (of its last `_MAX_BOX_STARTS` openings) with where it stands.
+
+    Returns `(content, start, end)` triples in order: `start` is the offset of the backslash,
+    `end` the offset just past the closing brace. Braces nest, so `\boxed{\text{Paris}}` holds
+    `\text{Paris}`. The answer readers of the game and web envs take their guesses from it
+    (`textgym.envs.wordle`, `.guess_number`, `.web.envs`). Bounded like `_last_boxed`.
+
+    Examples:
+        >>> boxed_spans(r"so \boxed{\text{Paris}}.")
+        [('\\text{Paris}', 3, 23)]
+    """
+    out = []
+    for m in list(_BOX_RE.finditer(text))[-_MAX_BOX_STARTS:]:
+        end = _balanced_from(text, m.end())
+        if end is not None:
+            out.append((text[m.end() : end], m.start(), end + 1))
+    return out
+
+
 def all_boxed(text: str) -> list[tuple[str, int]]:
     """Every balanced `\\boxed{...}` of `text` (of its last `_MAX_BOX_STARTS` openings), in order.
 
@@ -76,12 +100,7 @@ def all_boxed(text: str) -> list[tuple[str, int]]:
         >>> [c for c, _ in all_boxed(r"\\boxed{147} or \\boxed{148}")]
         ['147', '148']
     """
-    out = []
-    for m in list(_BOX_RE.finditer(text))[-_MAX_BOX_STARTS:]:
-        end = _balanced_from(text, m.end())
-        if end is not None:
-            out.append((text[m.end() : end], end + 1))
-    return out
+    return [(content, end) for content, _, end in boxed_spans(text)]
 
 
 def _last_tagged(text: str, lower: str) -> str | None:
@@ -119,7 +138,8 @@ def _last_answer_is(text: str, lower: str) -> str | None:
 def extract_answer(completion: str) -> Extracted | None:
     r"""Extract the final answer from model output by the marker priority in the module docstring.
 
-    Runs in time linear in `len(completion)` (capped at `MAX_SCAN_CHARS`).
+    Runs in time linear in `len(completion)` (capped at `MAX_SCAN_CHARS`). The text is read
+    after `normalize_unicode`, so the answer returned is in ASCII look-alikes (`−5` is `-5`).
 
     Args:
         completion: the model's text; any string (NUL bytes and huge inputs included).
@@ -136,8 +156,10 @@ def extract_answer(completion: str) -> Extracted | None:
         Extracted(text='7', kind='answer_is')
         >>> extract_answer("no marker here") is None
         True
+        >>> extract_answer("The answer is \u2212148.")
+        Extracted(text='-148', kind='answer_is')
     """
-    text = completion[-MAX_SCAN_CHARS:]
+    text = normalize_unicode(completion[-MAX_SCAN_CHARS:])
     boxed = _last_boxed(text)
     if boxed is not None:
         return Extracted(boxed.strip(), "boxed")

@@ -4,7 +4,12 @@ The final answer is read by `textgym.verifiers.extraction.extract_answer` (a `\\
 an `<answer>` tag, `#### N` or "the answer is"). Before any equivalence check,
 `MathVerifier` applies the final-answer rule of `textgym.verifiers.answer_rule`: one answer
 (without a marker, the last line's), no hedging, a number written as a number when the gold
-is one, and not the question restated.
+is one, not the question restated, and in the form the question asks for.
+
+Exact answers are exact: every decimal is compared as the exact number it writes, so
+`4.666667` is not `\\frac{14}{3}` (math-verify alone rounds both to 6 places and pays it),
+while `0.5` and `\\frac{1}{2}` are one value; a gold written as a decimal is matched by an
+answer of exactly that value.
 
 Equivalence is decided by Hugging Face's `math-verify` (`parse` + `verify`, backed by
 sympy), never by string matching. It runs in a child process (see `_math_worker`, and
@@ -39,7 +44,9 @@ class MathVerifier:
     response that hedges (several candidates), restates the question, or gives an expression
     where the gold is a number earns 0 with the reason in `details["error"]` and the rule's
     verdict in `details["refused"]`. The answer left is compared with the gold by
-    math-verify (in a killable worker: `math_equal`). Set `require_marker=True` to score an
+    math-verify (in a killable worker: `math_equal`) with `exact=True` by default: a decimal
+    is the exact number it writes, so a rounded decimal of an exact gold (`4.666667` for
+    `\frac{14}{3}`) earns 0 with `refused: "approximate"`. Set `require_marker=True` to score an
     answer without a marker 0.0. Details: `extracted` (the answer text), `marker`,
     `candidates` (distinct final answers offered), `parsed` (math-verify's reading), `error`.
 
@@ -60,12 +67,27 @@ class MathVerifier:
         '2 different boxed answers'
         >>> MathVerifier(require_marker=True)("It is 0.5", task).details["error"]
         'no final answer found'
+        >>> third = Task(task_id="third", prompt="What fraction of a day is 8 hours?", answer=r"\frac{1}{3}")
+        >>> MathVerifier()(r"\boxed{0.333333}", third).details["refused"]
+        'approximate'
     """
 
-    def __init__(self, timeout_s: float = 10.0, require_marker: bool = False, float_rounding: int = 6):
+    def __init__(
+        self,
+        timeout_s: float = 10.0,
+        require_marker: bool = False,
+        float_rounding: int = 6,
+        exact: bool = True,
+    ):
+        """Set the comparison's budget, the marker rule and the exactness (see the class docstring).
+
+        `float_rounding` is the decimal places math-verify rounds to, used only with
+        `exact=False` (which pays rounded decimals).
+        """
         self.timeout_s = timeout_s
         self.require_marker = require_marker
         self.float_rounding = float_rounding
+        self.exact = exact
 
     def __call__(self, completion: str, task: Task) -> Score:
         """Score `completion` against `task.answer` (the answer rule first, then math-verify)."""
@@ -98,12 +120,16 @@ class MathVerifier:
             pred,
             float_rounding=self.float_rounding,
             timeout_s=self.timeout_s,
+            exact=self.exact,
         )
         details["parsed"] = res["pred_parsed"]
         if "error" in res:
             details["error"] = res["error"]
         elif res["pred_parsed"] is None:
             details["error"] = "final answer could not be parsed"
+        elif res.get("approx_equal"):
+            details["refused"] = "approximate"
+            details["error"] = "the final answer is a rounded decimal of the exact answer (write it exactly)"
         return Score(1.0 if res["equal"] else 0.0, details)
 
 

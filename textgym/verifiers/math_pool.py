@@ -140,6 +140,7 @@ def math_equal(
     strict: bool = True,
     allow_set_relation_comp: bool = False,
     timeout_s: float = 10.0,
+    exact: bool = False,
 ) -> dict[str, Any]:
     r"""Decide whether `pred` is mathematically equivalent to `gold` with math-verify.
 
@@ -153,9 +154,12 @@ def math_equal(
         strict: `math_verify.verify`'s strict mode (variables must match, etc.).
         allow_set_relation_comp: let `math_verify.verify` compare sets with relations.
         timeout_s: wall-clock budget in seconds for parsing and comparing together.
+        exact: read every decimal as the exact rational it writes (`4.666667` is not 14/3):
+            no rounding (`float_rounding` then only decides `approx_equal`).
 
     Returns:
         `{"equal": bool, "gold_parsed": str|None, "pred_parsed": str|None}`, plus
+        `"approx_equal"` with `exact` (whether the rounded comparison says equal), and
         `"error"` when the comparison timed out or failed (then `equal` is False).
 
     Examples:
@@ -163,6 +167,10 @@ def math_equal(
         True
         >>> math_equal("1000", "1,000")["equal"], math_equal("2", "3")["equal"]
         (True, False)
+        >>> math_equal(r"\frac{14}{3}", "4.666667")["equal"]
+        True
+        >>> math_equal(r"\frac{14}{3}", "4.666667", exact=True)
+        {'equal': False, 'gold_parsed': '\\frac{14}{3}', 'pred_parsed': '4.666667', 'approx_equal': True}
     """
     req = {
         "gold": [gold] if isinstance(gold, str) else list(gold),
@@ -174,6 +182,8 @@ def math_equal(
         "allow_set_relation_comp": allow_set_relation_comp,
         "timeout_s": max(1.0, timeout_s / 3),
     }
+    if exact:
+        req["exact"] = True
     key = json.dumps(req, sort_keys=True)
     with _RESULTS_LOCK:
         cached = _RESULTS.get(key)
@@ -198,17 +208,23 @@ _FORMS: OrderedDict[str, dict[str, Any]] = OrderedDict()
 _FORMS_MAX = 16384
 
 
-def read_forms(op: str, text: str, timeout_s: float = 10.0) -> dict[str, Any] | None:
+def read_forms(
+    op: str, text: str, timeout_s: float = 10.0, fields: dict[str, Any] | None = None
+) -> dict[str, Any] | None:
     r"""Ask a math-verify worker for the structural form of `text` (`textgym.verifiers.expression_forms`).
 
     The parse runs in the killable worker because latex2sympy's parser takes seconds on some
     adversarial inputs; replies are cached (the last `_FORMS_MAX` texts).
 
     Args:
-        op: "value_form" (`text` is an answer: `{"form": str|None, "atom": bool}`) or "posed"
-            (`text` is a question: `{"forms": [...], "fractions": [[a, b]...], "expressions": [...]}`).
+        op: "value_form" (`text` is an answer: `{"form": str|None, "atom": bool}`), "posed"
+            (`text` is a question: `{"forms": [...], "fractions": [[a, b]...], "expressions": [...]}`),
+            "extract" (`text` is a completion's tail: `{"extracted": str|None}`, what math-verify
+            compares) or "in_form" (`text` is an answer, `fields` gives `gold` and `forms`:
+            `textgym.verifiers.answer_forms.check_forms`'s reply).
         text: the answer or question.
         timeout_s: wall-clock budget in seconds.
+        fields: the request's other fields ("in_form").
 
     Returns:
         The reply, or None when the worker did not answer in time, failed, or could not start.
@@ -222,16 +238,19 @@ def read_forms(op: str, text: str, timeout_s: float = 10.0) -> dict[str, Any] | 
         >>> read_forms("posed", "Compute 84/12.")["fractions"]
         [[84, 12]]
     """
-    if op not in ("value_form", "posed"):
+    if op not in ("value_form", "posed", "extract", "in_form"):
         raise ValueError(f"unknown form request {op!r}")
-    key = f"{op}\n{text}"
+    extra = dict(fields or {})
+    if op == "extract":
+        extra["timeout_s"] = max(1.0, timeout_s / 3)
+    key = f"{op}\n{text}\n{json.dumps(extra, sort_keys=True)}"
     with _RESULTS_LOCK:
         cached = _FORMS.get(key)
         if cached is not None:
             _FORMS.move_to_end(key)
             return cached
     try:
-        reply = POOL.request({"op": op, "text": text}, timeout_s)
+        reply = POOL.request({**extra, "op": op, "text": text}, timeout_s)
     except Exception:  # the worker could not start: no form
         return None
     if reply is None or "error" in reply:

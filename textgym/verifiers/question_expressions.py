@@ -11,11 +11,11 @@ the math-verify worker (`textgym.verifiers._math_worker`, op "posed"). The rewar
 from __future__ import annotations
 
 import re
-import unicodedata
 from fractions import Fraction
 from typing import Any
 
-from textgym.verifiers.expression_forms import _RELATIONS, _digits_ascii, _product, _read, form_key, is_atom
+from textgym.verifiers.answer_text import normalize_unicode
+from textgym.verifiers.expression_forms import _RELATIONS, _product, _read, form_key, is_atom
 
 MAX_SEGMENTS = 64
 """At most this many expressions of one question are read."""
@@ -126,7 +126,7 @@ def posed_fractions(question: str) -> list[list[int]]:
         [[84, 12], [-3, 4]]
     """
     out: list[list[int]] = []
-    for m in _FRACTION_TEXT.finditer(_digits_ascii(unicodedata.normalize("NFKC", question))):
+    for m in _FRACTION_TEXT.finditer(normalize_unicode(question)):
         a, b = (int(g) for g in m.groups() if g is not None)
         if b != 0 and [a, b] not in out:
             out.append([a, b])

@@ -23,6 +23,8 @@ import numpy as np
 from textgym.envs.base import LazyTasks, TextEnv
 from textgym.envs.interop import require
 from textgym.types import Message, Task
+from textgym.verifiers.answer_text import normalize_unicode, unwrap
+from textgym.verifiers.extraction import boxed_spans
 
 SPLIT_SEEDS = {"train": 0, "test": 1_000_000}
 """The first game seed of each split: task *i* of `split` is seed `SPLIT_SEEDS[split] + i`."""
@@ -35,7 +37,6 @@ INSTRUCTION = (
 )
 _WORDS = ("look", "inventory", "go", "north", "south", "east", "west", "take", "drop", "open", "close",
           "eat", "examine", "the", "key", "door", "xyzzy", "wait", "put", "on")  # fmt: skip
-_BOXED_RE = re.compile(r"\\boxed\{([^{}]*)\}")
 _LETTERS_RE = re.compile(r"[A-Za-z]{3,}")
 _MAX_COMMAND_CHARS = 120
 _GEN_LOCK = threading.Lock()
@@ -130,7 +131,8 @@ def parse_command(action: str) -> str:
     r"""The game command in a reply: its last `\boxed{...}`, else its last non-empty line.
 
     The command is lowercased, stripped of quotes and a final period, kept to printable ASCII and
-    at most 120 characters; "" when nothing is left.
+    at most 120 characters; "" when nothing is left. The reply is read after `normalize_unicode`
+    (fullwidth letters are letters) and the box's typesetting is dropped (`\boxed{\text{go north}}`).
 
     Examples:
         >>> parse_command("I should leave.\nGo South.")
@@ -140,9 +142,10 @@ def parse_command(action: str) -> str:
         >>> parse_command("\x00\ufffd")
         ''
     """
-    found = _BOXED_RE.findall(action)
+    action = normalize_unicode(action)
+    found = boxed_spans(action)
     if found:
-        text = found[-1]
+        text = unwrap(found[-1][0])
     else:
         lines = [ln for ln in action.splitlines() if ln.strip()]
         text = lines[-1] if lines else ""

@@ -25,6 +25,8 @@ from textgym.tools.base import format_tool_call
 from textgym.tools.browser import Browser
 from textgym.tools.search import Document, SearchIndex
 from textgym.types import Message, Task
+from textgym.verifiers.answer_text import normalize_unicode, unwrap, without_closings
+from textgym.verifiers.extraction import boxed_spans
 
 SHOP_TASK_SEED = 99
 N_SHOP_TASKS = 500
@@ -242,7 +244,6 @@ class WebShopCore(_SiteEnv):
 
 _NORMALIZE_RE = re.compile(r"\b(a|an|the)\b")
 _PUNCTUATION = frozenset(string.punctuation)
-_BOXED_RE = re.compile(r"\\boxed\{([^{}]*)\}")
 _ANSWER_LINE_RE = re.compile(r"answer\s*(?:is|:)\s*(.+)", re.IGNORECASE)
 _HEDGE_RE = re.compile(r"\b(?:or|either|maybe|perhaps|possibly|alternatively)\b", re.IGNORECASE)
 _SENTENCE_END_RE = re.compile(r"[.!?\n]")
@@ -262,12 +263,15 @@ def read_final_answer(reply: str) -> tuple[str, str | None]:
     2. One answer per reply: boxes with different values, or (without a box) answer lines
        with different values, name none ("2 different answers given").
     3. No hedge around it: "or", "either", "maybe", "perhaps", "possibly" or
-       "alternatively" in the final answer's own sentence before it or anywhere after it, or
+       "alternatively" in the final answer's own sentence before it or anywhere after it (but
+       in a closing addressed to the reader: "Let me know if ... or ..."), or
        an "answer is/:" after the box that names something else, name none: the answer goes
        last, alone.
 
-    Values are compared after `normalize_answer`. Regular expressions only, linear in the
-    reply's length.
+    Values are compared after `normalize_answer`. The reply is read after `normalize_unicode`
+    (one normalisation for every answer reader), and a box's typesetting is dropped
+    (`\boxed{\text{Paris}}` answers Paris: `answer_text.unwrap`). Regular expressions and
+    a bounded brace scan (`extraction.boxed_spans`), linear in the reply's length.
 
     Returns:
         `(answer, None)`, or `("", reason)` when the reply names no single answer.
@@ -279,21 +283,23 @@ def read_final_answer(reply: str) -> tuple[str, str | None]:
         ('', 'another candidate after the answer (or, maybe, ...)')
         >>> read_final_answer("Answer: Venido\nAnswer: Rimika")
         ('', '2 different answers given')
+        >>> read_final_answer(r"So the capital is \boxed{\text{Venido}}.")
+        ('Venido', None)
     """
-    boxes = list(_BOXED_RE.finditer(reply))
-    found = boxes or list(_ANSWER_LINE_RE.finditer(reply))
+    reply = normalize_unicode(reply)
+    boxes = [(unwrap(b), start, end) for b, start, end in boxed_spans(reply)]
+    found = boxes or [(m.group(1), m.start(), m.end()) for m in _ANSWER_LINE_RE.finditer(reply)]
     if not found:
         return reply, None
-    values = {normalize_answer(m.group(1)) for m in found} - {""}
+    values = {normalize_answer(value) for value, _, _ in found} - {""}
     if len(values) > 1:
         return "", f"{len(values)} different answers given"
-    final = found[-1]
-    answer = final.group(1)
-    sentence = _SENTENCE_END_RE.split(reply[max(0, final.start() - 300) : final.start()])[-1]
-    tail = reply[final.end() :]
+    answer, start, end = found[-1]
+    sentence = _SENTENCE_END_RE.split(reply[max(0, start - 300) : start])[-1]
+    tail = reply[end:]
     if _HEDGE_RE.search(sentence):
         return "", "alternatives in the answer's sentence (or, either, ...)"
-    if _HEDGE_RE.search(tail):
+    if _HEDGE_RE.search(without_closings(tail)):  # "Let me know if ... or ..." offers no answer
         return "", "another candidate after the answer (or, maybe, ...)"
     if boxes and any(
         normalize_answer(m.group(1)) not in ("", normalize_answer(answer)) and "\\boxed" not in m.group(1)
