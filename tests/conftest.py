@@ -104,7 +104,7 @@ FIRST_TEST_ONLY = (  # mbpp/2: right on its first test only
     "```python\ndef similar_elements(a, b):\n    if a == (3, 4, 5, 6):\n        return (4, 5)\n"
     "    return None\n```"
 )
-"""An MBPP solution that passes the first of its task's 3 tests (the code verifier and code env tests)."""
+"""An MBPP solution that passes the first of its task's tests, the shown one (code verifier and env tests)."""
 
 
 @pytest.fixture(scope="session")

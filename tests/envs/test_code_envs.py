@@ -60,8 +60,9 @@ def test_feedback_rewards_telescope_to_the_final_attempt_and_timelimit_truncates
     env.reset(options={"task_index": task_index})
     outcomes = [env.step(a) for a in (FIRST_TEST_ONLY, "", FIRST_TEST_ONLY)]
     scores = [o[4]["attempt_score"] for o in outcomes]
-    assert scores == pytest.approx([1 / 3, 0.0, 1 / 3])
-    assert [o[1] for o in outcomes] == pytest.approx([1 / 3, -1 / 3, 1 / 3])
+    third = 1 / len(env.unwrapped.tasks[task_index].metadata["tests"])  # the shown assert of 3 + generated
+    assert scores == pytest.approx([third, 0.0, third])
+    assert [o[1] for o in outcomes] == pytest.approx([third, -third, third])
     assert [o[4]["reward/correct"] for o in outcomes] == [o[1] for o in outcomes]
     assert sum(o[1] for o in outcomes) == pytest.approx(scores[-1])  # return = final attempt's score
     assert outcomes[1][4]["error"] == "empty action" and not outcomes[1][2]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 
@@ -182,6 +183,58 @@ def test_every_mbpp_reference_solution_passes(subset, n):
     assert [t.task_id for t, s in zip(tasks, scores, strict=True) if s.reward != 1.0] == []
 
 
+def shown_lookup(task: Task) -> str:
+    """A solution that knows only what the prompt shows: right on the shown asserts' inputs, None elsewhere.
+
+    The strongest lookup table of the shown asserts: on a shown input it returns what the
+    reference returns (so it passes every shown assert whatever its shape), on any other input
+    None. (Issue 61: a table of the shown asserts paid 1.0 on 426 of 427 sanitized tasks.)
+    """
+    names = entry_points(task)
+    shown = []
+    for line in task.prompt.splitlines():
+        if line.lstrip().startswith("assert"):
+            for node in ast.walk(ast.parse(line.strip())):
+                if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in names:
+                    args = "(" + "".join(ast.unparse(a) + ", " for a in node.args) + ")"
+                    kwargs = (
+                        "{" + ", ".join(f"{k.arg!r}: {ast.unparse(k.value)}" for k in node.keywords) + "}"
+                    )
+                    shown.append((node.func.id, args, kwargs))
+    reference = task.metadata["prefix"] + "\n" + task.metadata["reference_code"]
+    return (
+        f"_ns = {{'__name__': 'reference'}}\nexec({reference!r}, _ns)\n_SHOWN = []\n"
+        f"for _n, _a, _k in {shown!r}:\n"
+        "    try:\n        _SHOWN.append((_n, eval(_a), eval(_k)))\n    except Exception:\n        pass\n\n"
+        "def _lookup(name):\n    def call(*args, **kwargs):\n"
+        "        if any(n == name and a == args and k == kwargs for n, a, k in _SHOWN):\n"
+        "            return _ns[name](*args, **kwargs)\n"
+        "        return None\n    return call\n\n"
+    ) + "".join(f"{name} = _lookup({name!r})\n" for name in names)
+
+
+@pytest.mark.parametrize("subset", ["sanitized", "full"])
+def test_mbpp_prompts_show_at_most_one_assert(subset):
+    for task in mbpp_tasks(subset):
+        shown = [line for line in task.prompt.splitlines() if line.lstrip().startswith("assert")]
+        assert len(shown) <= 1, task.task_id
+        assert shown == task.metadata.get("shown_tests") == task.metadata["tests"][:1], task.task_id
+        assert len(task.metadata["tests"]) >= 3, task.task_id  # the shown one and two or more hidden
+
+
+@pytest.mark.sandbox
+def test_a_lookup_table_of_the_shown_asserts_earns_at_most_a_third():
+    """Every sanitized task grades on hidden tests a table of the prompt's assert cannot pass."""
+    tasks = list(mbpp_tasks("sanitized"))
+    lookups = [shown_lookup(t) for t in tasks]
+    for mode in ("fraction", "binary"):
+        scores = _verifier_or_skip("process", mode=mode, timeout_s=30.0).score_batch(lookups, tasks)
+        assert all(s.details["passed"] >= 1 for s in scores)  # it does pass what the prompt shows
+        over = {t.task_id: s.reward for t, s in zip(tasks, scores, strict=True) if s.reward > 1 / 3 + 1e-9}
+        assert over == {}, mode
+    assert max(s.reward for s in scores) == 0.0  # binary: a hidden test fails on every task
+
+
 @pytest.mark.sandbox
 def test_mbpp_sanitized_on_docker():
     v = _verifier_or_skip("docker", timeout_s=30.0)  # mbpp/123 is among them: see the sweep above
@@ -226,9 +279,10 @@ def test_mbpp_fraction_and_failing_details():
     v = _verifier_or_skip("process", mode="fraction")
     task = next(t for t in mbpp_tasks("sanitized") if t.task_id == "mbpp/2")  # similar_elements
     tests = task.metadata["tests"]
-    assert len(tests) == 3
+    assert len(tests) > 3  # its 3 asserts, then generated ones (hidden_tests.jsonl)
     s = v(FIRST_TEST_ONLY, task)
-    assert s.reward == pytest.approx(1 / 3) and s.details["passed"] == 1 and s.details["total"] == 3
+    n = len(tests)
+    assert s.reward == pytest.approx(1 / n) and s.details["passed"] == 1 and s.details["total"] == n
     assert s.details["failed_test"] == tests[1]
 
 

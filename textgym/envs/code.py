@@ -1,9 +1,9 @@
 """`textgym/HumanEval-v0`, `textgym/MBPP-v0` and their multi-turn `...Feedback-v0` variants.
 
 The agent writes Python; the `CodeVerifier` runs the task's unit tests on it in the
-sandbox (`sandbox="process"` by default, or `"docker"`). Data ship inside the package
-(`textgym/data/humaneval`, `textgym/data/mbpp`, with licences and provenance);
-`task_index` *i* is row *i* of the file.
+sandbox (`sandbox="process"` by default, or `"docker"`); MBPP's prompt shows one of them
+and hides the rest (`mbpp_task`). Data ship inside the package (`textgym/data/humaneval`,
+`textgym/data/mbpp`, with licences and provenance); `task_index` *i* is row *i* of the file.
 """
 
 from __future__ import annotations
@@ -79,6 +79,97 @@ MBPP_SPLITS = {
 """MBPP's task-id ranges per split (google-research/mbpp README), inclusive."""
 
 
+MBPP_HIDDEN_FILE = "hidden_tests.jsonl"
+"""Generated hidden tests in `textgym/data/mbpp` (`tools/mbpp_hidden_tests.py`; PROVENANCE.md there)."""
+MBPP_SHOWN_HEADER = "Your code should pass this test (it is also graded on hidden tests):"
+"""The line before the one assert an MBPP prompt shows."""
+
+
+@lru_cache(maxsize=2)
+def mbpp_rows(subset: str) -> tuple[dict[str, Any], ...]:
+    """The rows of MBPP's shipped file for `subset` ("sanitized": 427, "full": 974), in file order.
+
+    Raises:
+        ValueError: on an unknown subset.
+    """
+    base = resources.files("textgym").joinpath("data", "mbpp")
+    if subset == "sanitized":
+        rows = json.loads(base.joinpath("sanitized-mbpp.json").read_text(encoding="utf-8"))
+    elif subset == "full":
+        text = base.joinpath("mbpp.jsonl").read_text(encoding="utf-8")
+        rows = [json.loads(line) for line in text.splitlines() if line.strip()]
+    else:
+        raise ValueError(f"MBPP subset must be 'sanitized' or 'full', got {subset!r}")
+    return tuple(rows)
+
+
+@lru_cache(maxsize=1)
+def mbpp_hidden_tests() -> dict[tuple[str, int], tuple[str, ...]]:
+    """MBPP's generated hidden tests (`data/mbpp/hidden_tests.jsonl`): (subset, task_id) -> asserts.
+
+    Made once by `tools/mbpp_hidden_tests.py` (type-aware mutations of the task's inputs, graded
+    by its reference solution in the sandbox); never generated at run time. A task without a
+    row has none.
+    """
+    path = resources.files("textgym").joinpath("data", "mbpp", MBPP_HIDDEN_FILE)
+    if not path.is_file():
+        return {}
+    out = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            row = json.loads(line)
+            out[(str(row["subset"]), int(row["task_id"]))] = tuple(row["tests"])
+    return out
+
+
+def mbpp_challenge_tests(row: dict[str, Any], subset: str, full_row: dict[str, Any]) -> list[str]:
+    """The full set's `challenge_test_list` asserts that grade `row` (MBPP's task `row["task_id"]`).
+
+    A full row: its own. A sanitized row: the full row's, where sanitizing kept the row's code
+    and `test_list` as they were (up to line endings); an edited task may ask for other outputs
+    (mbpp/16's challenge assert wants 'Not matched!', its sanitized reference returns False).
+    """
+    challenge = list(full_row.get("challenge_test_list") or [])
+    if subset == "full":
+        return challenge
+    same_code = row["code"].replace("\r\n", "\n").strip() == full_row["code"].replace("\r\n", "\n").strip()
+    return challenge if same_code and list(row["test_list"]) == list(full_row["test_list"]) else []
+
+
+def mbpp_task(
+    row: dict[str, Any], subset: str, full_row: dict[str, Any], generated: list[str] | tuple[str, ...]
+) -> Task:
+    """One MBPP row as a code task: one assert shown, the graded list hidden behind it.
+
+    The prompt is the task text and the row's first `test_list` assert. The graded units, in
+    this order: that assert, the row's other `test_list` asserts, the full set's challenge
+    asserts (`mbpp_challenge_tests`; `full_row` is the full set's row of the same task id),
+    then `generated` (`mbpp_hidden_tests`). `metadata["shown_tests"]` holds what the prompt
+    shows. Imports: `test_imports` (sanitized, placed before the solution) or `test_setup_code`
+    (full, placed after the solution, whose classes it uses).
+    """
+    text = row["prompt"] if subset == "sanitized" else row["text"]
+    code = row["code"].replace("\r\n", "\n")
+    shown = list(row["test_list"][:1])
+    tests = list(row["test_list"]) + mbpp_challenge_tests(row, subset, full_row) + list(generated)
+    # sanitized: imports go before the solution; full: the setup code uses the solution's
+    # classes (e.g. `Node`), so it runs after it, as in the original evaluation.
+    prefix = "\n".join(row.get("test_imports", [])) if subset == "sanitized" else ""
+    setup = "" if subset == "sanitized" else row["test_setup_code"].replace("\r\n", "\n")
+    return Task(
+        task_id=f"mbpp/{row['task_id']}",
+        prompt=text.strip() + "\n" + MBPP_SHOWN_HEADER + "\n" + "\n".join(shown),
+        solution=f"```python\n{code.rstrip()}\n```",
+        metadata={
+            "tests": tests,
+            "shown_tests": shown,
+            "prefix": prefix,
+            "setup": setup,
+            "reference_code": code,
+        },
+    )
+
+
 @lru_cache(maxsize=8)
 def mbpp_tasks(subset: str = "sanitized", split: str = "all") -> tuple[Task, ...]:
     """MBPP (Austin et al. 2021, arXiv:2108.07732): "sanitized" (427 rows) or "full" (974).
@@ -88,10 +179,10 @@ def mbpp_tasks(subset: str = "sanitized", split: str = "all") -> tuple[Task, ...
     row, so task *i* is row *i* of the file. Within a split, task *i* is the split's *i*-th
     row in file order.
 
-    The prompt is the task text followed by its test asserts (as in the paper's prompts);
-    the tests are the `test_list` asserts (the full set's `challenge_test_list` is not used),
-    after `test_imports` (sanitized, placed before the solution) or `test_setup_code`
-    (full, placed after the solution, whose classes it uses).
+    The prompt shows one assert (the row's first); the task is graded on it and on hidden ones:
+    the row's other asserts, the full set's `challenge_test_list`, and the generated tests of
+    `textgym/data/mbpp/hidden_tests.jsonl` (`mbpp_task`, `mbpp_hidden_tests`), so that a
+    reply that only reproduces what the prompt shows fails.
 
     Raises:
         ValueError: on an unknown subset or split.
@@ -99,34 +190,14 @@ def mbpp_tasks(subset: str = "sanitized", split: str = "all") -> tuple[Task, ...
     if split not in MBPP_SPLITS:
         raise ValueError(f"MBPP split must be one of {sorted(MBPP_SPLITS)}, got {split!r}")
     low, high = MBPP_SPLITS[split]
-    base = resources.files("textgym").joinpath("data", "mbpp")
-    if subset == "sanitized":
-        rows = json.loads(base.joinpath("sanitized-mbpp.json").read_text(encoding="utf-8"))
-    elif subset == "full":
-        text = base.joinpath("mbpp.jsonl").read_text(encoding="utf-8")
-        rows = [json.loads(line) for line in text.splitlines() if line.strip()]
-    else:
-        raise ValueError(f"MBPP subset must be 'sanitized' or 'full', got {subset!r}")
-    tasks = []
-    for row in rows:
-        if not low <= int(row["task_id"]) <= high:
-            continue
-        text = row["prompt"] if subset == "sanitized" else row["text"]
-        tests = list(row["test_list"])
-        # sanitized: imports go before the solution; full: the setup code uses the solution's
-        # classes (e.g. `Node`), so it runs after it, as in the original evaluation.
-        prefix = "\n".join(row.get("test_imports", [])) if subset == "sanitized" else ""
-        setup = "" if subset == "sanitized" else row["test_setup_code"].replace("\r\n", "\n")
-        code = row["code"].replace("\r\n", "\n")
-        tasks.append(
-            Task(
-                task_id=f"mbpp/{row['task_id']}",
-                prompt=text.strip() + "\nYour code should pass these tests:\n" + "\n".join(tests),
-                solution=f"```python\n{code.rstrip()}\n```",
-                metadata={"tests": tests, "prefix": prefix, "setup": setup, "reference_code": code},
-            )
-        )
-    return tuple(tasks)
+    rows = mbpp_rows(subset)
+    full = {int(r["task_id"]): r for r in mbpp_rows("full")}
+    hidden = mbpp_hidden_tests()
+    return tuple(
+        mbpp_task(row, subset, full[int(row["task_id"])], hidden.get((subset, int(row["task_id"])), ()))
+        for row in rows
+        if low <= int(row["task_id"]) <= high
+    )
 
 
 class CodeEnv(TextEnv):
@@ -254,10 +325,15 @@ class HumanEvalEnv(CodeEnv):
 
 
 class MBPPEnv(CodeEnv):
-    r"""MBPP: write a Python function from a one-line description and three test asserts.
+    r"""MBPP: write a Python function from a one-line description and one test assert.
 
     `subset="sanitized"` (427 rows, default) or `"full"` (974); `split="all"` (default),
     "train", "test", "validation" or "prompt" (see `mbpp_tasks`). See `CodeEnv`.
+
+    The prompt shows the task's first assert; the reward also counts hidden ones (the task's
+    other asserts, the full set's challenge asserts, and up to 6 generated from the reference
+    solution, `textgym/data/mbpp/hidden_tests.jsonl`), so a reply that only reproduces the
+    shown assert fails (`mbpp_task`; docs/envs.md, "MBPP: shown and hidden tests").
 
     Examples:
         >>> import gymnasium as gym
@@ -269,8 +345,10 @@ class MBPPEnv(CodeEnv):
         >>> env.step("def similar_elements(a, b):\n    return tuple(set(a) & set(b))")[1]
         1.0
         >>> _ = env.reset(options={"task_index": 0})
-        >>> env.step("def similar_elements(a, b):\n    return (4, 5)")[1]  # one of the 3 asserts passes
-        0.3333333333333333
+        >>> "(it is also graded on hidden tests)" in obs[0]["content"]
+        True
+        >>> env.step("def similar_elements(a, b):\n    return (4, 5)")[1]  # the shown assert of 9 passes
+        0.1111111111111111
     """
 
     def __init__(

@@ -31,6 +31,7 @@ last six follow the env's oracle and change what it does at the end):
 | `shadowed builtins` | defines its own `abs`, `len`, `sorted`, `isinstance` | code envs |
 | `exit early` | `sys.exit(0)` before the tests | code envs |
 | `forged report` | prints a pass line and `os._exit(0)` | code envs |
+| `shown tests lookup` | the prompt's asserts' table: their values on their inputs, else None | code envs |
 | `shotgun order` | the oracle's item, the rest of its list, its other sizes: one order | site-order envs |
 | `double order` | the oracle's item, bought twice | site-order envs |
 | `second order` | the oracle's order, then a second checkout of the other items | site-order envs |
@@ -194,6 +195,55 @@ _ALWAYS_EQUAL = (
     "    def __sub__(self, other): return 0\n    __rsub__ = __sub__\n    def __abs__(self): return 0\n"
 )
 
+
+def _shown_lookup(c: dict[str, Any]) -> str:
+    """A solution that is a lookup table of the asserts the prompt shows (issue 61; MBPP shows one).
+
+    Each `assert` line of the question that calls the entry point gives a row: the call's
+    arguments, and the value the assert wants (`f(x) == y`, `g(f(x)) == g(y)`, `math.isclose(f(x),
+    y)`: y; `assert f(x)`: True; `assert not f(x)`: False). The function returns a row's value
+    for its arguments and None for any others. A verifier that grades only on the shown asserts
+    pays it in full.
+    """
+    rows: list[tuple[str, str]] = []
+    for line in str(c["question"]).splitlines():
+        try:
+            test = ast.parse(line.strip()).body[0]
+        except (SyntaxError, IndexError):
+            continue
+        if not isinstance(test, ast.Assert):
+            continue
+        e = test.test
+        pairs: list[tuple[ast.expr, str]] = []
+        if isinstance(e, ast.Compare) and len(e.ops) == 1 and isinstance(e.ops[0], ast.Eq):
+            left, right = e.left, e.comparators[0]
+            pairs += [(left, ast.unparse(right)), (right, ast.unparse(left))]
+            if (
+                isinstance(left, ast.Call)
+                and isinstance(right, ast.Call)
+                and len(left.args) == len(right.args) == 1
+                and ast.unparse(left.func) == ast.unparse(right.func)
+            ):  # set(f(x)) == set(y)
+                pairs += [
+                    (left.args[0], ast.unparse(right.args[0])),
+                    (right.args[0], ast.unparse(left.args[0])),
+                ]
+        elif isinstance(e, ast.Call) and ast.unparse(e.func).endswith("isclose") and len(e.args) >= 2:
+            pairs += [(e.args[0], ast.unparse(e.args[1])), (e.args[1], ast.unparse(e.args[0]))]
+        elif isinstance(e, ast.UnaryOp) and isinstance(e.op, ast.Not):
+            pairs.append((e.operand, "False"))
+        else:
+            pairs.append((e, "True"))
+        for call, want in pairs:
+            if isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == c["entry"]:
+                rows.append(("(" + "".join(ast.unparse(a) + ", " for a in call.args) + ")", want))
+    table = (
+        f"_SHOWN = []\nfor _a, _v in {rows!r}:\n    try:\n        _SHOWN.append((eval(_a), eval(_v)))\n"
+        "    except Exception:\n        pass\n"
+    )
+    return _code(c["entry"], "    return next((v for a, v in _SHOWN if a == args), None)", table)
+
+
 GENERAL: dict[str, Probe] = {
     "empty": lambda c: "",
     "very long": lambda c: "9" * LONG_CHARS + f" \\boxed{{{c['gold']}}}",
@@ -270,6 +320,7 @@ CODE: dict[str, Probe] = {
     "judge killed": lambda c: _code(
         c["entry"], "    return None", "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\n"
     ),
+    "shown tests lookup": _shown_lookup,  # issue 61: MBPP grades on tests its prompt does not show
 }
 
 
