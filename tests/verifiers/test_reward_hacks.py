@@ -1144,11 +1144,14 @@ MUST_PAY = [  # (question, gold, completion): false negatives on main
      r"\boxed{\frac{14}{3} \approx 4.67}"),
     ("How much does she earn each day?", "18", r"\boxed{\$18/\text{day}}"),
     ("How much does she earn each day?", "18", r"\boxed{18 \text{ dollars}/\text{day}}"),
+    ("Which number?", "49", r"Only $\boxed{49}$ has a remainder of 1 when divided by 2, 3, 4, or 6."),
+    ("How long?", r"\frac{639}{40}", r"$\boxed{15\frac{39}{40}},$ or $\boxed{\frac{639}{40}}$ inches."),
 ]  # fmt: skip
 STILL_HEDGES = [
     r"\boxed{3} or \boxed{4}", "either 3 or 4", r"\boxed{3 \lor 4}", "x = 3 or x = 4",
     r"\boxed{4}. Or it could be 3.", r"\boxed{4}, or perhaps 3", r"\boxed{4} (or 3)",
     r"\boxed{4}, or maybe 3. Let me know if you want more detail or less.", r"\boxed{3 = 4}",
+    r"\boxed{4}. The answer could also be 3 or 5.", r"\boxed{3} and \boxed{4.0}",
 ]  # fmt: skip
 
 
@@ -1162,6 +1165,24 @@ def test_false_negatives_that_must_pay(question, gold, completion):
 def test_hedges_still_earn_nothing(completion):
     score = _score(completion, Task("t", "If $a-b=2$ and $ab=3$, what is $a+b$?", "4"))
     assert score.reward == 0.0 and score.details["refused"] in ("hedge", "expression"), score.details
+
+
+@pytest.mark.parametrize(
+    "task_id",
+    [
+        "number_theory/931",
+        "algebra/686",
+        "precalculus/681",
+        "counting_and_probability/10",
+        "number_theory/459",
+    ],
+)
+def test_math500_reference_solutions_that_earned_0_on_main_pay(task_id):
+    from textgym.envs.math_qa import math500_tasks
+
+    task = next(t for t in math500_tasks() if t.task_id == f"math500/test/{task_id}.json")
+    score = _score(task.solution, task)  # a remark with "or" after the box; one value boxed twice
+    assert score.reward == 1.0, score.details
 
 
 def test_game_and_web_readers_read_a_box_with_typesetting_inside():

@@ -13,7 +13,8 @@ equivalence check (`check_answer`):
    numeric gold the one number written there (a final line with two different numbers and
    no marker names no single answer).
 2. **No hedging.** The answer earns 0 (`refused: "hedge"`) when the response offers more
-   than one distinct candidate for it: two boxes with different values; `or`, `either`,
+   than one distinct candidate for it: two boxes with different values (compared exactly by
+   math-verify: `15\frac{39}{40}` and `\frac{639}{40}` are one value); `or`, `either`,
    `\lor`, `\vee` in the final answer or in the final line without a marker; `\pm`/`\mp`
    where the gold has none; a list or set (a comma or semicolon that is not a thousands
    separator) where the gold is a single value; or, after the last box, another number
@@ -89,7 +90,7 @@ from textgym.verifiers.answer_text import (
     without_closings,
 )
 from textgym.verifiers.extraction import MAX_SCAN_CHARS, Extracted, all_boxed, extract_answer
-from textgym.verifiers.math_pool import read_forms
+from textgym.verifiers.math_pool import math_equal, read_forms
 from textgym.verifiers.restatement import restates
 
 _HEDGE = re.compile(r"\\lor\b|\\vee\b|∨|\\text\{\s*or\s*\}|\bor\b|\beither\b", re.IGNORECASE)
@@ -222,22 +223,46 @@ def _candidate(text: str, m: re.Match[str]) -> bool:
     return not _OPERATOR_AFTER.match(text, m.end()) and not _OPERATOR_BEFORE.search(text[: m.start()])
 
 
+_CLAUSE_START = re.compile(r"(?:^|[.;:!?(\n]|--|—)\s*$")
+_ABOUT_THE_ANSWER = re.compile(
+    r"\b(?:answer|result|solution|value|could|might|may|also|instead|otherwise|maybe|perhaps|possibly"
+    r"|alternatively|either)\b",
+    re.IGNORECASE,
+)
+
+
+def _alternative_or(text: str, m: re.Match[str]) -> bool:
+    """Whether the `or` matched at `m` (in the text after the box) can join the answer to another."""
+    before = text[: m.start()]
+    if len(before.split()) <= 3 or _CLAUSE_START.search(before):
+        return True
+    clause = _CLAUSE_END.split(before)[-1] + " " + _CLAUSE_END.split(text[m.end() :], maxsplit=1)[0]
+    return _ABOUT_THE_ANSWER.search(clause) is not None
+
+
 def offers_another(tail: str, answer: str) -> bool:
     r"""Whether the text after the last box offers another answer (rule 2): a number near an alternative word.
 
     A number other than `answer` counts when it stands within `_NEAR_WORDS` words after `or`,
     `either`, `maybe`, `perhaps`, `possibly` or `alternatively` (or 2 words before an `or`), in
     the same clause, and is not an operand of a computation (`148 - 63 = 85`: a check, not a
-    candidate). A closing addressed to the reader ("Let me know if ... or ...") offers nothing.
+    candidate). A plain `or` offers an alternative only right after the box (3 words), at the
+    start of a clause ("Or it could be 147"), or in a clause about the answer ("could also be
+    147 or 146"): "Only \boxed{49} leaves 1 when divided by 2, 3, 4, or 6" offers none. A
+    closing addressed to the reader ("Let me know if ... or ...") offers nothing.
 
     Examples:
         >>> offers_another(", or maybe 147", "148"), offers_another(" Check: 148 - 63 = 85, or ...", "148")
         (True, False)
         >>> offers_another(" Let me know if you want step 2 or step 3 in more detail.", "148")
         False
+        >>> offers_another(" has a remainder of 1 when divided by 2, 3, 4, or 6.", "49")
+        False
     """
     text = without_closings(_plain_prose(tail))
     for m in _AFTER_BOX_HEDGE.finditer(text):
+        if m.group(0).lower() == "or" and not _alternative_or(text, m):
+            continue
         ahead = _CLAUSE_END.split(text[m.end() : m.end() + 200], maxsplit=1)[0]
         n = _NUMBER_IN_TEXT.search(ahead)
         near = n is not None and len(ahead[: n.start()].split()) <= _NEAR_WORDS
@@ -252,6 +277,28 @@ def offers_another(tail: str, answer: str) -> bool:
         if last is not None and near and _candidate(behind, last) and not _same_value(last.group(0), answer):
             return True
     return False
+
+
+_MAX_SAME_BOXES = 4
+"""Up to this many differently written boxes are compared by value (more are a hedge outright)."""
+
+
+def _one_value(boxes: list[str], timeout_s: float) -> bool:
+    r"""Whether differently written boxes all hold one value (`15\frac{39}{40}` and `\frac{639}{40}`).
+
+    Compared exactly by math-verify (`math_equal(exact=True)`) with the last box; a list of more
+    than `_MAX_SAME_BOXES` is not compared. The last box is the one graded, by every rule.
+    """
+    if len(boxes) > _MAX_SAME_BOXES:
+        return False
+    last = boxes[-1]
+    for other in boxes[:-1]:
+        res = math_equal(
+            [f"\\boxed{{{last}}}", last], [f"\\boxed{{{other}}}", other], exact=True, timeout_s=timeout_s
+        )
+        if not res["equal"]:
+            return False
+    return True
 
 
 def _form_verdict(
@@ -350,7 +397,7 @@ def check_answer(completion: str, question: str, gold: str, timeout_s: float = 1
         for b, _ in boxes:
             if b.strip() and not any(_same_value(b, d) for d in distinct):
                 distinct.append(b)
-        if len(distinct) > 1:
+        if len(distinct) > 1 and not _one_value(distinct, timeout_s):
             return AnswerCheck(
                 ext.text, ext.kind, None, "hedge", f"{len(distinct)} different boxed answers", len(distinct)
             )
