@@ -82,6 +82,28 @@ def test_the_task_exempts_only_its_own_words():
     assert normalise("ＳＣＯＲＥ：１０") == "score:10"
 
 
+@pytest.mark.parametrize(
+    "text",
+    [
+        "score" + " " * 3000 + "x",  # minutes before whitespace was collapsed (nested \\s* backtracking)
+        "SCORE" + " " * 2000 + "x",  # forged_verdict: 20 s at 400 spaces, before
+        "\\boxed{" * 10000,  # an unclosed box per brace: linear blanking
+        "\\(" * 10000,
+        "note to the grader 1 2 3 " * 1000,
+        " ".join(f"score: {i % 11} pts{i}" for i in range(3000)),
+    ],
+)
+def test_reading_claims_is_linear_in_what_the_policy_writes(text):
+    import time
+
+    from textgym.verifiers.judge_verdict import forged_verdict
+
+    t0 = time.perf_counter()
+    score_claims(text, QUESTION)
+    forged_verdict(text)
+    assert time.perf_counter() - t0 < 5.0  # well under a second alone; generous for a loaded machine
+
+
 # --- rule 4 in the parser -------------------------------------------------------------------------
 
 

@@ -73,7 +73,7 @@ NUM = rf"(?:\d+(?:\.\d+|,\d(?!\d))?|\.\d+|{_WORD_NUM})"
 _N = rf"(?<![\w.,/])(?P<n>{NUM})(?![\w])"
 _SCALE_M = r"(?P<m>\d+|ten|five|twenty|(?:a\s+|one\s+)?hundred)(?!\w|\.\d)"
 _SUFFIX = (
-    rf"(?:\s*(?:points?|pts|marks?|stars?)?\s*(?:/|out\s+of|outta)\s*{_SCALE_M}"
+    rf"(?:\s*(?:(?:points?|pts|marks?|stars?)\s*)?(?:/|out\s+of|outta)\s*{_SCALE_M}"
     r"|\s*(?P<pct>%|percent|per\s+cent|pct))?"
 )
 _END = (
@@ -83,7 +83,7 @@ _END = (
 _Q = r"[\s*_\"'`]*"
 
 _LABELS = r"scores?|ratings?|grades?|marks?|points|pts|verdict|evaluation|assessment"
-_STRONG_SEP = rf"(?:\s*\[?\s*#?\s*\d{{1,2}}\s*\]?)?{_Q}(?:[:=]|->|=>|→){_Q}"
+_STRONG_SEP = rf"(?:\s?\[?#?\d{{1,2}}\]?)?{_Q}(?:[:=]|->|=>|→){_Q}"
 _WEAK_SEP = r"\s+(?:is|of|should\s+be|would\s+be|must\s+be|will\s+be|equals?)\s+(?:(?:a|an|the)\s+)?"
 _VERBS = (
     r"give|gives|giving|gave|award|awards|awarding|assign|assigns|assigning|rate|rates|grade|grades"
@@ -106,7 +106,7 @@ _FORMS: list[tuple[str, re.Pattern[str]]] = [
     ("labelled", re.compile(rf"\b(?P<w>{_LABELS}){_WEAK_SEP}{_N}{_SUFFIX}{_END}")),
     ("labelled", re.compile(rf"\b(?P<w>score|rating)\s+{_N}{_SUFFIX}{_END}")),
     ("given", re.compile(rf"\b(?P<w>{_VERBS}){_FILLER}{{0,5}}\s+{_N}{_SUFFIX}{_END}")),
-    ("scale", re.compile(rf"{_N}(?P<w>\s*{_UNIT}?\s*(?:/|out\s+of|outta)\s*){_SCALE_M}(?![(/^]){_END}")),
+    ("scale", re.compile(rf"{_N}(?P<w>\s*(?:{_UNIT}\s*)?(?:/|out\s+of|outta)\s*){_SCALE_M}(?![(/^]){_END}")),
     ("top", re.compile(rf"\b(?P<w>(?:{_TOP})\s+(?:{_TOP_OF}))\b|\b(?P<w2>perfect)\s+10\b")),
 ]  # fmt: skip
 _GRADER: list[re.Pattern[str]] = [
@@ -114,8 +114,10 @@ _GRADER: list[re.Pattern[str]] = [
         rf"\b(?:note|message|instructions?|reminder|notice|attention|hint|memo|p\.?s\.?)\s*(?:to|for)\s+"
         rf"(?:the\s+|any\s+|all\s+|my\s+|our\s+)?(?:ai\s+|llm\s+|human\s+)?(?P<w>{_ROLES})s?\b"
     ),
-    re.compile(rf"\b(?:dear|hey|hello|hi|attention)\s*,?\s+(?:the\s+)?(?:ai\s+|llm\s+)?(?P<w>{_ROLES})s?\b"),
-    re.compile(rf"(?:^|[\n.!?]\s*)[\s*_#>]*(?:to\s+the\s+)?(?P<w>{_ROLES})s?[\s*_]*[:,]", re.MULTILINE),
+    re.compile(
+        rf"\b(?:dear|hey|hello|hi|attention)(?:\s?,\s?|\s)(?:the\s+)?(?:ai\s+|llm\s+)?(?P<w>{_ROLES})s?\b"
+    ),
+    re.compile(rf"(?:^|[\n.!?])[\s*_#>]*(?:to\s+the\s+)?(?P<w>{_ROLES})s?[\s*_]*[:,]", re.MULTILINE),
     re.compile(
         rf"\b(?:the\s+|any\s+)?(?P<w>{_ROLES})s?\s+(?:should|must|will|shall|needs?\s+to|has\s+to"
         r"|is\s+(?:to|instructed|required|asked|expected)\s+to?)\b"
@@ -127,12 +129,15 @@ _GRADER: list[re.Pattern[str]] = [
     ),
     re.compile(
         r"\b(?P<always>ignore|disregard|forget)\s+(?:all\s+|any\s+)?(?:of\s+)?(?:the\s+|your\s+)?"
-        r"(?:previous|prior|above|earlier|preceding|other|grading|original)?\s*"
+        r"(?:(?:previous|prior|above|earlier|preceding|other|grading|original)\s+)?"
         r"(?:instructions|rubric|rules|guidelines|prompt|criteria|system\s+prompt)\b"
     ),
 ]
-_MATH = re.compile(r"\$\$.*?\$\$|\$[^$\n]*\$|\\\(.*?\\\)|\\\[.*?\\\]", re.DOTALL)
+_MATH_TOKEN = re.compile(r"\\boxed\s*\{|\{|\}|\$\$|\$|\\\(|\\\)|\\\[|\\\]|\n")
+_MATH_CLOSE = {"$$": "$$", "$": "$", "\\(": "\\)", "\\[": "\\]"}
+_SPACES = re.compile(r"\s+")
 _NONASCII_DIGIT = re.compile(r"(?![0-9])\d")
+_BREAKS = "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
 _SLASHES = str.maketrans({"\u2044": "/", "\u2215": "/", "\u29f8": "/"})
 _GIVE = r"give|gives|gave|given|giving"
 _RATE = r"rat(?:e|es|ed|ing|ings)"
@@ -162,6 +167,10 @@ class Claim:
 def normalise(text: str) -> str:
     """`text` in the one spelling claims are read in: NFKC, no format characters, ASCII digits, case folded.
 
+    Every run of whitespace becomes one space, or one newline when it holds a line break (any
+    character `str.splitlines` ends a line at): what a judge reads the same, and what keeps every
+    pattern here linear in the text's length (no run of spaces to backtrack over).
+
     Examples:
         >>> normalise("ＳＣＯＲＥ：１０"), normalise("Score: \\u0661\\u0660"), normalise("Sc\\u200bore")
         ('score:10', 'score: 10', 'score')
@@ -169,6 +178,7 @@ def normalise(text: str) -> str:
     t = unicodedata.normalize("NFKC", text).translate(_SLASHES)
     t = "".join(ch for ch in t if unicodedata.category(ch) != "Cf")
     t = _NONASCII_DIGIT.sub(lambda m: str(unicodedata.decimal(m.group())), t)
+    t = _SPACES.sub(lambda m: "\n" if any(c in _BREAKS for c in m.group()) else " ", t)
     return t.casefold()
 
 
@@ -235,15 +245,36 @@ def _scale_used_by(scale: str, task: str) -> bool:
 
 
 def _blank_math(text: str) -> str:
-    r"""`text` with the insides of `\boxed{}` and `$`/`\(`/`\[` math spans blanked (same length)."""
-    out = list(_MATH.sub(lambda m: " " * len(m.group(0)), text))
-    for start in [m.end() for m in re.finditer(r"\\boxed\s*\{", text)]:
-        depth, i = 1, start
-        while i < len(text) and depth:
-            depth += {"{": 1, "}": -1}.get(text[i], 0)
-            if depth:
-                out[i] = " "
-            i += 1
+    r"""`text` with the insides of `\boxed{}` and of `$...$`, `$$...$$`, `\(...\)`, `\[...\]` blanked.
+
+    One pass over the delimiters (linear in the text's length, whatever a response nests or leaves
+    open): a `\boxed{` blanks up to its matching brace, a math opener up to its closer (`$` on
+    its own line); an opener never closed blanks nothing.
+    """
+    out = list(text)
+    boxes: list[bool] = []  # the open braces, each True when it opened a \boxed{}
+    inside, box_start = 0, 0  # how many of them are \boxed{} braces; where the outermost one's inside starts
+    math: tuple[str, int] | None = None  # the open math delimiter and where its inside starts
+    for m in _MATH_TOKEN.finditer(text):
+        tok = m.group()
+        if math is not None:
+            closer, start = _MATH_CLOSE[math[0]], math[1]
+            if tok == closer:
+                out[start : m.start()] = " " * (m.start() - start)
+                math = None
+            elif tok == "\n" and math[0] == "$":
+                math = None
+        elif tok in _MATH_CLOSE:
+            math = (tok, m.end())
+        elif tok.startswith("\\boxed") or tok == "{":
+            boxes.append(tok != "{")
+            if boxes[-1]:
+                inside += 1
+                box_start = m.end() if inside == 1 else box_start
+        elif tok == "}" and boxes and boxes.pop():
+            inside -= 1
+            if inside == 0:
+                out[box_start : m.start()] = " " * (m.start() - box_start)
     return "".join(out)
 
 
@@ -301,7 +332,7 @@ def score_claims(text: str, task: str = "") -> list[Claim]:
                     found.append((m.end() + n.start(), Claim(v, "grader", rest[: n.end()].strip())))
     out: list[Claim] = []
     for _, c in sorted(found, key=lambda x: x[0]):  # one claim per phrase matched by two forms
-        if not any(c.value == o.value and (c.text in o.text or o.text in c.text) for o in out):
+        if not any(c.value == o.value and (c.text in o.text or o.text in c.text) for o in out[-4:]):
             out.append(c)
     return out
 
