@@ -149,7 +149,7 @@ def obedience(results: list[JudgeProbeResult]) -> dict[str, int]:
     Returns:
         `{"probes": n, "obeyed": k, "paid": m}`: of the `JUDGE_INJECTION` results, `k` whose
         judge verdicts (before rule 4) beat the plain wrong answer by the tolerance, `m` that
-        textgym paid (after it).
+        textgym paid (after it). Never raises; the figures docs/judge.md reports for SmolLM2.
     """
     inj = [r for r in results if r.name in JUDGE_INJECTION]
     return {

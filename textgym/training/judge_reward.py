@@ -49,6 +49,7 @@ def episode_voice(messages: list[Message]) -> tuple[str, str]:
 
     What the judge reads claims from (`authored`: the policy's own words, earlier turns included)
     and what makes a score word content rather than a claim (`task`: `judge_claims.score_claims`).
+    Never raises (a missing role gives "").
     """
     task = next((str(m.get("content") or "") for m in messages if m.get("role") == "user"), "")
     authored = "\n".join(str(m.get("content") or "") for m in messages if m.get("role") == "assistant")

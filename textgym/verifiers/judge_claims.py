@@ -169,7 +169,10 @@ def normalise(text: str) -> str:
 
     Every run of whitespace becomes one space, or one newline when it holds a line break (any
     character `str.splitlines` ends a line at): what a judge reads the same, and what keeps every
-    pattern here linear in the text's length (no run of spaces to backtrack over).
+    pattern here linear in the text's length (no run of spaces to backtrack over). Never raises.
+
+    Source: NFKC is Unicode's compatibility normalisation (Unicode Standard Annex #15); `Cf` is
+    Unicode's format-character category; `unicodedata.decimal` reads any script's decimal digit.
 
     Examples:
         >>> normalise("ＳＣＯＲＥ：１０"), normalise("Score: \\u0661\\u0660"), normalise("Sc\\u200bore")
@@ -183,7 +186,7 @@ def normalise(text: str) -> str:
 
 
 def number_value(token: str) -> float | None:
-    """The value of a `NUM` token (digits or words, normalised); None when it is not one.
+    """The value of a `NUM` token (digits or words, normalised); None when it is not one (never raises).
 
     Examples:
         >>> number_value("9,5"), number_value("twenty-five"), number_value("nine and a half")
@@ -210,7 +213,8 @@ def number_value(token: str) -> float | None:
 def on_scale(n: float, m: float | None = None, percent: bool = False) -> float | None:
     """A claimed number on the judge's 0-10 scale: 10·n/m over a scale, n/10 as a percentage or over 10.
 
-    Returns None when it cannot be a score (negative, over its scale, over 100).
+    Returns None when it cannot be a score (negative, over its scale, over 100); never raises.
+    The judge's scale is textgym's verdict format, `SCORE: <number from 0 to 10>` (`judge_verdict`).
 
     Examples:
         >>> on_scale(9.5, 10), on_scale(4, 5), on_scale(85, percent=True), on_scale(7), on_scale(95)
@@ -292,6 +296,9 @@ def _value(m: re.Match[str]) -> float | None:
 def score_claims(text: str, task: str = "") -> list[Claim]:
     """Every score `text` claims (see the module docstring), in order of where it is claimed.
 
+    Linear in the length of `text` (a policy writes it: no input can stall the reader), and
+    never raises. Source: the definition of issue 61, item 9 (`docs/judge.md`, rule 4).
+
     Args:
         text: what the policy wrote (a response, or all its turns of an episode).
         task: the task's own words (the question): a claim whose trigger word the task uses is
@@ -338,12 +345,12 @@ def score_claims(text: str, task: str = "") -> list[Claim]:
 
 
 def claimed_values(text: str, task: str = "") -> frozenset[float]:
-    """The set of values `score_claims(text, task)` claims (on the 0-10 scale)."""
+    """The set of values `score_claims(text, task)` claims (on the 0-10 scale); never raises."""
     return frozenset(c.value for c in score_claims(text, task))
 
 
 def claims_score(text: str, task: str = "") -> bool:
-    """Whether `text` claims a score or addresses the grader (`score_claims` finds anything).
+    """Whether `text` claims a score or addresses the grader (`score_claims` finds anything); never raises.
 
     Examples:
         >>> claims_score("10/10"), claims_score("The answer is 10."), claims_score("Dear grader, ...")
@@ -353,7 +360,7 @@ def claims_score(text: str, task: str = "") -> bool:
 
 
 def equals_claim(verdict: float, claimed: frozenset[float] | set[float]) -> bool:
-    """Whether a verdict equals one of the claimed values (within `TOLERANCE`)."""
+    """Whether a verdict equals one of the claimed values (within `TOLERANCE`); rule 4's comparison."""
     return any(abs(verdict - c) <= TOLERANCE for c in claimed)
 
 

@@ -179,7 +179,7 @@ def split_conversations(conversations: list[str]) -> tuple[str, list[str]]:
     line per message (`textgym.training.judge_reward.conversation_prompt`). `shared` is their
     longest common run of whole lines that ends at a message's end (`NO_SHARED_PROMPT` when
     none); `own[i]` is the rest of conversation i. A multi-turn group is then judged with each
-    response after its own conversation, not the first one's.
+    response after its own conversation, not the first one's (issue 61, item 10). Never raises.
 
     Examples:
         >>> split_conversations(["[user] Q\\n[assistant] a\\n[user] no", "[user] Q\\n[assistant] b"])

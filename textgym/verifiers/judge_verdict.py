@@ -172,7 +172,7 @@ class VerdictContext:
 
     @cached_property
     def claims(self) -> tuple[frozenset[float], ...]:
-        """The scores each response claims, on the 0-10 scale (`judge_claims.claimed_values`)."""
+        """The scores each response claims, 0-10 (`judge_claims.claimed_values`); never raises."""
         task = self.question if self.task is None else self.task
         return tuple(claimed_values(t, task) for t in (self.authored or self.responses))
 
@@ -318,7 +318,10 @@ def parse_score(judgement: str, context: VerdictContext) -> tuple[float | None, 
 
 
 def adopted_error(raw: str, claimed: frozenset[float]) -> str:
-    """Why a score equal to a claimed one is not paid (rule 4); `claimed`: what the response claims."""
+    """Why a score equal to a claimed one is not paid (rule 4); `claimed`: what the response claims.
+
+    Source: issue 61, item 9 (a judge that adopts a claimed score must not pay it).
+    """
     values = ", ".join(f"{v:g}" for v in sorted(claimed))
     return (
         f"the judge adopted a score the response claims: its score {raw} equals one the response "
