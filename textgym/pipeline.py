@@ -3,9 +3,12 @@
     runs/<name>/config.yaml      the resolved config
     runs/<name>/model_init/      the preset model, when the run builds one
     runs/<name>/sft/, grpo/, ppo/, dpo/, online_dpo/  stage directories (see textgym.training.checkpoint)
-    runs/<name>/eval_before.json, eval_after.json
-    runs/<name>/summary.json     accuracy_before, accuracy_after, n_eval, wall_time_s, peak_rss_mb,
-                                 sft_target (steps, probe accuracy, reached) when SFT has a target, ...
+    runs/<name>/eval_before.json, eval_after.json, eval_baseline.json   figures of each evaluation
+    runs/<name>/eval_before.jsonl, eval_after.jsonl, eval_baseline.jsonl  their transcripts
+    runs/<name>/summary.json     accuracy_before, accuracy_after, accuracy_baseline (the format-controlled
+                                 baseline), cut_share_*, stated_accuracy_*, n_eval, wall_time_s,
+                                 peak_rss_mb, sft_target (steps, probe accuracy, reached) when SFT has
+                                 a target, ...
 
 The evaluation brackets the last training stage: with an RL stage, "before" is the model
 that enters it (after SFT when there is one). With `resume=True` finished stages
@@ -38,7 +41,7 @@ from textgym.model_init import init_model
 
 # each stage module registers its stage on import
 from textgym.stages import online_dpo, preference, rft, rl, sft  # noqa: F401
-from textgym.stages.evaluate import cached_eval, comparison
+from textgym.stages.evaluate import cached_baseline, cached_eval, comparison
 from textgym.stages.registry import StageContext, enabled_stages, write_yaml
 from textgym.training.seeding import seed_everything
 
@@ -177,10 +180,12 @@ def run(
     summary: dict[str, Any] = {"name": cfg.name, "final_model": "", "stage_times_s": {}}
     extra: dict[str, Any] = {}
     before: dict[str, Any] | None = None
+    before_model = model_path
     for stage in enabled_stages(cfg):
         if cfg.eval is not None and stage.evaluate_before(cfg):
             before = cached_eval(run_dir / "eval_before.json", model_path, cfg.eval, device, resume)
-            echo(f"eval before {stage.name}: accuracy {before['accuracy']:.3f} on {before['n']} tasks")
+            before_model = model_path
+            echo(f"eval before {stage.name}: {_figures(before)}")
         result = stage.run(ctx, model_path)
         model_path = result.model_path
         if result.seconds is not None:
@@ -190,7 +195,16 @@ def run(
     if cfg.eval is not None:
         assert before is not None
         after = cached_eval(run_dir / "eval_after.json", model_path, cfg.eval, device, resume)
-        summary.update(comparison(cfg.eval, before, after))
+        echo(f"eval after: {_figures(after)}")
+        baseline = cached_baseline(run_dir / "eval_baseline.json", before_model, cfg.eval, device, resume)
+        if baseline is not None:
+            echo(
+                f"format-controlled baseline (the model before, {baseline['variant']}, "
+                f"{baseline['max_new_tokens']} tokens): accuracy {baseline['accuracy']:.3f}, "
+                f"cut {baseline['cut_share']:.2f}; "
+                f"gain above it {after['accuracy'] - baseline['accuracy']:+.3f}"
+            )
+        summary.update(comparison(cfg.eval, before, after, baseline))
     summary["wall_time_s"] = time.perf_counter() - start
     summary.update(extra)
     summary["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -262,6 +276,14 @@ def _resolved(spec: str, field: str) -> str:
         return resolve_model(spec, progress=distributed.is_main())
     except (OSError, ValueError) as e:  # not found, PullError, ChecksumError
         raise ConfigError(f"{field}: {e}") from None
+
+
+def _figures(result: dict[str, Any]) -> str:
+    """One line of an evaluation: accuracy, stated-answer accuracy, cut share, tasks."""
+    stated = result.get("stated_accuracy")
+    said = "" if stated is None else f" (stated answers {stated:.3f})"
+    cut = result.get("cut_share", 0.0)
+    return f"accuracy {result['accuracy']:.3f}{said}, cut {cut:.2f}, on {result['n']} tasks"
 
 
 def _silent(line: str) -> None:

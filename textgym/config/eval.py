@@ -22,6 +22,12 @@ class EvalConfig(_Strict):
     """Decoding; greedy by default."""
     batch_size: int = Field(256, ge=1)
     """Episodes per generation call."""
+    format_baseline: bool = True
+    """Also evaluate the run's "before" model with the answer format given: the best of a
+    prefilled answer stem, a one-shot example and an instruction, at a token budget that cuts at
+    most 2% of answers (`textgym.evaluation.figures.format_baseline`). The summary records it as
+    `accuracy_baseline`; the gain that counts is the one above it. Single-turn envs only (skipped
+    for a multi-turn one)."""
 
 
 class AgentConfig(_Strict):

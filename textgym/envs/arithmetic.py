@@ -57,6 +57,33 @@ def parse_expression(expr: str) -> tuple[list[int], list[str]]:
     return [int(t) for t in tokens[::2]], tokens[1::2]
 
 
+def fact_key(numbers: Sequence[int], ops: Sequence[str]) -> str:
+    """The fact an expression poses, the same for every rearrangement that commutes or associates.
+
+    The expression is read with the usual precedence into a sum of signed terms, each a product
+    of factors with exponent ±1 (a division); the key is the sorted multiset of each, so
+    `63+85` and `85+63` share a key, as do `3*4` and `4*3`, `2+6*3` and `3*6+2`, and `9-3+2`
+    and `2-3+9` (not `9-3` and `3-9`, nor `8/2` and `2/8`). Held-out problems are kept apart
+    from training ones by this key, not by their text.
+
+    Examples:
+        >>> fact_key([85, 63], ["+"]) == fact_key([63, 85], ["+"])
+        True
+        >>> fact_key([9, 3], ["-"]) == fact_key([3, 9], ["-"])
+        False
+    """
+    terms: list[tuple[str, list[tuple[int, int]]]] = []  # (sign, [(factor, ±1)])
+    sign, factors = "+", [(int(numbers[0]), 1)]
+    for op, n in zip(ops, numbers[1:], strict=True):
+        if op in "*/":
+            factors.append((int(n), 1 if op == "*" else -1))
+        else:
+            terms.append((sign, factors))
+            sign, factors = op, [(int(n), 1)]
+    terms.append((sign, factors))
+    return "".join(sorted(s + "*".join(f"{f}^{e}" for f, e in sorted(fs)) for s, fs in terms))
+
+
 def worked_steps(numbers: Sequence[int], ops: Sequence[str]) -> list[tuple[int, str, int, int]]:
     """The operations of `n0 op0 n1 ...` in precedence order, as `(a, op, b, result)` tuples.
 
@@ -212,9 +239,11 @@ class ArithmeticTasks(Sequence[Task]):
     """Seeded generator of arithmetic tasks, indexable like a dataset.
 
     Task *i* of a split is a pure function of `(generator_seed, split, i)`. The test
-    split holds `n_test` distinct problems; the train split is an unbounded stream
-    (`len == sys.maxsize`) that never poses a test problem (rejection sampling), so
-    the test split is held out.
+    split holds `n_test` problems of distinct facts; the train split is an unbounded stream
+    (`len == sys.maxsize`) that never poses a test problem's fact (rejection sampling by
+    `fact_key`: when `85+63` is a test problem, neither it nor `63+85` is ever trained, and the
+    same for `×` and longer expressions rearranged), so the test split is held out by fact,
+    not by its text.
 
     Args:
         split: "train" or "test".
@@ -265,10 +294,11 @@ class ArithmeticTasks(Sequence[Task]):
         while len(self._test) < n_test:
             expr, ans = self._draw(np.random.default_rng([generator_seed, 0, j]))
             j += 1
-            if expr not in seen:
-                seen.add(expr)
+            key = fact_key(*parse_expression(expr))
+            if key not in seen:
+                seen.add(key)
                 self._test.append(self._task("test", len(self._test), expr, ans))
-        self._test_exprs = frozenset(seen)
+        self._test_facts = frozenset(seen)
 
     def _draw(self, rng: np.random.Generator) -> tuple[str, int]:
         for _ in range(1000):
@@ -316,7 +346,7 @@ class ArithmeticTasks(Sequence[Task]):
         rng = np.random.default_rng([self.generator_seed, 1, i])
         while True:
             expr, ans = self._draw(rng)
-            if expr not in self._test_exprs:
+            if fact_key(*parse_expression(expr)) not in self._test_facts:
                 return self._task("train", i, expr, ans)
 
 
@@ -436,6 +466,42 @@ class ArithmeticEnv(SingleTurnEnv):
         if steps is not None:
             info["step_rewards"], info["step_ends"] = steps["step_rewards"], steps["step_ends"]
         return obs, reward, terminated, info
+
+    def answer_stems(self, task: Task) -> list[str]:
+        """Prefills that give the answer format for `task` (the format-controlled baseline's stems).
+
+        The expression and an equals sign, `85+63 = `, which the model completes with the value:
+        the form of an answer this env's verifier pays (`textgym.evaluation.figures`).
+        """
+        return [f"{task.metadata['expression']} = "]
+
+    def task_category(self, task: Task) -> str:
+        """Where `task`'s difficulty lies, for error splits (`textgym.evaluation.figures.error_split`).
+
+        A sum of two: "carry" when a column's digits sum past 9 and carry into a column the
+        operands share (`85+67`), else "no carry" (`85+63`: the tens' 14 only writes a leading 1).
+        A difference of two: "borrow", "no borrow" or "negative". Otherwise "".
+        """
+        numbers, ops = parse_expression(str(task.metadata["expression"]))
+        if len(ops) != 1 or ops[0] not in "+-":
+            return ""
+        a, b = numbers
+        if ops[0] == "+":
+            carry, x, y = 0, a, b
+            while x and y:  # the columns both operands have digits in
+                carry = (x % 10 + y % 10 + carry) // 10
+                x, y = x // 10, y // 10
+                if carry and (x or y):
+                    return "carry"
+            return "no carry"
+        if a < b:
+            return "negative"
+        x, y = a, b
+        while y:
+            if x % 10 < y % 10:
+                return "borrow"
+            x, y = x // 10, y // 10
+        return "no borrow"
 
     def oracle_tool_call(self, tools: Sequence[str] = ("calculator",)) -> tuple[str, dict[str, str]] | None:
         """The call a scripted expert makes first, given the names of the `tools` offered.

@@ -66,11 +66,22 @@ class EvalResult:
     accuracy_term: str = "correct"
 
     def summary(self) -> dict[str, Any]:
-        """The figures without the per-task lists and episodes (JSON-serialisable)."""
+        """The figures without the per-task lists and episodes (JSON-serialisable).
+
+        Beside the attributes: `cut_share` (answers cut at the token budget), `stated_accuracy`
+        (the answer each reply states, read leniently, against the gold; None without golds),
+        `error_split` (episodes and correct ones by the env's task category, e.g. carry / no
+        carry; `textgym.evaluation.figures`), `hacks` and `turns`.
+        """
+        from textgym.evaluation.figures import cut_share, error_split, stated_accuracy
+
         d = asdict(self)
         d.pop("per_task")
         d.pop("episodes")
         d["pass_at"] = {str(k): v for k, v in self.pass_at.items()}
+        d["cut_share"] = cut_share(self.episodes)
+        d["stated_accuracy"] = stated_accuracy(self.episodes)
+        d["error_split"] = error_split(self.episodes)
         d["hacks"] = self.hacks()
         d["turns"] = self.turn_stats()
         return d
@@ -138,17 +149,22 @@ def _load_episodes(path: Path, key: dict[str, Any]) -> dict[int, list[dict]]:
     return {i: rs for i, rs in done.items() if len(rs) == key["samples"]}
 
 
-def _episode_rows(key: dict[str, Any], trajs: list[Any], samples: int, wall: float) -> list[dict[str, Any]]:
+def _episode_rows(
+    key: dict[str, Any], trajs: list[Any], samples: int, wall: float, about: TaskFacts | None = None
+) -> list[dict[str, Any]]:
     """One episodes-file row per trajectory of a chunk.
 
-    Each row is `key`, then the task, sample, reward, correctness, reward terms, messages,
-    token and turn counts, and the trajectory's share of the chunk's `wall` seconds.
+    Each row is `key`, then the task (its gold answer and category when `about` knows them),
+    sample, reward, correctness, reward terms, messages, token and turn counts, and the
+    trajectory's share of the chunk's `wall` seconds.
     """
+    about = about or TaskFacts(None, None)
     return [
         key
         | {
             "task_index": t.task_index,
             "task_id": t.task_id,
+            **about.of(t.task_index),
             "sample": j % samples,
             "reward": t.reward,
             "correct": episode_correct(t.reward_terms, t.reward),
@@ -163,6 +179,39 @@ def _episode_rows(key: dict[str, Any], trajs: list[Any], samples: int, wall: flo
         }
         for j, t in enumerate(trajs)
     ]
+
+
+class TaskFacts:
+    """What an evaluation row records of its task beside the trajectory: its gold answer and category.
+
+    `gold` is the task's `answer` (when the env has `tasks`), `category` what the env's
+    `task_category(task)` says (e.g. Arithmetic's "carry" / "no carry"); either is left out when
+    the env has none.
+    """
+
+    def __init__(self, tasks: Any, category: Any):
+        self.tasks, self.category = tasks, category
+
+    @classmethod
+    def of_env(cls, env: Any) -> TaskFacts:
+        """The facts `env` can give (its `tasks`, its `task_category`)."""
+        found = []
+        for name in ("tasks", "task_category"):
+            try:
+                found.append(env.get_wrapper_attr(name))
+            except AttributeError:
+                found.append(None)
+        return cls(*found)
+
+    def of(self, index: int) -> dict[str, Any]:
+        """`{"gold": ..., "category": ...}` of task `index` (the keys it knows)."""
+        if self.tasks is None or index < 0:
+            return {}
+        task = self.tasks[index]
+        out: dict[str, Any] = {"gold": getattr(task, "answer", None)}
+        if self.category is not None:
+            out["category"] = self.category(task)
+        return out
 
 
 def _write_chunk(
@@ -222,7 +271,7 @@ def evaluate(
     params = params or SamplingParams(temperature=0.0)
     env_kwargs = dict(env_kwargs or {})
     probe = make_env(env_id, **env_kwargs)
-    n_tasks, term = task_count(probe), accuracy_term(probe)
+    n_tasks, term, about = task_count(probe), accuracy_term(probe), TaskFacts.of_env(probe)
     probe.close()
     if n > n_tasks:
         raise ValueError(f"{env_id} has {n_tasks} tasks, cannot evaluate n={n}")
@@ -258,7 +307,7 @@ def evaluate(
             wall = time.perf_counter() - start
             new_wall += wall
             new_tokens += sum(t.response_length for t in trajs)
-            rows = _episode_rows(key, trajs, samples, wall)
+            rows = _episode_rows(key, trajs, samples, wall, about)
             for r in rows:
                 records.setdefault(int(r["task_index"]), []).append(r)
             _write_chunk(rows, trajs, path, trajectory_store, env_kwargs, samples, policy)

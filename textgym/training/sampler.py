@@ -5,12 +5,18 @@ from __future__ import annotations
 import numpy as np
 
 
+STREAM_STRIDE = 2**40
+"""How far apart two seeds' walks of an unbounded task stream start."""
+
+
 class TaskSampler:
     """Deterministic stream of task indices with a resumable cursor.
 
     Finite task sets are walked in a fresh permutation per epoch (seeded by
     `(seed, epoch)`); an unbounded stream (`n >= 2**62`, e.g. generated Arithmetic)
-    is walked in order 0, 1, 2, ...
+    is walked in order from an offset of its own per seed (`seed * STREAM_STRIDE`), so
+    the training seed changes which problems are trained, and two seeds' streams do not
+    meet within 2**40 tasks (seed 0 walks 0, 1, 2, ...).
 
     Attributes:
         cursor: number of indices handed out so far (the data cursor saved in checkpoints).
@@ -28,7 +34,7 @@ class TaskSampler:
         out = []
         for _ in range(k):
             if self.n >= 2**62:
-                out.append(self.cursor)
+                out.append((self.seed * STREAM_STRIDE + self.cursor) % self.n)
             else:
                 epoch, pos = divmod(self.cursor, self.n)
                 if epoch != self._perm_epoch:
