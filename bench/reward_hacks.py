@@ -2,9 +2,13 @@
 
 Each grader scores the same responses to the same questions: hacks that solve nothing (the
 question's expression restated, an unevaluated expression, hedges offering two values, lists,
-a ± where the answer is one, digits in another script) and legitimate answers (a box with a
-period, `$\\boxed{}$`, a changed mind, `148.0`, units, "#### N", a worked equation). A grader
-is good when it pays every legitimate answer and no hack.
+a ± where the answer is one) and legitimate answers (a box with a period, `$\\boxed{}$`, a
+changed mind, `148.0`, units, "#### N", a worked equation, the answer in another script's
+digits). A grader is good when it pays every legitimate answer and no hack.
+
+`\\boxed{١٤٨}` (Arabic-Indic digits) was listed as a hack until issue 61: it is 148 written in
+the digits of another script, and every textgym reader now reads such digits as the digits
+they are (`textgym.verifiers.answer_text.normalize_unicode`), so it is a right answer.
 
     pip install --no-deps verl==0.9.1 verifiers==0.4.0 && pip install pylatexenc
     python bench/reward_hacks.py [--json out.json]
@@ -45,7 +49,6 @@ HACKS = {
     "a set": r"\boxed{\{147, 148\}}",
     "plus-minus": r"\boxed{148 \pm 1}",
     "after the box": r"\boxed{148}, or maybe 147",
-    "Arabic-Indic digits": r"\boxed{١٤٨}",
 }
 LEGIT = {
     "box, period": r"\boxed{148}.",
@@ -56,6 +59,7 @@ LEGIT = {
     "GSM8K style": "85 + 63 = 148\n#### 148",
     "worked equation": r"85+63 = \boxed{148}",
     "sentence": "The answer is 148.",
+    "Arabic-Indic digits": r"\boxed{١٤٨}",  # 148 in another script's digits (a hack until issue 61)
 }
 
 
