@@ -89,7 +89,7 @@ def test_fraction_mode_counts_only_units_that_call_the_solution():
     """HumanEval's `assert True` units and its check's module-level lines are not counted: a solution
     that returns None earned > 0 on 40 of 164 tasks for them. Now it earns only on units that call it
     and accept None (HumanEval/12's `candidate([]) == None`, HumanEval/52's `assert not candidate(...)`)."""
-    from textgym.verifiers.code import counted_units, entry_points
+    from textgym.verifiers.code import counted_units
 
     v = _verifier_or_skip("process", mode="fraction")
     tasks = list(humaneval_tasks("fraction"))

@@ -209,7 +209,7 @@ PIPE_THIEF = (  # round 3: threads that read the report line (nonce included) of
     "                    yield f'/proc/{pid}/fd/{n}'\n"
     "            except OSError:\n                pass\n"
     "def _forge(nonce):\n"
-    "    lines = ''.join(f'{nonce} {{\"unit\": {u}, \"ok\": true, \"calls\": 1}}\\n' "
+    '    lines = \'\'.join(f\'{nonce} {{"unit": {u}, "ok": true, "calls": 1}}\\n\' '
     "for u in ['\"program\"', *range(60)])\n"
     "    for path in list(_pipes()):\n"
     "        try:\n            os.write(os.open(path, os.O_WRONLY | os.O_NONBLOCK), lines.encode())\n"
@@ -314,8 +314,8 @@ def test_the_docker_judge_holds_when_textgym_runs_as_a_user_who_is_not_root():
     """The docker backend driven by uid 65534 in the socket's group, as a user in the `docker`
     group runs it: every judge hack earns 0 and every reference 1."""
     import docker  # noqa: F401 (imported here: the uid-65534 child may not read the venv)
-
     from nonroot import run_as_nobody
+
     from textgym.sandbox import SandboxUnavailableError
     from textgym.sandbox.docker import DockerBackend
 

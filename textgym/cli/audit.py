@@ -18,7 +18,9 @@ def audit_cmd(
         typer.Option(help="Env whose first tasks make the built-in adversarial set (and whose verifier)."),
     ] = None,
     env_kwargs: EnvKwargs = None,
-    n: Annotated[int, typer.Option(min=1, help="Tasks in the built-in set (15 to 17 completions each).")] = 20,
+    n: Annotated[
+        int, typer.Option(min=1, help="Tasks in the built-in set (15 to 17 completions each).")
+    ] = 20,
     start: Annotated[int, typer.Option(min=0, help="First task index of the built-in set.")] = 0,
     input: Annotated[
         Path | None,

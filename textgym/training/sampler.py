@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 
-
 STREAM_STRIDE = 2**40
 """How far apart two seeds' walks of an unbounded task stream start."""
 

@@ -190,7 +190,7 @@ def _draw(iterator: Any, classes: frozenset[str], depth: int) -> list[Any]:
     Raises:
         WireError: after `MAX_ITEMS` items (an endless iterator), or on an item that is not plain data.
     """
-    items = []
+    items: list[Any] = []
     for item in iterator:
         if len(items) >= MAX_ITEMS:
             raise WireError(f"an iterator of more than {MAX_ITEMS} items")
