@@ -392,41 +392,60 @@ def test_lora_policy_samples_exactly_the_params(hostile_model_dir):
     check_exact_sampling(agent.generate, policy, tok, agent.backend.eos_ids)
 
 
-def test_generation_keeps_one_step_of_logits(tiny_model_dir, monkeypatch):
-    from textgym.agents import transformers_backend
-
+def test_finished_rows_leave_the_batch_and_one_step_of_logits_is_held(tiny_model_dir, monkeypatch):
+    """The decode loop runs the model's forward pass (never `generate`): each step returns one [b, 1, V]
+    of logits, and once a quarter of the rows have sampled their end of turn they leave the batch, so
+    later steps run fewer rows. The tokens are those each row gets alone (per-row seeds)."""
     agent = LLMAgent.from_pretrained(tiny_model_dir)
     V = agent.model.config.vocab_size
-    calls, held = [], []
-    real_generate = agent.model.generate
+    shapes: list[tuple[int, ...]] = []
+    real_forward = agent.model.forward
 
-    def generate(*args, **kwargs):
-        config = kwargs["generation_config"]
-        calls.append((bool(config.output_logits), bool(config.output_scores), config.return_dict_in_generate))
-        out = real_generate(*args, **kwargs)
-        assert isinstance(out, torch.Tensor)  # the sequences only, no per-step logits or scores
+    def forward(*args, **kwargs):
+        out = real_forward(*args, **kwargs)
+        shapes.append(tuple(out.logits.shape))
         return out
 
-    real_call = transformers_backend.SampledLogprobs.__call__
-
-    def call(self, input_ids, scores):
-        out = real_call(self, input_ids, scores)
-        tensors = [t for v in vars(self).values() for t in (v if isinstance(v, list) else [v])]
-        tensors = [t for t in tensors if isinstance(t, torch.Tensor)]
-        # one [B, V] step at most; every finished step is kept as [B]
-        held.append(
-            (sum(t.numel() >= V for t in tensors), {tuple(t.shape) for t in tensors if t.numel() < V})
-        )
-        return out
-
-    monkeypatch.setattr(agent.model, "generate", generate)
-    monkeypatch.setattr(transformers_backend.SampledLogprobs, "__call__", call)
+    monkeypatch.setattr(agent.model, "forward", forward)
+    monkeypatch.setattr(agent.model, "generate", None)  # not called
     prompt = agent.encode_prompt([{"role": "user", "content": "Compute 3+4."}])
-    for params in (SamplingParams(max_new_tokens=10), SamplingParams(temperature=0, max_new_tokens=10)):
-        gens = agent.generate([prompt] * 3, params)
-        assert all(len(g.logprobs) == len(g.token_ids) for g in gens)
-    assert calls == [(False, False, False)] * 2
-    assert len(held) >= 10 and all(big == 1 and small <= {(3,)} for big, small in held)
+    eos = agent.backend.eos_ids[0]
+    # a budget of 12; rows end when they sample their end of turn: force it for half of them early
+    real_decode_forward = forward
+
+    def ending_forward(*args, **kwargs):
+        out = real_decode_forward(*args, **kwargs)
+        if sum(s[0] == 8 for s in shapes) == 3:  # the logits of each row's third token: rows 0-3 end
+            out.logits[:4, -1, :] = -1e9
+            out.logits[:4, -1, eos] = 0.0
+        return out
+
+    monkeypatch.setattr(agent.model, "forward", ending_forward)
+    seeds = list(range(8))
+    gens = agent.generate([prompt] * 8, SamplingParams(max_new_tokens=12), seeds=seeds)
+    assert all(s[1] == 1 and s[2] == V for s in shapes)  # one position of logits per call
+    rows = [s[0] for s in shapes]
+    assert rows[0] == 1  # the 8 copies of the prompt are prefilled once (all but its last token)
+    assert rows[1] == 8 and rows[-1] == 4 and sorted(rows[1:], reverse=True) == rows[1:]  # it only shrinks
+    assert all(len(g.logprobs) == len(g.token_ids) for g in gens)
+    assert [g.finish_reason for g in gens[:4]] == ["stop"] * 4 and all(
+        len(g.token_ids) == 3 for g in gens[:4]
+    )
+
+
+def test_a_seeded_row_samples_the_same_tokens_alone_and_in_a_shrinking_batch(warm_model_dir):
+    """Rows leaving the batch change neither another row's draws (its own generator) nor its log-probs
+    beyond batch rounding (the warm model ends its answers, at different lengths)."""
+    agent = LLMAgent.from_pretrained(warm_model_dir)
+    prompts = [agent.encode_prompt([{"role": "user", "content": f"Compute {i}+{i + 3}."}]) for i in range(6)]
+    params = SamplingParams(temperature=1.0, max_new_tokens=24)
+    seeds = [11, 12, 13, 14, 15, 16]
+    together = agent.generate(prompts, params, seeds=seeds)
+    apart = [agent.generate([p], params, seeds=[s])[0] for p, s in zip(prompts, seeds, strict=True)]
+    assert len({len(g.token_ids) for g in together}) > 1  # rows did end at different steps
+    assert [g.token_ids for g in together] == [g.token_ids for g in apart]
+    for a, b in zip(together, apart, strict=True):
+        torch.testing.assert_close(a.logprobs, b.logprobs, rtol=0, atol=1e-5)
 
 
 @pytest.mark.parametrize("sampled", ["<|im_end|>", "<|endoftext|>"])
@@ -476,23 +495,6 @@ def test_a_turn_ends_with_exactly_the_end_of_turn_token_sampled(
     rendered = tok.apply_chat_template(t.messages, tokenize=False)
     seen = tok.decode(ids).replace(sampled, "<|im_end|>")
     assert seen + "\n" == rendered
-
-
-def test_neutral_generation_swaps_the_config_for_the_call_only(hostile_model_dir):
-    from textgym.agents.transformers_backend import neutral_generation
-    from textgym.models import load_model
-
-    model, _ = load_model(hostile_model_dir)
-    saved = model.generation_config
-    with pytest.raises(RuntimeError, match="boom"), neutral_generation(model):
-        inside = model.generation_config
-        raise RuntimeError("boom")
-    assert model.generation_config is saved and saved.top_k == 1  # put back, even after an error
-    # inside: the special-token ids and nothing else
-    set_fields = {k: v for k, v in inside.to_diff_dict().items() if k != "transformers_version"}
-    assert set_fields == {"eos_token_id": saved.eos_token_id, "pad_token_id": saved.pad_token_id}
-    with pytest.raises(TypeError, match="no generation_config"), neutral_generation(torch.nn.Linear(2, 2)):
-        pass
 
 
 def test_inverse_cdf_sample_draws_from_the_given_distribution(monkeypatch):

@@ -1,98 +1,32 @@
 """`TransformersBackend`: generation with a Hugging Face causal LM that reports exact tokens.
 
-The transformers backend batches token-id prompts (left-padded), samples with
-`model.generate`, and returns for each prompt the sampled token ids (through the
-end-of-turn token, inclusive) and their sampling log-probabilities. Repeated prompts
-(the G samples of a group) are prefilled once. Nothing on this path re-tokenizes
-generated text.
+The transformers backend batches token-id prompts (left-padded), prefills each distinct prompt
+once (the G samples of a group share it), then decodes one token per step for the rows still
+running (`TransformersBackend._decode`): a row that samples its end-of-turn token leaves the
+batch, so a step costs what the running rows cost, not what the longest one does. It returns
+for each prompt the sampled token ids (through the end-of-turn token, inclusive) and their
+sampling log-probabilities. Nothing on this path re-tokenizes generated text.
 
-Sampling is exactly what `SamplingParams` says: `generate` runs in greedy-search mode with
-a neutral generation config (the model folder's `generation_config.json` is swapped out for
-the call, keeping only its special-token ids), and textgym's own logits processors do all
-the work — temperature, top-k, top-p, recording the sampled token's log-probability, and
-drawing the token. Nothing a folder sets (top_k, repetition_penalty, min_p, ...) applies.
+Sampling is exactly what `SamplingParams` says and nothing else: the decode loop calls the
+model's forward pass, never `model.generate`, so no field of a model folder's
+`generation_config.json` (top_k, repetition_penalty, min_p, ...) can reach it. Temperature,
+top-k and top-p (`textgym.agents.sampling.truncate_logits`), the recorded log-probability and
+the draw (`inverse_cdf`: one float64 uniform per row, from the global RNG or each row's own
+generator, `SeededSample`) are this module's.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import torch
 from transformers import (
-    GenerationConfig,
     LogitsProcessor,
-    LogitsProcessorList,
     PreTrainedModel,
     PreTrainedTokenizerBase,
-    TemperatureLogitsWarper,
 )
 
 from textgym.agents.sampling import Generation, SamplingParams, eos_token_ids, truncate_logits
-
-
-class TruncationWarper(LogitsProcessor):
-    """Top-k then top-p truncation (`textgym.agents.sampling.truncation_mask`): dropped tokens get −inf.
-
-    The same function the trainer applies when it recomputes log-probs, so the recorded
-    log-probs and the trainer's are of one distribution (HF's `TopKLogitsWarper` and
-    `TopPLogitsWarper` keep the same tokens; this is the project's one definition of them).
-
-    Args:
-        top_k: keep the k most likely tokens (0: off).
-        top_p: nucleus mass (1: off).
-    """
-
-    def __init__(self, top_k: int, top_p: float):
-        self.top_k, self.top_p = top_k, top_p
-
-    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        """Return `scores` [B, V] with the truncated tokens at −inf."""
-        return truncate_logits(scores, self.top_k, self.top_p)  # type: ignore[return-value]
-
-
-class SampledLogprobs(LogitsProcessor):
-    """Records the log-probability of each sampled token, holding one step's [B, V] at most.
-
-    Placed after the warpers and before the processor that draws the token: at step t it
-    keeps `log_softmax(scores_t)` ([B, V], float32) until step t + 1, whose `input_ids`
-    end with the token drawn at step t, and then keeps only that token's entry ([B]).
-    `finish` gathers the last step from the returned sequences. Scores pass through unchanged.
-    """
-
-    def __init__(self) -> None:
-        self.steps: list[torch.Tensor] = []  # [B] per finished step
-        self.pending: torch.Tensor | None = None  # [B, V]: the latest step's log-softmax
-
-    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        """Record the previous step's token, keep this step's log-softmax; return `scores`."""
-        if self.pending is not None:
-            self.steps.append(self.pending.gather(-1, input_ids[:, -1:].to(self.pending.device))[:, 0])
-        self.pending = torch.log_softmax(scores.float(), dim=-1)
-        return scores
-
-    def finish(self, new_tokens: torch.Tensor) -> torch.Tensor:
-        """The log-probabilities of `new_tokens` ([B, N], the generated columns), as [B, N] float32.
-
-        Steps that `generate` ran and then undid (a deferred stop check) are dropped.
-
-        Raises:
-            RuntimeError: if fewer than N - 1 steps were recorded (the processor did not see
-                every step of this generation).
-        """
-        n = new_tokens.shape[1]
-        if n == 0:
-            return torch.zeros(new_tokens.shape, dtype=torch.float32)
-        if len(self.steps) < n - 1:
-            raise RuntimeError(f"recorded {len(self.steps)} steps for {n} generated tokens")
-        steps = self.steps[:n]
-        if len(steps) < n:
-            assert self.pending is not None
-            last = new_tokens[:, -1:].to(self.pending.device)
-            steps = [*steps, self.pending.gather(-1, last)[:, 0]]
-        self.pending = None
-        return torch.stack(steps, dim=1).float()
 
 
 def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
@@ -174,102 +108,18 @@ class SeededSample(LogitsProcessor):
         return out.scatter_(-1, drawn, 0.0)  # type: ignore[return-value]
 
 
-class MultinomialSample(LogitsProcessor):
-    """Draws each row's next token from `softmax(scores)` with the global torch RNG.
-
-    The draw is `inverse_cdf_sample` (one uniform per row), a draw from the same distribution
-    as `torch.multinomial` (what `do_sample=True` calls) at a tenth of its CPU cost. Returns
-    scores that are 0 at the drawn token and −inf elsewhere, so the argmax that greedy
-    search takes is the draw.
-    """
-
-    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        """Return the one-hot (0 / −inf) scores of one draw per row, [B, V] float32."""
-        probs = torch.softmax(scores.float(), dim=-1)
-        drawn = inverse_cdf_sample(probs)  # [B, 1]
-        out = torch.full_like(probs, float("-inf"))
-        return out.scatter_(-1, drawn, 0.0)  # type: ignore[return-value]
-
-
-_SPECIAL_TOKEN_FIELDS = ("eos_token_id", "pad_token_id", "bos_token_id", "decoder_start_token_id")
-
-
-def neutral_generation_config(source: GenerationConfig | None) -> GenerationConfig:
-    """A generation config that sets nothing but `source`'s special-token ids.
-
-    Transformers fills every field a `generate` call leaves unset (None) from
-    `model.generation_config` (`GenerationMixin._prepare_generation_config`), and many
-    fields are only "off" when None (`min_p`, `bad_words_ids`, `suppress_tokens`,
-    `sequence_bias`, `forced_bos_token_id`, ...). Swapped in for the call, this config leaves
-    them None, so nothing from a folder's `generation_config.json` reaches sampling.
-    """
-    ids = {k: getattr(source, k, None) for k in _SPECIAL_TOKEN_FIELDS} if source is not None else {}
-    return GenerationConfig(**{k: v for k, v in ids.items() if v is not None})
-
-
-def _generation_owners(model: Any) -> list[Any]:
-    """The objects whose `generation_config` `model.generate` reads.
-
-    The model itself, the base model of a peft wrapper (`get_base_model()`, whose config
-    peft's `generate` copies), the module inside `torch.compile` (`_orig_mod`): those among
-    them that hold a `generation_config` attribute of their own.
-
-    Raises:
-        TypeError: when none does (its generation config could not be neutralised).
-    """
-    owners: list[Any] = []
-    todo = [model]
-    while todo:
-        m = todo.pop()
-        if any(m is o for o in owners):
-            continue
-        owners.append(m)
-        get_base = getattr(m, "get_base_model", None)
-        if callable(get_base):
-            todo.append(get_base())
-        if isinstance(getattr(m, "_orig_mod", None), torch.nn.Module):
-            todo.append(m._orig_mod)
-    found = [m for m in owners if "generation_config" in vars(m)]
-    if not found:
-        raise TypeError(f"{type(model).__name__} holds no generation_config to neutralise for generate()")
-    return found
-
-
-@contextmanager
-def neutral_generation(model: Any) -> Iterator[None]:
-    """Swap `model`'s generation config for `neutral_generation_config(...)` inside the block.
-
-    The model's own config object is put back afterwards, untouched (what a user saves with
-    the model is what they loaded or set).
-
-    Raises:
-        TypeError: see `_generation_owners`.
-    """
-    owners = _generation_owners(model)
-    saved = [m.generation_config for m in owners]
-    try:
-        for m, cfg in zip(owners, saved, strict=True):
-            m.generation_config = neutral_generation_config(cfg)
-        yield
-    finally:
-        for m, cfg in zip(owners, saved, strict=True):
-            m.generation_config = cfg
-
-
 class TransformersBackend:
     """In-process generation with a Hugging Face causal LM (the trainable policy itself).
 
-    `model.generate` runs as greedy search (`do_sample=False`, one beam) under
-    `neutral_generation`, with explicit neutral values for the processing fields, and the
-    sampling is textgym's processors: `TemperatureLogitsWarper` (when T ≠ 1), `TruncationWarper`
-    (top-k, top-p, when on), `SampledLogprobs`, then the draw (`MultinomialSample`
-    from the global RNG, or `SeededSample` with per-row generators). Greedy decoding runs
-    `SampledLogprobs` alone (T = 1). No per-step logits are kept beyond one step.
+    Prefill, then a decode loop over the model's forward pass (`_decode`): greedy takes the
+    argmax; sampling divides by T, applies top-k / top-p (`truncate_logits`), records the
+    log-probability of the drawn token under that distribution and draws by `inverse_cdf`.
+    Rows that ended their turn leave the batch. No per-step logits are kept beyond one step.
 
     Args:
         model: the policy; generation runs under `torch.no_grad()` in eval mode.
         tokenizer: its tokenizer (pad and EOS ids are taken from it).
-        batch_size: prompts per `generate` call (bounds activation memory).
+        batch_size: prompts per batch (bounds activation memory).
 
     Attributes:
         context_length: the model's context window in tokens (`max_position_embeddings`), or
@@ -323,12 +173,10 @@ class TransformersBackend:
 
         Returns:
             One `Generation` per prompt, in order; its log-probs are those of the distribution
-            each token was drawn from (`SampledLogprobs`).
+            each token was drawn from (after temperature, top-k and top-p: `_decode`).
 
         Raises:
             ValueError: if `seeds` is not one per prompt.
-            TypeError: if the model's generation config cannot be swapped out (see
-                `neutral_generation`).
         """
         if seeds is not None and len(seeds) != len(prompts):
             raise ValueError(f"got {len(seeds)} seeds for {len(prompts)} prompts")
@@ -346,74 +194,120 @@ class TransformersBackend:
         # Left-padded [B, P] ids and mask, built as lists (one tensor each, not two writes per row).
         ids = torch.tensor([[self.pad_id] * (P - len(p)) + list(p) for p in prompts], dtype=torch.long)
         mask = torch.tensor([[0] * (P - len(p)) + [1] * len(p) for p in prompts], dtype=torch.long)
-        greedy = params.temperature == 0
-        recorder = SampledLogprobs()
-        processors = LogitsProcessorList()
-        if not greedy:
-            # HF's warper order (temperature, top-k, top-p); the recorder sees what is drawn from.
-            if params.temperature != 1.0:  # x / 1.0 is x exactly: no [B, V] pass per token at T = 1
-                processors.append(TemperatureLogitsWarper(params.temperature))
-            if params.top_k > 0 or params.top_p < 1:
-                processors.append(TruncationWarper(params.top_k, params.top_p))
-        processors.append(recorder)
-        if not greedy:
-            processors.append(MultinomialSample() if seeds is None else SeededSample(seeds, device))
-        # Greedy search over textgym's processors. Every processing field is explicit and
-        # neutral; those whose neutral value is None (min_p, bad_words_ids, suppress_tokens,
-        # sequence_bias, forced_bos/eos_token_id, ...) stay None because the model's own config
-        # is swapped for a neutral one (`neutral_generation`). HF's warpers (top_k, top_p,
-        # min_p, typical_p, epsilon/eta cutoff) only run with do_sample=True, which is never set.
-        config = GenerationConfig(
-            do_sample=False,
-            num_beams=1,
-            num_return_sequences=1,
-            temperature=1.0,
-            top_p=1.0,
-            typical_p=1.0,
-            epsilon_cutoff=0.0,
-            eta_cutoff=0.0,
-            repetition_penalty=1.0,
-            encoder_repetition_penalty=1.0,
-            length_penalty=1.0,
-            no_repeat_ngram_size=0,
-            encoder_no_repeat_ngram_size=0,
-            min_new_tokens=0,
-            renormalize_logits=False,
-            remove_invalid_values=False,
-            guidance_scale=1.0,
-            use_cache=True,
-            max_new_tokens=params.max_new_tokens,
-            eos_token_id=self.eos_ids,
-            pad_token_id=self.pad_id,
-            output_logits=False,
-            output_scores=False,
-            return_dict_in_generate=False,
-        )
         ids, mask = ids.to(device), mask.to(device)
         was_training = self.model.training
         self.model.eval()
         try:
             cache = self._shared_prefix_cache(prompts, ids, mask)
-            with neutral_generation(self.model):
-                sequences = self.model.generate(  # type: ignore[operator]
-                    input_ids=ids,
-                    attention_mask=mask,
-                    past_key_values=cache,
-                    generation_config=config,
-                    logits_processor=processors,
-                    synced_gpus=False,  # sharded models generate inside `distributed.full_params`
-                )
+            tokens, logprobs, stopped = self._decode(ids, mask, cache, params, seeds)
         finally:
             self.model.train(was_training)
-        new = sequences[:, P:]  # [B, N]
-        lp = recorder.finish(new).cpu()  # [B, N]
-        new = new.cpu()
-        # Each row ends at its first end-of-turn token (inclusive), else it used the whole budget.
-        is_eos = torch.isin(new, torch.tensor(self.eos_ids))  # [B, N]
-        stopped = is_eos.any(dim=1).tolist()
-        first = (is_eos.int().argmax(dim=1) + 1).tolist() if new.shape[1] else [0] * len(stopped)
-        gens = []
-        for i, (row, stop, n_stop) in enumerate(zip(new.tolist(), stopped, first, strict=True)):
-            n = n_stop if stop else len(row)
-            gens.append(Generation(row[:n], lp[i, :n].clone(), "stop" if stop else "length"))
-        return gens
+        return [
+            Generation(t, torch.tensor(lp, dtype=torch.float32), "stop" if s else "length")
+            for t, lp, s in zip(tokens, logprobs, stopped, strict=True)
+        ]
+
+    def _decode(
+        self,
+        ids: torch.Tensor,
+        mask: torch.Tensor,
+        cache: Any,
+        params: SamplingParams,
+        seeds: list[int] | None,
+    ) -> tuple[list[list[int]], list[list[float]], list[bool]]:
+        """Sample up to `params.max_new_tokens` tokens per row; a row that ends its turn leaves the batch.
+
+        The prompt ([B, P] left-padded `ids`, `mask`; `cache` holding all but its last token when
+        `_shared_prefix_cache` prefilled it) is run once, then one token per step for the rows
+        still running. A row leaves once it samples an end-of-turn id: its KV cache rows are
+        dropped (`batch_select_indices`) as soon as a quarter of the rows in the batch are done, so
+        a step's cost follows the rows still running, not the longest one (lockstep decoding paid
+        for every row until the last finished).
+
+        Each step's processing is the distribution `SamplingParams` names and nothing else:
+        greedy takes the argmax of the logits; sampling divides by T, applies `truncate_logits`
+        (top-k, top-p), records `log_softmax` of the result at the drawn token and draws by
+        `inverse_cdf` from the global RNG (one float64 uniform for each of the B rows per step,
+        finished or not, as the full batch drew before) or from each row's own generator
+        (`SeededSample`'s: a row's tokens depend on its seed alone). One step of [rows, V] scores
+        is held at a time.
+
+        Returns:
+            per row: the sampled ids (through the end-of-turn id, inclusive), their log-probs, and
+            whether it stopped (else it used the whole budget).
+        """
+        B = ids.shape[0]
+        device = ids.device
+        greedy = params.temperature == 0
+        generators = None if greedy or seeds is None else SeededSample(seeds, device).generators
+        eos = torch.tensor(self.eos_ids, device=device)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        if cache is None:
+            out = self.model(
+                input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1
+            )
+        else:  # the cache holds all but the last prompt token
+            out = self.model(
+                input_ids=ids[:, -1:],
+                attention_mask=mask,
+                position_ids=positions[:, -1:],
+                past_key_values=cache,
+                use_cache=True,
+                logits_to_keep=1,
+            )
+        cache, logits = out.past_key_values, out.logits[:, -1, :]
+        next_position = positions[:, -1] + 1  # [b]
+        rows = torch.arange(B, device=device)  # the original row of each batch row
+        running = torch.ones(B, dtype=torch.bool, device=device)  # batch rows not yet finished
+        tokens: list[list[int]] = [[] for _ in range(B)]
+        logprobs: list[list[float]] = [[] for _ in range(B)]
+        stopped = [False] * B
+        for step in range(params.max_new_tokens):
+            scores = logits.float()
+            if greedy:
+                drawn = scores.argmax(dim=-1)
+                lp = torch.log_softmax(scores, dim=-1).gather(-1, drawn[:, None])[:, 0]
+            else:
+                if params.temperature != 1.0:
+                    scores = scores / params.temperature
+                scores = truncate_logits(scores, params.top_k, params.top_p)
+                logp = torch.log_softmax(scores, dim=-1)
+                if generators is None:  # a uniform for every row of the batch, as before rows left it
+                    u = torch.rand((B, 1), dtype=torch.float64, device=device)[rows]
+                else:
+                    u = torch.cat(
+                        [
+                            torch.rand((1, 1), dtype=torch.float64, device=device, generator=generators[r])
+                            for r in rows.tolist()
+                        ]
+                    )
+                drawn = inverse_cdf(logp.exp(), u)[:, 0]
+                lp = logp.gather(-1, drawn[:, None])[:, 0]
+            for r, t, value, live in zip(
+                rows.tolist(), drawn.tolist(), lp.tolist(), running.tolist(), strict=True
+            ):
+                if live:
+                    tokens[r].append(t)
+                    logprobs[r].append(value)
+            ended = running & torch.isin(drawn, eos)
+            for r in rows[ended].tolist():
+                stopped[r] = True
+            running = running & ~ended
+            if not running.any() or step == params.max_new_tokens - 1:
+                break
+            if 4 * int((~running).sum()) >= len(rows):  # a quarter of the batch is done: drop them
+                keep = running.nonzero()[:, 0]
+                cache.batch_select_indices(keep)
+                rows, mask, next_position, drawn = rows[keep], mask[keep], next_position[keep], drawn[keep]
+                running = running[keep]
+            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+            out = self.model(
+                input_ids=drawn[:, None],
+                attention_mask=mask,
+                position_ids=next_position[:, None],
+                past_key_values=cache,
+                use_cache=True,
+            )
+            cache, logits = out.past_key_values, out.logits[:, -1, :]
+            next_position = next_position + 1
+        return tokens, logprobs, stopped
