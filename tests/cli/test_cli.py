@@ -206,6 +206,17 @@ def test_train_eval_resume_and_plot(tmp_path, tiny_model_dir):
     assert r.exit_code == 0 and "finished earlier, skipped" in r.output
     again = json.loads((run / "summary.json").read_text())
     assert again["accuracy_after"] == summary["accuracy_after"]
+    # the run's figures and transcripts, read back (nothing evaluated)
+    r = invoke("eval", "--run", run, "--show", "2")
+    assert r.exit_code == 0, r.output
+    for key in ("accuracy_after", "accuracy_baseline"):
+        assert f"{summary[key]:.3f}" in r.output
+    assert f"{summary['baseline']['variant']}" in r.output and "gain above it" in r.output
+    before = [json.loads(line) for line in (run / "eval_before.jsonl").read_text().splitlines()]
+    assert len(before) == 6 and r.output.count("  before (") == 2 and r.output.count("  after  (") == 2
+    golds = {f"(gold {row['gold']})" for row in before}
+    assert sum(line.split(": ")[0].endswith(tuple(golds)) for line in r.output.splitlines()) == 2
+    assert invoke("eval", "--run", tmp_path / "nothing").exit_code == 2
     # plots
     r = invoke("plot", run)
     assert r.exit_code == 0

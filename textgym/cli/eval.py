@@ -67,6 +67,15 @@ PrmAggregate = Annotated[
 Show = Annotated[
     int, typer.Option("--show", min=0, help="Also print the first N episodes: conversation, reward, terms.")
 ]
+RunDir = Annotated[
+    Path | None,
+    typer.Option(
+        "--run",
+        help="Read a training run's folder instead of evaluating: its before/after figures, the "
+        "format-controlled baseline, the error split, and --show N (default 3) tasks' transcripts "
+        "before and after (eval_before.jsonl, eval_after.jsonl).",
+    ),
+]
 
 
 def eval_cmd(
@@ -89,10 +98,18 @@ def eval_cmd(
     show: Show = 0,
     prm: Prm = None,
     prm_aggregate: PrmAggregate = None,
+    run: RunDir = None,
 ) -> None:
-    """Evaluate a model, or the scripted oracle / random agent, on an env: accuracy, reward, pass@k."""
+    """Evaluate a model, or the scripted oracle / random agent, on an env: accuracy, reward, pass@k.
+
+    With --run, read a training run's evaluations instead (nothing is evaluated).
+    """
     from textgym.config import ConfigError
     from textgym.evaluation.job import run_eval
+
+    if run is not None:
+        print_run(run, show or 3)
+        return
 
     agent = {"kind": agent_kind, "seed": seed, "endpoint": endpoint, "served_model": served_model}
     if agent_kind == "model":
@@ -145,6 +162,90 @@ def print_episodes(episodes: list[dict[str, Any]], max_chars: int = 2000) -> Non
         turns = f"{roles.count('assistant')} turns, {roles.count('tool')} tool results"
         subtitle = f"reward {float(e['reward']):.3f} · correct {e['correct']} · {turns} · {terms}"
         console.print(Panel("\n".join(lines), title=title, subtitle=subtitle, title_align="left"))
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    if not path.is_file():
+        return []
+    rows = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:  # a half-written last line of a killed run
+            continue
+    return rows
+
+
+def _reply(episode: dict[str, Any], max_chars: int = 600) -> str:
+    """The episode's last reply, stripped and cut at `max_chars` (`(empty)` for whitespace only)."""
+    msgs = episode.get("messages", [])
+    text = next((str(m["content"]) for m in reversed(msgs) if m["role"] == "assistant"), "").strip()
+    return (text[:max_chars] + " ...") if len(text) > max_chars else (text or "(empty)")
+
+
+def print_run(run_dir: Path, show: int) -> None:
+    """Print what a training run's evaluations say: figures, then `show` tasks before and after.
+
+    The figures: accuracy before and after, the stated-answer accuracy and the cut share of each,
+    the format-controlled baseline (its variant and budget) and the gain above it, and the error
+    split by task category. The tasks shown are those whose correctness changed first, then the rest.
+
+    Exits with code 2 when `run_dir` has no `summary.json` (a run that has not finished its eval).
+    """
+    from rich.markup import escape
+
+    summary_path = run_dir / "summary.json"
+    if not summary_path.is_file():
+        fail(f"{run_dir} has no summary.json: not a finished training run with an eval section")
+    s = json.loads(summary_path.read_text(encoding="utf-8"))
+    table = Table(title=f"{s.get('name', run_dir.name)} · {s.get('eval_env', '')} · n={s.get('n_eval', '')}")
+    for col in ("", "before", "after", "baseline"):
+        table.add_column(col, justify="right")
+    base = s.get("baseline") or {}
+
+    def cell(v: Any) -> str:
+        return "" if v is None else f"{v:.3f}"
+
+    table.add_row(
+        "accuracy",
+        cell(s.get("accuracy_before")),
+        cell(s.get("accuracy_after")),
+        cell(s.get("accuracy_baseline")),
+    )
+    table.add_row(
+        "stated answers",
+        cell(s.get("stated_accuracy_before")),
+        cell(s.get("stated_accuracy_after")),
+        cell(base.get("stated_accuracy")),
+    )
+    table.add_row(
+        "cut share",
+        cell(s.get("cut_share_before")),
+        cell(s.get("cut_share_after")),
+        cell(base.get("cut_share")),
+    )
+    console.print(table)
+    if base:
+        console.print(
+            f"baseline: the model before with the answer format given ({escape(str(base.get('variant')))}, "
+            f"{base.get('max_new_tokens')} tokens); gain above it {s.get('gain_above_baseline', 0.0):+.3f}"
+        )
+    split_before, split_after = s.get("error_split_before") or {}, s.get("error_split_after") or {}
+    for cat in sorted(set(split_before) | set(split_after)):
+        b, a = split_before.get(cat, {}), split_after.get(cat, {})
+        right = [f"{x.get('correct', 0)}/{x.get('n', 0)}" for x in (b, a)]
+        console.print(f"{cat}: correct {right[0]} before, {right[1]} after")
+    before = {(e["task_index"], e.get("sample", 0)): e for e in _read_jsonl(run_dir / "eval_before.jsonl")}
+    after = {(e["task_index"], e.get("sample", 0)): e for e in _read_jsonl(run_dir / "eval_after.jsonl")}
+    keys = sorted(set(before) & set(after), key=lambda k: (before[k]["correct"] == after[k]["correct"], k))
+    for k in keys[:show]:
+        b, a = before[k], after[k]
+        question = next((str(m["content"]) for m in b.get("messages", []) if m["role"] == "user"), "")
+        console.print(
+            f"\n[bold]task {k[0]}[/bold] (gold {escape(str(b.get('gold', '?')))}): {escape(question)}"
+        )
+        console.print(f"  before ({'right' if b['correct'] else 'wrong'}): {escape(_reply(b))}")
+        console.print(f"  after  ({'right' if a['correct'] else 'wrong'}): {escape(_reply(a))}")
 
 
 def _job(options: dict[str, Any]) -> EvalJobConfig:
