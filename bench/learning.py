@@ -180,7 +180,32 @@ def llm_row(run: Path, seed: int, kernel: str, threads: int, side_by_side: bool)
         "wall_s": round(s["wall_time_s"]), "peak_rss_mb": round(s["peak_rss_mb"]),
         "heldout_during": {str(m["step"]): m["eval/accuracy"] for m in steps if "eval/accuracy" in m},
         "step_s": [round(m["time/step_s"], 1) for m in steps],
+        **baseline_figures(s),
     }  # fmt: skip
+
+
+def baseline_figures(summary: dict[str, Any]) -> dict[str, Any]:
+    """The format-controlled figures of a run's `summary.json` (empty when it ran without a baseline).
+
+    `baseline`: the untrained model's held-out accuracy with the answer format given (the best
+    variant, named in `baseline_variant`, at a budget cutting <= 2% of answers); `gain_above_baseline`
+    in points; the stated-answer accuracy and cut share before and after; the error split.
+    """
+    if summary.get("accuracy_baseline") is None:
+        return {}
+    base = summary.get("baseline") or {}
+    return {
+        "baseline": summary["accuracy_baseline"],
+        "baseline_variant": base.get("variant"),
+        "baseline_tokens": base.get("max_new_tokens"),
+        "gain_above_baseline": round(100 * summary["gain_above_baseline"], 1),
+        "stated_before": summary.get("stated_accuracy_before"),
+        "stated_after": summary.get("stated_accuracy_after"),
+        "cut_before": summary.get("cut_share_before"),
+        "cut_after": summary.get("cut_share_after"),
+        "error_split_before": summary.get("error_split_before"),
+        "error_split_after": summary.get("error_split_after"),
+    }
 
 
 def run_llm(
@@ -222,29 +247,34 @@ def run_llm(
 def render_llm(record: dict[str, Any]) -> str:
     """The SmolLM2 GRPO table of a recorded `llm` run (markdown), with its provenance."""
     lines = [
-        "| training seed | kernels | threads | GRPO steps | before | held-out during GRPO | after | gain "
-        "| step 1 cut | response tokens | GRPO | whole run | peak RSS |",
+        "| training seed | kernels | threads | GRPO steps | before | format-controlled baseline | after "
+        "| gain above the baseline | stated answers before → after | cut before → after "
+        "| GRPO | whole run | peak RSS |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     own = kernels_of("own", record["machine"]["flags"]).upper().replace("AVX512", "AVX-512")
     for r in record["rows"]:
         kernel = f"own ({own})" if r["kernel"] == "own" else f"`ATEN_CPU_CAPABILITY={r['kernel']}`"
         pair = " (two side by side)" if r["side_by_side"] else ""
-        during = ", ".join(f"{a:.2f} (step {k})" for k, a in r.get("heldout_during", {}).items()) or "—"
+        if "baseline" in r:
+            base = f"{r['baseline']:.2f} ({r['baseline_variant']}, {r['baseline_tokens']} tokens)"
+            above = f"{r['gain_above_baseline']:+.0f} points"
+            stated = f"{r['stated_before']:.2f} → {r['stated_after']:.2f}"
+            cut = f"{100 * r['cut_before']:.0f}% → {100 * r['cut_after']:.0f}%"
+        else:  # recorded before the baseline existed
+            base, above, stated, cut = "—", "—", "—", f"step 1: {100 * r['cut_step1']:.0f}%"
         lines.append(
             f"| {r['seed']} | {kernel} | {r['threads']}{pair} | {r.get('steps', '')} | {r['before']:.2f} | "
-            f"{during} | {r['after']:.2f} | {r['gain']:+.0f} points | {100 * r['cut_step1']:.0f}% | "
-            f"{r['tokens_before']:.1f} → {r['tokens_after']:.1f} | {r['grpo_s']} s | {r['wall_s']} s | "
+            f"{base} | {r['after']:.2f} | {above} | {stated} | {cut} | {r['grpo_s']} s | {r['wall_s']} s | "
             f"{r['peak_rss_mb']:,} MB |"
         )
     gains = [r["gain"] for r in record["rows"]]
-    # the held-out gain after 4 steps (the config's length) of every run that got there
-    at4 = [100 * ((r["after"] if r.get("steps") == 4 else r.get("heldout_during", {}).get("4", float("nan")))
-                  - r["before"]) for r in record["rows"]]  # fmt: skip
-    at4 = [g for g in at4 if g == g]
-    four = f" After 4 steps: {min(at4):+.0f} to {max(at4):+.0f} points." if at4 else ""
-    lines += ["", f"Gains {min(gains):+.0f} to {max(gains):+.0f} points over {len(gains)} runs.{four} "
-              + provenance(record)]  # fmt: skip
+    above_ = [r["gain_above_baseline"] for r in record["rows"] if "gain_above_baseline" in r]
+    summary = f"Gains over the untrained model {min(gains):+.0f} to {max(gains):+.0f} points"
+    summary += f" over {len(gains)} runs"
+    if above_:
+        summary += f"; above the format-controlled baseline {min(above_):+.0f} to {max(above_):+.0f}"
+    lines += ["", f"{summary}. " + provenance(record)]
     return "\n".join(lines)
 
 

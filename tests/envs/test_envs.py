@@ -161,6 +161,70 @@ def test_arithmetic_generator_is_seeded_and_held_out():
     assert len(a) > 2**62  # unbounded stream
 
 
+def test_arithmetic_holds_out_facts_not_strings():
+    """A test problem's commutative / associative rearrangements are never trained (`b+a` for a
+    test `a+b`, `4*3` for `3*4`, `3*6+2` for `2+6*3`), while `3-9` for a test `9-3` may be."""
+    from textgym.envs.arithmetic import fact_key, parse_expression
+
+    assert fact_key([85, 63], ["+"]) == fact_key([63, 85], ["+"])
+    assert fact_key([3, 4], ["*"]) == fact_key([4, 3], ["*"])
+    assert fact_key([2, 6, 3], ["+", "*"]) == fact_key([3, 6, 2], ["*", "+"])
+    assert fact_key([9, 3, 2], ["-", "+"]) == fact_key([2, 3, 9], ["-", "+"])
+    assert fact_key([9, 3], ["-"]) != fact_key([3, 9], ["-"])
+    assert fact_key([8, 2], ["/"]) != fact_key([2, 8], ["/"])
+    for ops, digits, terms in (("+", 2, 2), ("*", 1, 2), ("+-*", 1, 3)):
+        test = ArithmeticTasks("test", ops, digits, terms, 20 if digits == 1 and terms == 2 else 100)
+        keys = {fact_key(*parse_expression(t.metadata["expression"])) for t in test}
+        assert len(keys) == len(test)  # one problem per fact in the test split
+        train = ArithmeticTasks("train", ops, digits, terms, len(test))
+        # 1-digit a*b: 100 problems, 55 facts, 20 held out -> most swaps would collide by chance
+        trained = [train[i].metadata["expression"] for i in range(2000)]
+        assert not any(fact_key(*parse_expression(e)) in keys for e in trained)
+        swapped = {"".join(reversed(t.metadata["expression"].partition(ops[0])))
+                   for t in test if terms == 2}  # fmt: skip
+        assert not swapped & set(trained)
+
+
+def test_the_training_seed_changes_which_tasks_are_trained():
+    from textgym.training.sampler import STREAM_STRIDE, TaskSampler
+
+    unbounded = 2**63
+    assert TaskSampler(unbounded, 0).next(3) == [0, 1, 2]
+    s1 = TaskSampler(unbounded, 1)
+    assert s1.next(2) == [STREAM_STRIDE, STREAM_STRIDE + 1]
+    resumed = TaskSampler(unbounded, 1)
+    resumed.cursor = 1
+    assert resumed.next(1) == [STREAM_STRIDE + 1]
+    train = ArithmeticTasks("train", "+", 2, 2, 100)
+    seed0 = [train[i].prompt for i in TaskSampler(unbounded, 0).next(64)]
+    seed1 = [train[i].prompt for i in TaskSampler(unbounded, 1).next(64)]
+    assert len(set(seed0) & set(seed1)) <= 8  # 9,900 distinct sums: chance overlaps only
+    finite = TaskSampler(50, 0).next(50), TaskSampler(50, 1).next(50)
+    assert sorted(finite[0]) == sorted(finite[1]) == list(range(50)) and finite[0] != finite[1]
+
+
+def test_arithmetic_task_categories_split_by_carry_and_borrow():
+    env = gym.make("textgym/Arithmetic-v0", split="test", operators="+", digits=2)
+    category, stems = env.unwrapped.task_category, env.unwrapped.answer_stems
+
+    def task(expr):
+        from textgym.types import Task
+
+        return Task(task_id="t", prompt=f"Compute {expr}.", answer="0", metadata={"expression": expr})
+
+    assert [category(task(e)) for e in ("85+67", "85+63", "15+5", "5+95", "99+1", "40+60")] == [
+        "carry", "no carry", "carry", "carry", "carry", "no carry",
+    ]  # fmt: skip
+    assert [category(task(e)) for e in ("52-17", "57-12", "12-57", "3*4", "1+2+3")] == [
+        "borrow", "no borrow", "negative", "", "",
+    ]  # fmt: skip
+    assert stems(task("85+63")) == ["85+63 = "]
+    counts = {}
+    for t in env.unwrapped.tasks:
+        counts[category(t)] = counts.get(category(t), 0) + 1
+    assert set(counts) == {"carry", "no carry"} and sum(counts.values()) == len(env.unwrapped.tasks)
+
+
 def test_arithmetic_answers_follow_precedence():
     assert evaluate([2, 3, 4], ["+", "*"]) == 14
     assert evaluate([20, 4, 2], ["-", "-"]) == 14

@@ -238,12 +238,17 @@ def _run_variant(
     variant: Variant,
     params: SamplingParams,
     batch_size: int,
+    indices: Sequence[int] | None = None,
 ) -> list[dict[str, Any]]:
-    """One greedy single-turn episode per task under `variant`, each its row (cf. `evaluate`'s rows)."""
+    """One greedy single-turn episode per task under `variant`, each its row (cf. `evaluate`'s rows).
+
+    The tasks are 0..n−1, or `indices` when given (the rows then follow `indices`).
+    """
     env = make_env(env_id, **env_kwargs)
     tasks = env.get_wrapper_attr("tasks")
+    order = list(range(n)) if indices is None else list(indices)
     conversations, prompts = [], []
-    for i in range(n):
+    for i in order:
         obs, _ = env.reset(options={"task_index": i})
         conv = variant.prompt(as_messages(obs, env_id))
         stem = variant.stem_for(i)
@@ -253,10 +258,10 @@ def _run_variant(
         conversations.append(conv)
         prompts.append(ids)
     gens = []
-    for c in range(0, n, batch_size):
+    for c in range(0, len(order), batch_size):
         gens += agent.generate(prompts[c : c + batch_size], params)
     rows = []
-    for i, gen in enumerate(gens):
+    for i, conv, gen in zip(order, conversations, gens, strict=True):
         reply = variant.stem_for(i) + agent.decode(gen.token_ids)
         env.reset(options={"task_index": i})
         _, reward, _, _, info = env.step(reply)
@@ -270,7 +275,7 @@ def _run_variant(
                 "reward": float(reward),
                 "correct": episode_correct(terms, float(reward)),
                 "terms": terms,
-                "messages": [*conversations[i], {"role": "assistant", "content": reply}],
+                "messages": [*conv, {"role": "assistant", "content": reply}],
                 "response_tokens": len(gen.token_ids),
                 "finish_reason": gen.finish_reason,
                 "max_new_tokens": params.max_new_tokens,
@@ -308,9 +313,9 @@ def _with_budget(
             break  # even if every cut answer came out right, the variant would not win
         budget = min(2 * budget, max_tokens)
         wider = SamplingParams(**{**params.__dict__, "max_new_tokens": budget})
-        redo = _run_variant(agent, env_id, env_kwargs, max(cut) + 1, variant, wider, batch_size)
-        for i in cut:
-            rows[i] = redo[i]
+        redo = _run_variant(agent, env_id, env_kwargs, n, variant, wider, batch_size, indices=cut)
+        for i, row in zip(cut, redo, strict=True):
+            rows[i] = row
         for r in rows:
             r["max_new_tokens"] = budget
         if 2 * sum(rows[i]["finish_reason"] == "length" for i in cut) > len(cut):
