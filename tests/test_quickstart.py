@@ -79,14 +79,26 @@ def test_the_llm_matrix_records_a_finished_run_and_renders_it(tmp_path):
     record = {"date": "2026-11-28", "commit": "abc1234", "command": "python bench/learning.py llm",
               "machine": {"cpu": "CPU", "cores": 2, "flags": ["avx2"]}, "rows": [row]}  # fmt: skip
     table = learning.renderer("smollm2_grpo")(record)
-    assert (
-        "| 1 | `ATEN_CPU_CAPABILITY=default` | 1 (two side by side) | 2 | 0.17 | 0.38 (step 2) | 0.53 | "
-        "+36 points | 27% | 46.4 → 10.5 | 455 s | 531 s | 4,124 MB |" in table
+    assert (  # a row recorded before the format-controlled baseline existed
+        "| 1 | `ATEN_CPU_CAPABILITY=default` | 1 (two side by side) | 2 | 0.17 | — | 0.53 | — | — | "
+        "step 1: 27% | 455 s | 531 s | 4,124 MB |" in table
     )
-    assert "Gains +36 to +36 points over 1 runs. " in table and "After 4 steps" not in table
-    rows = [{**row, "heldout_during": {"4": 0.48}}, {**row, "steps": 4}]
-    four = learning.render_llm({**record, "rows": rows})
-    assert "Gains +36 to +36 points over 2 runs. After 4 steps: +31 to +36 points." in four
+    assert "Gains over the untrained model +36 to +36 points over 1 runs. " in table
+    # a run with the baseline: its variant, budget, the gain above it, stated answers and cut shares
+    baseline = {"accuracy_baseline": 0.31, "gain_above_baseline": 0.22, "stated_accuracy_before": 0.19,
+                "stated_accuracy_after": 0.55, "cut_share_before": 0.41, "cut_share_after": 0.0,
+                "baseline": {"variant": "env stem 1 (e.g. '85+63 = ')", "max_new_tokens": 64},
+                "error_split_before": {"carry": {"n": 53, "correct": 8}}}  # fmt: skip
+    (run / "summary.json").write_text(json.dumps({**summary, **baseline}))
+    row = learning.llm_row(run, 1, "default", 1, side_by_side=True)
+    assert row["baseline"] == 0.31 and row["gain_above_baseline"] == 22.0
+    assert row["error_split_before"] == {"carry": {"n": 53, "correct": 8}}
+    table = learning.render_llm({**record, "rows": [row]})
+    assert (
+        "| 0.17 | 0.31 (env stem 1 (e.g. '85+63 = '), 64 tokens) | 0.53 | +22 points | 0.19 → 0.55 | "
+        "41% → 0% | 455 s |" in table
+    )
+    assert "+36 to +36 points over 1 runs; above the format-controlled baseline +22 to +22." in table
     with pytest.raises(FileNotFoundError):  # an unfinished run
         learning.llm_row(tmp_path, 0, "own", 2, side_by_side=False)
 
