@@ -1,5 +1,6 @@
 """Two small environments: a single-turn one built on SingleTurnEnv, a multi-turn one on TextEnv."""
 
+import re
 from typing import Any
 
 import gymnasium as gym
@@ -7,6 +8,7 @@ import gymnasium as gym
 from textgym.envs import SingleTurnEnv, TextEnv
 from textgym.types import Task
 from textgym.verifiers import Rubric, RubricTerm, Score
+from textgym.verifiers.answer_text import normalize_unicode
 
 WORDS = ["apple", "river", "stone", "cloud", "piano", "tiger", "lemon", "chair"]
 
@@ -47,10 +49,13 @@ class GuessEnv(TextEnv):
 
     def respond(self, action: str) -> tuple[list[dict[str, str]], float, bool, dict[str, Any]]:
         assert self.task is not None
-        digits = "".join(c for c in action if c in "0123456789")  # ASCII digits only
-        if not digits:
-            return [{"role": "user", "content": "Reply with a number."}], 0.0, False, {"reward/correct": 0.0}
-        guess, target = int(digits), int(self.task.answer)
+        # One number, read as textgym's own readers read it: "−42" (U+2212) is minus 42 and "٤٣ or 42"
+        # offers two numbers, so neither is a guess of 42.
+        numbers = re.findall(r"-?[0-9]+", normalize_unicode(action))
+        if len(numbers) != 1:
+            ask = [{"role": "user", "content": "Reply with one number."}]
+            return ask, 0.0, False, {"reward/correct": 0.0}
+        guess, target = int(numbers[0]), int(self.task.answer)
         if guess == target:
             return [], 1.0, True, {"reward/correct": 1.0}
         hint = "higher" if guess < target else "lower"

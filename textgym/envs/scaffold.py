@@ -122,6 +122,7 @@ import numpy as np
 
 from textgym.envs import TextEnv
 from textgym.types import Message, Task
+from textgym.verifiers.answer_text import normalize_unicode
 
 LOW, HIGH = 1, 32
 
@@ -156,7 +157,9 @@ class __CLASS__(TextEnv):
     def respond(self, action: str) -> tuple[list[Message], float, bool, dict[str, Any]]:
         """Compare the reply's one number with the target: solved, or a hint."""
         assert self.task is not None
-        numbers = set(re.findall(r"-?[0-9]+", action))  # ASCII digits; one guess per reply
+        # Read as every textgym reader does: "−7" (U+2212) is minus 7, "٣" is 3, so a look-alike sign
+        # or digit is no way around "one guess per reply".
+        numbers = set(re.findall(r"-?[0-9]+", normalize_unicode(action)))
         if len(numbers) != 1:
             ask = [{"role": "user", "content": "Reply with one number."}]
             return ask, 0.0, False, {"reward/correct": 0.0}

@@ -32,7 +32,7 @@ from textgym.agents.sampling import SamplingParams
 from textgym.agents.trajectory import episode_correct
 from textgym.envs.registry import as_messages
 from textgym.envs.registry import make as make_env
-from textgym.types import Message
+from textgym.types import Message, Task
 from textgym.verifiers.answer_text import normalize_unicode
 
 MAX_CUT_SHARE = 0.02
@@ -395,6 +395,27 @@ def format_baseline(
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("".join(json.dumps(r) + "\n" for r in results[best]), encoding="utf-8")
     return {**table[best], "variant": best, "qualified": bool(qualified), "n": n, "variants": table}
+
+
+def baseline_applies(env_id: str, env_kwargs: dict[str, Any] | None = None, n: int = 1) -> bool:
+    """Whether `format_baseline` can run on `env_id`: single-turn, with at least `n` textgym `Task`s.
+
+    A Gymnasium env without a task list (string observations, a seed-indexed task) has no gold
+    answer or answer stem to give the format with: it gets no baseline.
+    """
+    env = make_env(env_id, **dict(env_kwargs or {}))
+    try:
+        tasks = env.get_wrapper_attr("tasks")
+    except AttributeError:
+        return False
+    finally:
+        env.close()
+    try:
+        if len(tasks) < n or not isinstance(tasks[0], Task):
+            return False
+    except (TypeError, IndexError, KeyError):
+        return False
+    return single_turn(env_id, env_kwargs)
 
 
 def single_turn(env_id: str, env_kwargs: dict[str, Any] | None = None) -> bool:

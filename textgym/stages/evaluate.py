@@ -14,7 +14,7 @@ from textgym.agents.llm_agent import LLMAgent
 from textgym.agents.sampling import SamplingParams
 from textgym.config import EvalConfig
 from textgym.evaluation.core import EvalResult, evaluate
-from textgym.evaluation.figures import format_baseline, single_turn
+from textgym.evaluation.figures import baseline_applies, format_baseline
 from textgym.models import load_model
 
 
@@ -95,9 +95,10 @@ def cached_baseline(
 
     Written to `path` (`eval_baseline.json`), the chosen variant's episodes beside it
     (`eval_baseline.jsonl`); reused when resuming for the same model. None when `cfg` turns it off
-    or the eval env is multi-turn. Distributed, rank 0 evaluates and every rank gets the result.
+    or the eval env is multi-turn or has no textgym task list (`baseline_applies`). Distributed,
+    rank 0 evaluates and every rank gets the result.
     """
-    if not cfg.format_baseline or not single_turn(cfg.env.id, cfg.env.kwargs):
+    if not cfg.format_baseline or not baseline_applies(cfg.env.id, cfg.env.kwargs, cfg.n):
         return None
     return distributed.on_main(lambda: _baseline_saved(path, model_path, cfg, device, resume))
 
