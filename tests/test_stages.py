@@ -91,14 +91,22 @@ def test_the_loop_chains_models_times_and_summaries_and_evaluates_before_the_rig
         evals.append((path.name, str(model_path)))
         return {"accuracy": 0.25, "n": cfg.n, "mean_reward": 0.5, "pass_at": {"1": 0.25}}
 
+    def fake_baseline(path, model_path, cfg, device, resume):
+        evals.append((path.name, str(model_path)))
+        return {"accuracy": 0.125, "variant": "stem", "max_new_tokens": 8, "cut_share": 0.0}
+
     monkeypatch.setattr("textgym.pipeline.cached_eval", fake_eval)
+    monkeypatch.setattr("textgym.pipeline.cached_baseline", fake_baseline)
     cfg = _cfg(tmp_path, tiny_model_dir, sft=SFT, grpo=GRPO, eval={"env": WARM_ENV, "n": 4})
     lines: list[str] = []
     summary = run(cfg, echo=lines.append)
     run_dir = tmp_path / "stages"
     assert calls == [("sft", str(tiny_model_dir)), ("grpo", str(run_dir / "sft"))]
-    assert evals == [("eval_before.json", str(run_dir / "sft")), ("eval_after.json", str(run_dir / "grpo"))]
-    assert "eval before grpo: accuracy 0.250 on 4 tasks" in lines
+    # the format-controlled baseline is of the model evaluated before (the SFT model), not the start
+    assert evals == [("eval_before.json", str(run_dir / "sft")), ("eval_after.json", str(run_dir / "grpo")),
+                     ("eval_baseline.json", str(run_dir / "sft"))]  # fmt: skip
+    assert summary["accuracy_baseline"] == 0.125
+    assert "eval before grpo: accuracy 0.250, cut 0.00, on 4 tasks" in lines
     assert summary["final_model"] == str(run_dir / "grpo")
     assert summary["stage_times_s"] == {"sft": 2.5}  # a skipped stage (None) has no time
     assert summary["sft_target"] == {"reached": True} and summary["models_in_memory"] == ["policy"]

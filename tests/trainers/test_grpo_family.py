@@ -58,7 +58,11 @@ def test_grpo_family_steps(warm_model_dir, tmp_path, over):
         assert "rollout/overlong_mean" in metrics and metrics["rollout/overlong_mean"] <= 0
         assert "rollout/overlong_masked" in metrics and "loss/entropy_bonus" in metrics
     if over.get("kl_placement") == "reward":
-        assert metrics["kl/ref"] == pytest.approx(0.0, abs=1e-6)  # measured on the rollout, before updating
+        # Measured on the rollout, before updating: policy == reference, so only float32 rounding is left.
+        # The sampler's log-probs (KV-cached decode) and the reference's (one full forward) agree to 1e-4
+        # a token (tests/agents); their signed differences average out over the batch's tokens, and
+        # 1e-5 bounds the mean (measured 1.5e-6 on the warmed model's tasks).
+        assert metrics["kl/ref"] == pytest.approx(0.0, abs=1e-5)
 
 
 def test_dynamic_sampling_keeps_only_informative_groups(warm_model_dir, tmp_path):

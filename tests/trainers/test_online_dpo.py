@@ -21,6 +21,7 @@ from textgym.trainers.preference.online import OnlineDPOTrainer
 from textgym.trainers.preference.online_pairs import best_vs_worst
 from textgym.training.checkpoint import latest_checkpoint
 from textgym.training.envs import make_env
+from textgym.training.sampler import TaskSampler
 from textgym.training.seeding import seed_everything
 
 SEED = 1
@@ -132,12 +133,17 @@ def test_pairs_are_sampled_from_the_current_policy(warm_model_dir, tmp_path):
     trainer.train_step()
     stored = [t.token_ids.tolist() for t in trainer.trajectories]
 
+    # the tasks of step 2: the trainer's seed-7 task stream after step 1's 16 prompts
+    stream = TaskSampler(trainer.sampler.n, 7)
+    stream.next(16)
+    step_two = stream.next(16)
+
     def resample(policy):
         envs = [make_env(cfg.env) for _ in range(128)]
         seeds = [derive_seed(7, 1, 0, g, j) for g in range(16) for j in range(8)]
         agent = LLMAgent(policy, tok, batch_size=128)
         params = SamplingParams(temperature=1.0, max_new_tokens=8)
-        trajs = rollout(agent, envs, list(range(16, 32)), params, group_size=8, seeds=seeds)
+        trajs = rollout(agent, envs, step_two, params, group_size=8, seeds=seeds)
         return [t.token_ids.tolist() for t in trajs], [t.reward for t in trajs]
 
     ids, rewards = resample(after_one)

@@ -61,7 +61,9 @@ def test_ppo_two_steps(warm_model_dir, tmp_path):
             "grad_norm",
         ):
             assert key in r and (math.isfinite(r[key]) or key == "value/explained_variance"), key
-    assert rows[0]["kl/ref"] == pytest.approx(0.0, abs=1e-6)  # policy == reference at step 1
+    # policy == reference at step 1: float32 rounding only (sampler vs full forward, 1e-4 a token, whose
+    # signed differences average out over the batch: 1e-5 bounds the mean; measured 1.3e-6)
+    assert rows[0]["kl/ref"] == pytest.approx(0.0, abs=1e-5)
     assert rows[1]["kl/coef"] != rows[0]["kl/coef"]  # the adaptive controller moved β
     assert any(not torch.equal(v, before[k]) for k, v in model.state_dict().items())
     assert not torch.equal(trainer.critic.model.score.weight, critic_head)
@@ -93,7 +95,9 @@ def test_ppo_kl_in_the_loss_uses_the_adaptive_controllers_beta(warm_model_dir, t
     assert rows[1]["kl/ref"] > 1e-4  # the policy has left the reference after the first update
     # One micro-batch, token_mean: loss/total = loss/policy + β·(token mean of k3) = … + β·kl/ref
     kl_term = rows[1]["loss/total"] - rows[1]["loss/policy"]
-    assert kl_term == pytest.approx(rows[1]["kl/coef"] * rows[1]["kl/ref"], rel=1e-5)
+    # the loss's token mean and the logged one are float32 sums over ~10^3 tokens in different orders
+    # (micro-batch then batch, vs the whole batch): relative rounding up to ~10^3 · 2^-24 ≈ 6e-5
+    assert kl_term == pytest.approx(rows[1]["kl/coef"] * rows[1]["kl/ref"], rel=1e-4)
 
 
 @pytest.mark.parametrize("placement", ["reward", "loss"])

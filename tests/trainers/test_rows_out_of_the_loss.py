@@ -121,7 +121,10 @@ def test_a_kept_rows_gradient_does_not_depend_on_how_many_rows_were_cut(
     over = {"overlong_filter": True, "loss_aggregation": aggregation, "steps": 1}
     probe = GRPOTrainer(grpo_cfg(**over), copy.deepcopy(model), tok, tmp_path / "probe")
     trajs = probe.collect(2)
-    kept, cut = trajs[:2], [copy.deepcopy(t) for t in trajs[2:]]
+    # two kept rows that differ (two equal rows with advantages +1 and -1 cancel to a zero gradient)
+    other = next(i for i, t in enumerate(trajs) if i and t.token_ids.tolist() != trajs[0].token_ids.tolist())
+    kept = [trajs[0], trajs[other]]
+    cut = [copy.deepcopy(t) for i, t in enumerate(trajs) if i not in (0, other)]
     for t in kept:
         t.finish_reason = "stop"
     for t in cut:

@@ -108,6 +108,42 @@ class SeededSample(LogitsProcessor):
         return out.scatter_(-1, drawn, 0.0)  # type: ignore[return-value]
 
 
+def _draw(
+    logits: torch.Tensor,
+    params: SamplingParams,
+    rows: torch.Tensor,
+    batch: int,
+    generators: list[torch.Generator] | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One decode step's tokens and their log-probs ([b] each) from the running rows' `logits` [b, V].
+
+    Greedy (T = 0): the argmax, its log-probability under `log_softmax(logits)`. Otherwise the
+    logits are divided by T, truncated (`truncate_logits`: top-k, top-p), and each row draws by
+    `inverse_cdf` from one float64 uniform: from its own generator (`generators[r]` for the
+    row's original index r in `rows`), or from the global RNG, which draws `batch` uniforms
+    (one per row of the full batch, finished or not) and keeps the running rows' ones.
+    """
+    scores = logits.float()
+    if params.temperature == 0:
+        drawn = scores.argmax(dim=-1)
+        return drawn, torch.log_softmax(scores, dim=-1).gather(-1, drawn[:, None])[:, 0]
+    if params.temperature != 1.0:
+        scores = scores / params.temperature
+    logp = torch.log_softmax(truncate_logits(scores, params.top_k, params.top_p), dim=-1)
+    device = logits.device
+    if generators is None:
+        u = torch.rand((batch, 1), dtype=torch.float64, device=device)[rows]
+    else:
+        u = torch.cat(
+            [
+                torch.rand((1, 1), dtype=torch.float64, device=device, generator=generators[r])
+                for r in rows.tolist()
+            ]
+        )
+    drawn = inverse_cdf(logp.exp(), u)[:, 0]
+    return drawn, logp.gather(-1, drawn[:, None])[:, 0]
+
+
 class TransformersBackend:
     """In-process generation with a Hugging Face causal LM (the trainable policy itself).
 
@@ -263,26 +299,7 @@ class TransformersBackend:
         logprobs: list[list[float]] = [[] for _ in range(B)]
         stopped = [False] * B
         for step in range(params.max_new_tokens):
-            scores = logits.float()
-            if greedy:
-                drawn = scores.argmax(dim=-1)
-                lp = torch.log_softmax(scores, dim=-1).gather(-1, drawn[:, None])[:, 0]
-            else:
-                if params.temperature != 1.0:
-                    scores = scores / params.temperature
-                scores = truncate_logits(scores, params.top_k, params.top_p)
-                logp = torch.log_softmax(scores, dim=-1)
-                if generators is None:  # a uniform for every row of the batch, as before rows left it
-                    u = torch.rand((B, 1), dtype=torch.float64, device=device)[rows]
-                else:
-                    u = torch.cat(
-                        [
-                            torch.rand((1, 1), dtype=torch.float64, device=device, generator=generators[r])
-                            for r in rows.tolist()
-                        ]
-                    )
-                drawn = inverse_cdf(logp.exp(), u)[:, 0]
-                lp = logp.gather(-1, drawn[:, None])[:, 0]
+            drawn, lp = _draw(logits, params, rows, B, generators)
             for r, t, value, live in zip(
                 rows.tolist(), drawn.tolist(), lp.tolist(), running.tolist(), strict=True
             ):

@@ -490,10 +490,8 @@ def api_key_from_env(name: str | None) -> str | None:
     Raises:
         ValueError: when `name` is set but the variable is not.
     """
-    if name is None:
-        return None
-    value = os.environ.get(name)
-    if not value:
+    value = None if name is None else os.environ.get(name)
+    if name is not None and not value:
         raise ValueError(f"the judge's API key variable ${name} is not set")
     return value
 
