@@ -33,7 +33,7 @@ from textgym.agents.trajectory import episode_correct
 from textgym.envs.registry import as_messages
 from textgym.envs.registry import make as make_env
 from textgym.types import Message, Task
-from textgym.verifiers.answer_text import normalize_unicode
+from textgym.verifiers.answer_text import _closing, normalize_unicode
 
 MAX_CUT_SHARE = 0.02
 """The baseline's budget is raised until at most this share of its answers is cut."""
@@ -56,15 +56,9 @@ def _last_boxed(text: str) -> str | None:
     start = text.rfind(_BOXED)
     if start < 0:
         return None
-    depth, i = 1, start + len(_BOXED)
-    for j in range(i, len(text)):
-        if text[j] == "{":
-            depth += 1
-        elif text[j] == "}":
-            depth -= 1
-            if depth == 0:
-                return text[i:j]
-    return text[i:]
+    i = start + len(_BOXED)
+    j = _closing(text, i)
+    return text[i:] if j is None else text[i:j]
 
 
 def stated_answer(text: str) -> str | None:

@@ -60,13 +60,21 @@ def cached_eval(
     return distributed.on_main(lambda: _eval_saved(path, model_path, cfg, device, resume))
 
 
-def _eval_saved(
-    path: Path, model_path: Path, cfg: EvalConfig, device: torch.device, resume: bool
-) -> dict[str, Any]:
+def _resumed(path: Path, model_path: Path, resume: bool) -> dict[str, Any] | None:
+    """The figures saved at `path` for the same `model_path`, when resuming; else None."""
     if resume and path.is_file():
         cached = json.loads(path.read_text(encoding="utf-8"))
         if cached.get("model") == str(model_path):
             return dict(cached)
+    return None
+
+
+def _eval_saved(
+    path: Path, model_path: Path, cfg: EvalConfig, device: torch.device, resume: bool
+) -> dict[str, Any]:
+    cached = _resumed(path, model_path, resume)
+    if cached is not None:
+        return cached
     model, tok = load_model(model_path, device=device)
     episodes = path.with_suffix(".jsonl")
     episodes.unlink(missing_ok=True)  # the transcripts of this model only
@@ -106,10 +114,9 @@ def cached_baseline(
 def _baseline_saved(
     path: Path, model_path: Path, cfg: EvalConfig, device: torch.device, resume: bool
 ) -> dict[str, Any]:
-    if resume and path.is_file():
-        cached = json.loads(path.read_text(encoding="utf-8"))
-        if cached.get("model") == str(model_path):
-            return dict(cached)
+    cached = _resumed(path, model_path, resume)
+    if cached is not None:
+        return cached
     model, tok = load_model(model_path, device=device)
     agent = LLMAgent(model, tok, batch_size=cfg.batch_size)
     params = SamplingParams(**cfg.sampling.model_dump())
