@@ -43,6 +43,32 @@ def test_single_turn_tokens_decode_to_what_the_env_saw(agent):
         assert t.loss_mask[: t.prompt_length].sum() == 0
 
 
+@pytest.mark.parametrize("continuous", [False, True])
+def test_a_prefilled_reply_is_context_and_the_env_scores_stem_and_continuation(agent, continuous):
+    from textgym.agents.continuous import rollout_continuous
+
+    envs = [gym.make("textgym/Arithmetic-v0", split="test", prefill=True) for _ in range(4)]
+    run = rollout_continuous if continuous else rollout
+    trajs = run(agent, envs, [0, 1], SamplingParams(max_new_tokens=6), group_size=2, seeds=[1, 2, 3, 4])
+    for t, env in zip(trajs, envs, strict=True):
+        stem = env.unwrapped.answer_stems(env.unwrapped.task)[0]
+        seen = env.unwrapped._transcript[1]["content"]
+        assert seen == t.messages[-1]["content"] and seen.startswith(stem)
+        rendered = agent.tokenizer.apply_chat_template(
+            t.messages[:1], add_generation_prompt=True, tokenize=False
+        )
+        stem_ids = agent.tokenizer(stem, add_special_tokens=False)["input_ids"]
+        prompt = t.token_ids[: t.prompt_length].tolist()
+        assert agent.tokenizer.decode(prompt) == rendered + stem and prompt[-len(stem_ids) :] == stem_ids
+        assert t.loss_mask[: t.prompt_length].sum() == 0 and t.loss_mask[t.prompt_length :].all()
+        policy = t.token_ids[t.prompt_length :].tolist()
+        if t.finish_reason == "stop":
+            policy = policy[:-1]
+        assert stem + agent.tokenizer.decode(policy) == seen
+        env.reset(options={"task_index": t.task_index})
+        assert env.step(seen)[1] == t.reward  # the whole reply is what was scored
+
+
 def test_sampling_logprobs_equal_the_training_forward(agent):
     envs = [gym.make("textgym/Arithmetic-v0", split="test") for _ in range(8)]
     for temperature in (1.0, 0.7):

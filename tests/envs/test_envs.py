@@ -319,3 +319,24 @@ def test_render_ansi_and_observations_are_fresh_objects():
     assert "[user] " + snapshot[0]["content"] in env.render()
     env.step("\\boxed{1}")
     assert "[assistant] \\boxed{1}" in env.render()
+
+
+def test_prefill_announces_the_answer_stem_and_scores_the_whole_reply():
+    env = gym.make("textgym/Arithmetic-v0", split="test", operators="+", digits=2, prefill=True)
+    _, info = env.reset(options={"task_index": 0})
+    stem = info["reply_prefix"]
+    expression = env.unwrapped.task.metadata["expression"]
+    assert stem == f"{expression} = "
+    assert env.step(stem + env.unwrapped.task.answer)[1] == 1.0
+    env.reset(options={"task_index": 0})
+    assert env.step(stem + str(int(env.unwrapped.task.answer) + 1))[1] == 0.0
+    _, plain = gym.make("textgym/Arithmetic-v0", split="test").reset(options={"task_index": 0})
+    assert "reply_prefix" not in plain
+    with pytest.raises(ValueError, match="worked_steps"):
+        gym.make("textgym/Arithmetic-v0", worked_steps=True, prefill=True)
+    from textgym.envs import SingleTurnEnv
+    from textgym.types import Task
+    from textgym.verifiers import Rubric
+
+    with pytest.raises(ValueError, match="answer_stems"):
+        SingleTurnEnv([Task(task_id="t/0", prompt="?", answer="1")], Rubric([]), prefill=True)

@@ -126,3 +126,20 @@ def test_a_variant_prefills_its_stem_into_the_reply(warm_model_dir, tmp_path):
     alone = agent.generate([prompt + agent.tokenizer(BOXED_STEM, add_special_tokens=False)["input_ids"]],
                            SamplingParams(temperature=0.0, max_new_tokens=8))[0]  # fmt: skip
     assert rows[0]["messages"][-1]["content"] == BOXED_STEM + agent.decode(alone.token_ids)
+
+
+def test_a_prefilled_env_is_its_own_env_stem_variant(warm_model_dir):
+    """The baseline of a `prefill=True` env drops the prefill: its env-stem variant is that eval."""
+    import gymnasium as gym
+
+    from textgym.agents import rollout
+
+    agent = LLMAgent.from_pretrained(warm_model_dir)
+    kwargs = {"split": "test", "operators": "+", "digits": 1, "prefill": True}
+    params = SamplingParams(temperature=0.0, max_new_tokens=8)
+    out = format_baseline(agent, "textgym/Arithmetic-v0", kwargs, 6, params, max_tokens=8)
+    envs = [gym.make("textgym/Arithmetic-v0", **kwargs) for _ in range(6)]
+    trajs = rollout(agent, envs, list(range(6)), params)
+    (stem,) = [name for name in out["variants"] if name.startswith("env stem")]
+    assert out["variants"][stem]["accuracy"] == sum(t.reward_terms["reward/correct"] for t in trajs) / 6
+    assert not any(v.startswith("env stem 2") for v in out["variants"])  # not stem after stem

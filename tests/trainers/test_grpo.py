@@ -271,3 +271,18 @@ def test_entropy_is_logged_every_k_steps(tiny_model_dir, tmp_path):
     )
     m = trainer.train_step()
     assert "entropy" in m and "loss/entropy_bonus" in m
+
+
+def test_a_shuffled_minibatch_is_cut_into_micro_batches_of_whole_groups():
+    """Micro-batches hold the samples of one task together, so its prompt is run once."""
+    from textgym.trainers.rl.update import PolicyUpdate
+
+    cfg = grpo_cfg(prompts_per_step=4, group_size=4, micro_batch_size=4)
+    updater = PolicyUpdate(cfg, torch.nn.Linear(1, 1), None, None, torch.device("cpu"))  # type: ignore[arg-type]
+    groups = torch.arange(4).repeat_interleave(4)
+    batch = RolloutBatch(*(torch.zeros(16, 3, dtype=torch.long),) * 3, 1, *(torch.zeros(16, 2),) * 3,
+                         torch.zeros(16), groups)  # fmt: skip
+    rows = torch.randperm(16, generator=torch.Generator().manual_seed(0))
+    micros = updater.micro_batches(batch, rows)
+    assert [len(set(groups[m].tolist())) for m in micros] == [1, 1, 1, 1]
+    assert sorted(torch.cat(micros).tolist()) == list(range(16))

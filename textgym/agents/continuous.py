@@ -55,6 +55,7 @@ from textgym.agents.rollout import (
     _to_trajectory,
     check_first_prompts,
     context_limit,
+    reply_text,
     rollout,
 )
 from textgym.agents.sampling import Generation, SamplingParams, derive_seed
@@ -188,7 +189,7 @@ def rollout_continuous(
             for kind, ep, payload in _drain(events, wait):
                 if kind == "gen":
                     stepping += 1
-                    _step_later(pool, events, ep, payload, agent.decode(payload.token_ids))
+                    _step_later(pool, events, ep, payload, reply_text(ep, agent.decode(payload.token_ids)))
                 elif kind == "step":
                     stepping -= 1
                     gen, text, future = payload

@@ -159,6 +159,7 @@ class _Episode:
     token_versions: list[int] = field(default_factory=list)  # per token: its turn's server version, else -1
     truncation: str = ""  # why a truncated episode was cut (`Trajectory.truncation`)
     counts: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    reply_prefix: str = ""  # the env's prefill of the first reply (`info["reply_prefix"]`), until used
 
 
 def rollout(
@@ -226,7 +227,7 @@ def rollout(
             gens = agent.generate(prompts, params, seeds=turn_seeds)
         if stats is not None:
             stats.add_generate(time.perf_counter() - t0, len(prompts))
-        texts = [agent.decode(gen.token_ids) for gen in gens]
+        texts = [reply_text(ep, agent.decode(gen.token_ids)) for ep, gen in zip(active, gens, strict=True)]
         # Environments are independent objects: step them concurrently, so verifiers that wait on
         # worker processes (math-verify, later the sandbox) score in parallel.
         t1 = time.perf_counter()
@@ -307,13 +308,28 @@ def _start_episodes(
             env = envs[len(episodes)]
             obs, reset_info = env.reset(options={"task_index": ti})
             tools = reset_info.get("tools")
+            prefix = str(reset_info.get("reply_prefix") or "")
             if prompt_ids is None:
                 prompt_ids = agent.encode_prompt(obs, tools=tools)
+                if prefix:  # the prefilled start of the reply: context, not the policy's tokens
+                    prompt_ids += agent.tokenizer(prefix, add_special_tokens=False)["input_ids"]
             ep = _Episode(env, ti, g, list(obs), list(prompt_ids), len(prompt_ids), tools=tools)
+            ep.reply_prefix = prefix
             ep.seed = None if seeds is None else seeds[len(episodes)]
             _pad_non_policy(ep, len(prompt_ids))
             episodes.append(ep)
     return episodes
+
+
+def reply_text(ep: _Episode, generated: str) -> str:
+    """The text the env is stepped with: `generated`, after the env's reply prefix on the first turn.
+
+    An env that announced `info["reply_prefix"]` at reset (`SingleTurnEnv(prefill=True)`) had
+    the prefix's tokens appended to the first prompt (`_start_episodes`), so the policy wrote
+    only the continuation; the env scores the whole reply, and the transcript shows it.
+    """
+    prefix, ep.reply_prefix = ep.reply_prefix, ""
+    return prefix + generated
 
 
 def _pad_non_policy(ep: _Episode, n: int) -> None:

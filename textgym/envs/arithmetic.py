@@ -296,6 +296,11 @@ class ArithmeticEnv(SingleTurnEnv):
     `steps_weight`, default 0.0: logged only) is the share of right steps. The rollout puts each
     step reward on the token holding the step's last character (docs: "Process rewards").
 
+    With `prefill=True` the reply is prefilled with the problem's answer stem, `85+63 = `
+    (`answer_stems`; `reset`'s `info["reply_prefix"]`): the policy writes only the value and the
+    env scores stem and value together. The format is then given, so what training gains is
+    the sums themselves (the main job, `configs/smollm2_grpo.yaml`).
+
     ## Episode End
     Terminates after one step.
 
@@ -321,6 +326,15 @@ class ArithmeticEnv(SingleTurnEnv):
         >>> obs, reward, terminated, truncated, info = env.step(r"\boxed{15}")
         >>> reward, info["reward/correct"], info["reward/digit_match"]
         (0.25, 0.0, 0.5)
+
+        A prefilled reply: the policy writes the value after the stem, the env scores both:
+
+        >>> env = gym.make("textgym/Arithmetic-v0", split="test", operators="+", digits=1, prefill=True)
+        >>> obs, info = env.reset(options={"task_index": 0})
+        >>> info["reply_prefix"]
+        '8+6 = '
+        >>> env.step(info["reply_prefix"] + "14")[1]
+        1.0
 
         Worked steps, each one checked:
 
@@ -361,6 +375,8 @@ class ArithmeticEnv(SingleTurnEnv):
             rubric.terms.append(RubricTerm("steps", WorkedStepsVerifier(), steps_weight))
         elif steps_weight:
             raise ValueError("steps_weight needs worked_steps=True")
+        if worked_steps and kwargs.get("prefill"):
+            raise ValueError("prefill=True prefills the answer; a worked_steps task is scored on its steps")
         self.worked_steps = worked_steps
         super().__init__(tasks, rubric, instruction=instruction, **kwargs)
 

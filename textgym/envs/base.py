@@ -213,6 +213,10 @@ class SingleTurnEnv(TextEnv):
     details under `"details"`; an unusable action scores `invalid_action_reward` with
     every term 0.0 and the reason in `info["error"]`.
 
+    `instruction` follows the task's prompt in the user message. With `prefill=True` (for an
+    env that defines `answer_stems(task)`), `reset` announces the task's answer stem as
+    `info["reply_prefix"]` and the rollout prefills each reply with it (see `reset`).
+
     Examples:
         A new single-turn env is a list of tasks and a rubric:
 
@@ -232,10 +236,44 @@ class SingleTurnEnv(TextEnv):
         (1.0, True, 1.0)
     """
 
-    def __init__(self, tasks: Sequence[Task], rubric: Rubric, *, instruction: str = "", **kwargs: Any):
+    def __init__(
+        self,
+        tasks: Sequence[Task],
+        rubric: Rubric,
+        *,
+        instruction: str = "",
+        prefill: bool = False,
+        **kwargs: Any,
+    ):
         super().__init__(tasks, **kwargs)
         self.rubric = rubric
         self.instruction = instruction
+        self.prefill = bool(prefill)
+        if self.prefill and not callable(getattr(self, "answer_stems", None)):
+            name = type(self).__name__
+            raise ValueError(f"prefill=True needs an env with answer_stems(task); {name} has none")
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[list[Message], dict[str, Any]]:
+        """Start an episode (`TextEnv.reset`); with `prefill`, `info["reply_prefix"]` is the task's stem.
+
+        The stem is `answer_stems(task)[0]` (Arithmetic: `85+63 = `). An LLM rollout starts the
+        reply with it, as context the policy does not own, and steps the env with the whole
+        reply (stem and continuation); an agent that ignores it writes a whole reply itself.
+        The answer format is then given, not learned: what a run gains on such an env is the
+        answers themselves (the format-controlled baseline's `env stem` variant, as a task).
+
+        Raises:
+            ValueError: as `TextEnv.reset`.
+        """
+        obs, info = super().reset(seed=seed, options=options)
+        if self.prefill:
+            assert self.task is not None
+            stems = list(self.answer_stems(self.task))  # type: ignore[attr-defined]
+            if stems:
+                info["reply_prefix"] = str(stems[0])
+        return obs, info
 
     def initial_messages(self, task: Task) -> list[Message]:
         """One user message: the task's prompt followed by the env's instruction."""

@@ -336,7 +336,9 @@ def format_baseline(
     a prefilled `\\boxed{`, the env's own answer stems) is evaluated greedily on the tasks
     0..n−1 of a single-turn env, at a budget raised from `params.max_new_tokens` until it cuts
     at most `max_cut` of the answers (`_with_budget`). The baseline is the most accurate variant
-    among those that got there (or, when none did, the one that cut least).
+    among those that got there (or, when none did, the one that cut least). An env whose
+    replies are prefilled (`prefill=True`) is evaluated without its prefill: its own stem is
+    one of the variants, so the baseline is at least the untrained model's prefilled accuracy.
 
     Args:
         agent: the policy before training.
@@ -358,7 +360,7 @@ def format_baseline(
         ValueError: when the env is multi-turn (its first episode does not end after one step)
             or has fewer than `n` tasks.
     """
-    env_kwargs = dict(env_kwargs or {})
+    env_kwargs = {k: v for k, v in (env_kwargs or {}).items() if k != "prefill"}  # the variants give it
     greedy = SamplingParams(temperature=0.0, max_new_tokens=params.max_new_tokens)
     chosen = list(variants) if variants is not None else baseline_variants(env_id, env_kwargs, n)
     results: dict[str, list[dict[str, Any]]] = {}

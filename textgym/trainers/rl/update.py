@@ -410,12 +410,17 @@ class PolicyUpdate:
     def micro_batches(self, batch: RolloutBatch, rows: torch.Tensor) -> list[torch.Tensor]:
         """The micro-batches of the minibatch `rows` [n] (row indices into `batch`).
 
-        `micro_batch_size` rows each, in order; or token-budget ones (`micro_batch_tokens`,
-        similar lengths together: `textgym.training.batch.token_budget_micro_batches`).
+        `micro_batch_size` rows each, the rows ordered by group first, so that the samples of
+        one task share a micro-batch and its prompt is run once (`sequence_logprobs`'
+        `share_prompts`): a shuffled minibatch's micro-batches would otherwise hold a prompt
+        per row. The minibatch's gradient is the sum over its rows, so the order only moves
+        float rounding. Or token-budget ones (`micro_batch_tokens`, similar lengths together:
+        `textgym.training.batch.token_budget_micro_batches`).
         """
         budget = self.cfg.micro_batch_tokens
         if budget is None:
-            return chunks(rows, self.micro_batch_size)
+            key = batch.groups[rows.to(batch.groups.device)].cpu() * (len(batch) + 1) + rows.cpu()
+            return chunks(rows[torch.argsort(key).to(rows.device)], self.micro_batch_size)
         prompt, response = row_lengths(batch)
         cut = token_budget_micro_batches(prompt, response, rows.tolist(), budget, self.cfg.packing)
         return [torch.tensor(m, dtype=torch.long) for m in cut]
