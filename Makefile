@@ -48,7 +48,7 @@ quickstart-tiny: install
 	$(BIN)/textgym train configs/quickstart.yaml --overwrite
 
 # A fresh seed-0 tiny-model quickstart against the recorded figure (bench/results/learning.json): fails on a
-# drop of more than 10 points (bench/learning.py check; tests/test_quickstart.py does the same in CI).
+# drop of more than 10 points (bench/learning.py check; tests/test_quickstart.py does the same under test-long).
 learning-check: install
 	$(BIN)/python bench/learning.py check
 
@@ -77,8 +77,9 @@ test: install-vllm install-trackers lint typecheck
 test-learning-portable: install
 	ATEN_CPU_CAPABILITY=default TEXTGYM_TEST_THREADS=1 $(BIN)/python -m pytest -q -m "learning and not slow"
 
-# The checks too long for CI (marker `long`): GRPO on SmolLM2 (both configs, ~17 min) and the
-# cut-down tool-use agent recipe (10-17 min); each asserts a learning margin.
+# The checks too long for CI (marker `long`): GRPO on SmolLM2 (both configs, ~20 min), the tiny
+# quickstart (5-10 min) and the cut-down tool-use agent recipe (10-17 min); each asserts a
+# learning margin. CI's real-model learning check is tests/test_smollm2_learning.py (~5 min).
 test-long: install
 	TEXTGYM_RUN_LONG=1 $(BIN)/python -m pytest -q -m long
 

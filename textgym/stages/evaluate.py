@@ -126,7 +126,7 @@ def _baseline_saved(
         cfg.env.kwargs,
         cfg.n,
         params,
-        batch_size=min(cfg.batch_size, 64),
+        batch_size=cfg.batch_size,  # all tasks in one batch: finished rows leave it
         episodes_path=path.with_suffix(".jsonl"),
     )
     res["model"] = str(model_path)
