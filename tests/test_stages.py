@@ -111,6 +111,7 @@ def test_the_loop_chains_models_times_and_summaries_and_evaluates_before_the_rig
     assert summary["stage_times_s"] == {"sft": 2.5}  # a skipped stage (None) has no time
     assert summary["sft_target"] == {"reached": True} and summary["models_in_memory"] == ["policy"]
     assert summary["accuracy_before"] == summary["accuracy_after"] == 0.25
+    assert summary["accuracy_after_sft"] == 0.25  # the RL stage's start, named as such
     assert json.loads((run_dir / "summary.json").read_text())["final_model"] == summary["final_model"]
 
 

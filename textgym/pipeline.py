@@ -8,7 +8,8 @@
     runs/<name>/summary.json     accuracy_before, accuracy_after, accuracy_baseline (the format-controlled
                                  baseline), cut_share_*, stated_accuracy_*, n_eval, wall_time_s,
                                  peak_rss_mb, sft_target (steps, probe accuracy, reached) when SFT has
-                                 a target, ...
+                                 a target, accuracy_after_sft (= accuracy_before) when SFT precedes
+                                 the evaluated stage, ...
 
 The evaluation brackets the last training stage: with an RL stage, "before" is the model
 that enters it (after SFT when there is one). With `resume=True` finished stages
@@ -181,11 +182,15 @@ def run(
     extra: dict[str, Any] = {}
     before: dict[str, Any] | None = None
     before_model = model_path
+    ran: list[str] = []
     for stage in enabled_stages(cfg):
         if cfg.eval is not None and stage.evaluate_before(cfg):
             before = cached_eval(run_dir / "eval_before.json", model_path, cfg.eval, device, resume)
             before_model = model_path
             echo(f"eval before {stage.name}: {_figures(before)}")
+            if ran:  # e.g. SFT then GRPO: "before" is the SFT's model, the RL stage's start
+                extra[f"accuracy_after_{ran[-1]}"] = before["accuracy"]
+        ran.append(stage.name)
         result = stage.run(ctx, model_path)
         model_path = result.model_path
         if result.seconds is not None:

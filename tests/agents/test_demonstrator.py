@@ -152,6 +152,47 @@ def test_dart_noise_plays_random_turns_outside_the_loss_and_the_expert_recovers(
         rollout(OracleDemonstrator(tok, noise=0.99), [_OracleOnlyEnv()], [0], SamplingParams())
 
 
+def test_a_tool_free_expert_answers_in_its_head_on_the_turns_it_would_call_a_tool(tiny_model_dir):
+    # tool_free: on a tool turn the expert answers with the inner env's own oracle (the right
+    # product, boxed at once) with that probability; the turn is trained on (mask 1)
+    tok = load_tokenizer(tiny_model_dir)
+
+    def play(tool_free, seed=0, n=60):
+        envs = [_toolmath() for _ in range(n)]
+        return rollout(
+            OracleDemonstrator(tok, seed=seed, tool_free=tool_free), envs, list(range(n)), SamplingParams()
+        )
+
+    direct = play(1.0, n=4)
+    for t in direct:
+        assert [m["role"] for m in t.messages] == ["user", "assistant"] and t.reward == 1.0
+        expr = t.messages[0]["content"].split()[1].rstrip(".")
+        assert t.messages[1]["content"] == "\\boxed{" + str(eval(expr)) + "}"
+        (run,) = _policy_runs(t)
+        assert tok.decode(run) == t.messages[1]["content"] + tok.eos_token
+    assert all(len(t.messages) == 4 for t in play(0.0, n=4))
+    mixed = play(0.5)
+    share = sum(len(t.messages) == 2 for t in mixed) / len(mixed)
+    # binomial(60, 0.5): sd 0.065, so 0.25..0.75 is ~3.9 sd either side
+    assert 0.25 < share < 0.75 and all(t.reward == 1.0 for t in mixed)
+    assert [len(t.messages) for t in play(0.5)] == [len(t.messages) for t in mixed]  # seeded
+    assert [len(t.messages) for t in play(0.5, seed=1)] != [len(t.messages) for t in mixed]
+    # an env without tools has nothing to skip: the draw never fires
+    envs = [gym.make("textgym/GuessNumber-v0", high=20) for _ in range(3)]
+    plain = rollout(OracleDemonstrator(tok, tool_free=1.0), envs, [0, 1, 2], SamplingParams())
+    assert [t.messages for t in plain] == [
+        t.messages
+        for t in rollout(
+            OracleDemonstrator(tok),
+            [gym.make("textgym/GuessNumber-v0", high=20) for _ in range(3)],
+            [0, 1, 2],
+            SamplingParams(),
+        )
+    ]
+    with pytest.raises(ValueError, match=r"tool_free must be in \[0, 1\]"):
+        OracleDemonstrator(tok, tool_free=1.5)
+
+
 class _NoOracleEnv(gym.Env):
     """A plain Gymnasium text env with no scripted expert."""
 
@@ -200,7 +241,14 @@ def test_rollouts_collect_agent_oracle_fills_the_store_and_resumes(tiny_model_di
     bad = CliRunner().invoke(app, [*args[:3], "teacher", *args[4:]])
     assert bad.exit_code != 0 and "--agent must be 'policy' or 'oracle'" in bad.output
     bad = CliRunner().invoke(app, [*args[:3], "policy", *args[4:], "--noise", "0.5"])
-    assert bad.exit_code != 0 and "--noise perturbs the oracle's demonstrations" in bad.output
+    assert bad.exit_code != 0 and "--noise and --tool-free change the oracle's" in bad.output
+    # an expert that answers in its head: every episode one turn, boxed at once, still right
+    direct = tmp_path / "direct"
+    res = CliRunner().invoke(app, [*args[:9], str(direct), *args[10:], "--tool-free", "1"])
+    assert res.exit_code == 0, res.output
+    t = read_trajectories(direct)
+    roles = [[m["role"] for m in json.loads(x)] for x in t.column("messages").to_pylist()]
+    assert roles == [["user", "assistant"]] * 6 and t.column("reward").to_pylist() == [1.0] * 6
     # DART noise from the command line: some turns random and outside the loss
     noisy = tmp_path / "noisy"
     game = ["--env", "textgym/GuessNumber-v0", "--env-kwargs", "high=20", "--out", str(noisy)]

@@ -21,6 +21,15 @@ env's `random_action` is played instead of the expert's, and that turn's tokens 
 usual, so SFT sees the expert recover from states off its own path, the states a policy that
 imitates it imperfectly reaches: a policy trained only on the expert's path can learn to
 follow the path (its own earlier turns) instead of the feedback that chose it.
+
+With `tool_free` > 0 the expert is one a student cannot fully imitate: on a turn where the
+expert would call a tool, with probability `tool_free` it answers at once instead, with the
+wrapped environment's own `oracle_action` (the correct answer, as an expert who computes it in
+its head would give it), and that turn is trained on. A model too small to compute the answer
+learns the form of that reply but not its content, so SFT on such demonstrations stops short of
+the expert, and RL, which pays only correct answers, can learn that the tool is the way to them
+(`configs/smollm2_agent_rl.yaml`). This is the case of demonstrations from a stronger model or a
+person: imitable in form, not in skill.
 """
 
 from __future__ import annotations
@@ -58,10 +67,13 @@ class OracleDemonstrator(LLMAgent):
             0 (default): the expert plays every turn.
         seed: seeds the noise's generator (one stream over the episodes in the order played,
             so the same collection plays the same noise).
+        tool_free: the probability, per turn on which the expert would call a tool, that it
+            answers at once with the wrapped env's own `oracle_action` instead, trained on (see
+            the module docstring). 0 (default): the expert calls its tools.
 
     Raises:
-        ValueError: if the tokenizer has no chat template or no EOS token, or `noise` is not in
-            [0, 1).
+        ValueError: if the tokenizer has no chat template or no EOS token, or `noise` or
+            `tool_free` is not in [0, 1].
 
     Examples:
         >>> import gymnasium as gym, textgym
@@ -76,14 +88,33 @@ class OracleDemonstrator(LLMAgent):
         (['user', 'assistant', 'tool', 'assistant'], 1.0)
     """
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, noise: float = 0.0, seed: int = 0):
+    def __init__(
+        self, tokenizer: PreTrainedTokenizerBase, noise: float = 0.0, seed: int = 0, tool_free: float = 0.0
+    ):
         if tokenizer.eos_token_id is None:
             raise ValueError("the tokenizer has no EOS token to end a demonstrated turn with")
         if not 0.0 <= noise < 1.0:
             raise ValueError(f"noise must be in [0, 1), got {noise!r}")
+        if not 0.0 <= tool_free <= 1.0:
+            raise ValueError(f"tool_free must be in [0, 1], got {tool_free!r}")
+        self.tool_free = float(tool_free)
         super().__init__(None, tokenizer, backend=_NoSampling([int(tokenizer.eos_token_id)]))
         self.noise = float(noise)
         self.rng = np.random.default_rng(seed)
+
+    def _maybe_tool_free(self, env: gym.Env, messages: Sequence[Message], text: str) -> str:
+        """The wrapped env's own answer instead of the expert's tool call, with prob. `tool_free`.
+
+        A turn is a tool turn when the outermost oracle's reply differs from the innermost
+        env's (`ToolUseWrapper.oracle_action` calls a tool there); only those turns draw.
+        """
+        inner = getattr(env.unwrapped, "oracle_action", None)
+        if inner is None:
+            return text
+        direct = str(inner(list(messages)))
+        if direct == text or float(self.rng.random()) >= self.tool_free:
+            return text
+        return direct
 
     def demonstrate(
         self, envs: Sequence[gym.Env], conversations: Sequence[list[Message]]
@@ -121,6 +152,8 @@ class OracleDemonstrator(LLMAgent):
                 text = str(random_action(self.rng))
             else:
                 text = str(oracle(list(messages)))
+                if self.tool_free > 0:
+                    text = self._maybe_tool_free(env, messages, text)
             ids = [int(t) for t in self.tokenizer(text, add_special_tokens=False)["input_ids"]]
             back = self.tokenizer.decode(ids, skip_special_tokens=False)
             if back != text:

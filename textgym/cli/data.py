@@ -60,6 +60,16 @@ def rollouts_collect_cmd(
             "instead of the expert's, so the demonstrations show it recover (DART).",
         ),
     ] = 0.0,
+    tool_free: Annotated[
+        float,
+        typer.Option(
+            min=0.0,
+            max=1.0,
+            help="With --agent oracle: the probability, per turn where the expert would call a tool, "
+            "that it answers at once with the env's own answer instead (an expert who computes it in "
+            "its head).",
+        ),
+    ] = 0.0,
 ) -> None:
     """Roll out a model (or, with `--agent oracle`, the env's expert) and append the episodes to a store.
 
@@ -74,8 +84,8 @@ def rollouts_collect_cmd(
 
     if agent not in ("policy", "oracle"):
         fail(f"--agent must be 'policy' or 'oracle', got {agent!r}")
-    if noise and agent != "oracle":
-        fail("--noise perturbs the oracle's demonstrations: it needs --agent oracle")
+    if (noise or tool_free) and agent != "oracle":
+        fail("--noise and --tool-free change the oracle's demonstrations: they need --agent oracle")
     kwargs = parse_kwargs(env_kwargs)
     make_env(env, kwargs).close()
     model = model_source(model)
@@ -84,7 +94,7 @@ def rollouts_collect_cmd(
         from textgym.models import load_tokenizer
 
         try:
-            actor = OracleDemonstrator(load_tokenizer(model), noise=noise, seed=seed)
+            actor = OracleDemonstrator(load_tokenizer(model), noise=noise, seed=seed, tool_free=tool_free)
         except (FileNotFoundError, ValueError) as e:
             fail(str(e))
         policy = f"oracle:{_policy_id(model)}"

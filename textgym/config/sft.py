@@ -51,8 +51,12 @@ class DemonstrationsConfig(_Strict):
     """DART noise: the probability, per turn, that the env's `random_action` is played instead
     of the expert's, as a context turn outside the loss (Laskey et al. 2017), so SFT also sees
     the expert recover from states off its path. 0: the expert plays every turn."""
+    tool_free: float = Field(0.0, ge=0.0, le=1.0)
+    """The probability, per turn on which the expert would call a tool, that it answers at once
+    with the env's own oracle answer instead (an expert who computes it in its head: imitable in
+    form, not in skill; see `textgym.agents.demonstrator`). 0: the expert calls its tools."""
     seed: int = 0
-    """Seeds the noise."""
+    """Seeds the noise and `tool_free`'s draws."""
 
 
 class SFTConfig(_Batching):

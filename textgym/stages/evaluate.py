@@ -34,16 +34,22 @@ def evaluate_model(model: Any, tokenizer: Any, cfg: EvalConfig) -> EvalResult:
 
 
 def periodic_eval(cfg: EvalConfig | None) -> Callable[[Any, Any], dict[str, float]] | None:
-    """The `eval_fn` a trainer calls every `eval_every` steps: `eval/accuracy`, `eval/mean_reward`.
+    """The `eval_fn` a trainer calls every `eval_every` steps, or None without an `eval:` section.
 
-    None without an `eval:` section.
+    Its metrics: `eval/accuracy`, `eval/mean_reward`, and `eval/tool_calls_mean` (tool results per
+    held-out episode: one per call, errors included).
     """
     if cfg is None:
         return None
 
     def eval_fn(model: Any, tokenizer: Any) -> dict[str, float]:
         r = evaluate_model(model, tokenizer, cfg)
-        return {"eval/accuracy": r.accuracy, "eval/mean_reward": r.mean_reward}
+        tools = [sum(m.get("role") == "tool" for m in e.get("messages", [])) for e in r.episodes]
+        return {
+            "eval/accuracy": r.accuracy,
+            "eval/mean_reward": r.mean_reward,
+            "eval/tool_calls_mean": sum(tools) / max(len(tools), 1),
+        }
 
     return eval_fn
 

@@ -416,7 +416,9 @@ def collect_demonstrations(cfg: SFTConfig, tokenizer: PreTrainedTokenizerBase, s
 
     demos = cfg.demonstrations
     assert demos is not None and cfg.env is not None  # the config's check: demonstrations need an env
-    demonstrator = OracleDemonstrator(tokenizer, noise=demos.noise, seed=demos.seed)
+    demonstrator = OracleDemonstrator(
+        tokenizer, noise=demos.noise, seed=demos.seed, tool_free=demos.tool_free
+    )
     collect_rollouts(
         demonstrator, cfg.env.id, store, env_kwargs=cfg.env.kwargs, n=demos.n,
         start=demos.start, params=SamplingParams(temperature=0.0), policy="oracle", source="demonstration",
