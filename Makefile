@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 # pulls a multi-GB CUDA build on a CPU machine. On a GPU machine: make TORCH_SPEC=torch install
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: install install-vllm install-trackers quickstart quickstart-tiny learning-check test test-learning-portable test-long test-fast lint typecheck bench sandbox-image docs clean
+.PHONY: agent-rl install install-vllm install-trackers quickstart quickstart-tiny learning-check test test-learning-portable test-long test-fast lint typecheck bench sandbox-image docs clean
 
 install: $(VENV)/.installed
 
@@ -46,6 +46,12 @@ quickstart: install
 # The 1.8 M-parameter model built from scratch: SFT to a measured start, then GRPO (no download).
 quickstart-tiny: install
 	$(BIN)/textgym train configs/quickstart.yaml --overwrite
+
+# RL beyond imitation on SmolLM2 as a calculator agent: SFT on an expert that mostly answers in
+# its head, then GRPO (configs/smollm2_agent_rl.yaml), against the same SFT continued as long
+# (configs/smollm2_agent_sft_control.yaml); prints the table (about 30 min on 2 cores; docs/models.md).
+agent-rl: install
+	$(BIN)/python bench/agent_rl.py --seeds 0 --out runs/agent_rl --results runs/agent_rl/learning.json
 
 # A fresh seed-0 tiny-model quickstart against the recorded figure (bench/results/learning.json): fails on a
 # drop of more than 10 points (bench/learning.py check; tests/test_quickstart.py does the same under test-long).

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import importlib.util
 import json
 import os
 import platform
@@ -358,6 +359,12 @@ def renderer(name: str) -> Any:
     """
     if name.startswith("quickstart_"):
         return render
+    if name == "smollm2_agent_rl":  # recorded by bench/agent_rl.py
+        spec = importlib.util.spec_from_file_location("bench_agent_rl", ROOT / "bench" / "agent_rl.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module.render
     return RENDERERS[name]
 
 

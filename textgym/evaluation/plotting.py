@@ -12,7 +12,10 @@ PANELS: list[tuple[str, list[str]]] = [
     ("response length (tokens)", ["rollout/response_length_mean"]),
     ("loss", ["loss/total", "loss/policy", "loss/sft"]),
     ("entropy (nats/token)", ["entropy"]),
+    ("tool calls per episode", ["rollout/tool_calls_mean", "eval/tool_calls_mean"]),
 ]
+SPARSE = {"rollout/tool_calls_mean", "eval/tool_calls_mean"}
+"""Keys drawn only where some value is not 0 (a run without tools logs 0 tool calls every step)."""
 
 
 def _read(path: Path) -> list[dict[str, float]]:
@@ -25,7 +28,8 @@ def plot_metrics(
     """Draw every panel of `PANELS` that has data into one PNG; None when there is nothing to plot.
 
     `before`: metrics of the policy before training (`eval/accuracy` of the run's
-    `eval_before.json`), drawn at step 0 so that the held-out curve starts where training did.
+    `eval_before.json`, and `eval/tool_calls_mean` from its transcripts), drawn at step 0 so
+    that the held-out curves start where training did.
     """
     import matplotlib
 
@@ -35,7 +39,10 @@ def plot_metrics(
     records = _read(metrics_path)
     if before and any("eval/accuracy" in r for r in records):
         records = [{"step": 0, **before}, *records]
-    panels = [(name, [k for k in keys if any(k in r for r in records)]) for name, keys in PANELS]
+    panels = [
+        (name, [k for k in keys if any(r.get(k) if k in SPARSE else k in r for r in records)])
+        for name, keys in PANELS
+    ]
     panels = [(name, keys) for name, keys in panels if keys]
     if not records or not panels:
         return None
@@ -62,17 +69,35 @@ def plot_metrics(
     return out_path
 
 
+def _before(run_dir: Path) -> dict[str, float] | None:
+    """`eval/accuracy` (and `eval/tool_calls_mean` from the transcripts) of `eval_before.json`."""
+    path = run_dir / "eval_before.json"
+    if not path.is_file():
+        return None
+    out = {"eval/accuracy": float(json.loads(path.read_text(encoding="utf-8"))["accuracy"])}
+    episodes = path.with_suffix(".jsonl")
+    if episodes.is_file():
+        rows = _read(episodes)
+        calls = [sum(m.get("role") == "tool" for m in r.get("messages", [])) for r in rows]
+        out["eval/tool_calls_mean"] = sum(calls) / max(len(calls), 1)
+    return out
+
+
 def plot_run(run_dir: Path) -> list[Path]:
     """Plot `run_dir/metrics.jsonl` or each `run_dir/<stage>/metrics.jsonl` to `<dir>/plots/curves.png`.
 
-    A run of one stage that evaluated during training (`eval_every`) gets its held-out accuracy
-    panel started at step 0 with the run's `eval_before.json` (with several stages, the accuracy
-    before the first is not the second's start, so none is drawn).
+    A stage that evaluated during training (`eval_every`) gets its held-out panels started at
+    step 0 with the run's `eval_before.json`, when that evaluation is the stage's start: the run's
+    only stage, or the stage after SFT (the pipeline evaluates the model entering it).
     """
-    before = None
-    stages = sorted(run_dir.glob("*/metrics.jsonl"))
-    if len(stages) == 1 and (run_dir / "eval_before.json").is_file():
-        before = {"eval/accuracy": float(json.loads((run_dir / "eval_before.json").read_text())["accuracy"])}
+    before_of: str | None = None
+    stages = [m.parent.name for m in sorted(run_dir.glob("*/metrics.jsonl"))]
+    after_sft = [s for s in stages if s != "sft"]
+    if len(stages) == 1:
+        before_of = stages[0]
+    elif "sft" in stages and len(after_sft) == 1:
+        before_of = after_sft[0]
+    before = _before(run_dir) if before_of is not None else None
     found = (
         [run_dir / "metrics.jsonl"]
         if (run_dir / "metrics.jsonl").is_file()
@@ -81,7 +106,8 @@ def plot_run(run_dir: Path) -> list[Path]:
     written = []
     for m in found:
         title = f"{m.parent.parent.name}/{m.parent.name}"
-        p = plot_metrics(m, m.parent / "plots" / "curves.png", title, before=before)
+        start = before if m.parent.name == before_of else None
+        p = plot_metrics(m, m.parent / "plots" / "curves.png", title, before=start)
         if p is not None:
             written.append(p)
     return written
