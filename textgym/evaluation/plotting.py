@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 PANELS: list[tuple[str, list[str]]] = [
     ("reward", ["rollout/reward_mean"]),
@@ -77,7 +78,9 @@ def _before(run_dir: Path) -> dict[str, float] | None:
     out = {"eval/accuracy": float(json.loads(path.read_text(encoding="utf-8"))["accuracy"])}
     episodes = path.with_suffix(".jsonl")
     if episodes.is_file():
-        rows = _read(episodes)
+        rows: list[dict[str, Any]] = [
+            json.loads(x) for x in episodes.read_text(encoding="utf-8").splitlines() if x.strip()
+        ]
         calls = [sum(m.get("role") == "tool" for m in r.get("messages", [])) for r in rows]
         out["eval/tool_calls_mean"] = sum(calls) / max(len(calls), 1)
     return out
