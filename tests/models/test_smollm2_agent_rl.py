@@ -5,8 +5,8 @@ GRPO steps. On 2 cores (2026-11-29, AVX2) seeds 0 and 1 went from 0.00 and 0.24 
 1.00 held-out after one GRPO step (docs/models.md#smollm2-agent-rl). The assertion: at least
 0.8 after, +20 points over the SFT start (the issue's bar), and a calculator call in at least 9
 of 10 held-out episodes. A run whose policy did not move keeps the SFT start (0.00 and 0.24 on
-the seeds measured), and a model that answers in its head cannot pass (it gets no 3-digit
-product right unaided: 0/100 before SFT).
+the seeds measured), and a model that answers in its head cannot pass (unaided it gets 1 of 100
+held-out products right before SFT, 0 after).
 About 8 minutes on 2 idle cores, so it runs only when asked (marker `long`):
 
     TEXTGYM_RUN_LONG=1 .venv/bin/python -m pytest -q -m long tests/models/test_smollm2_agent_rl.py

@@ -11,9 +11,9 @@ tests/test_smollm2_learning.py):
 `configs/smollm2_grpo_lora.yaml` (LoRA and gradient checkpointing, about 10 minutes) runs too;
 its memory is measured by `bench/llm_memory.py`, not here.
 
-The margin: with the stem prefilled, held-out accuracy went from 0.31 to 0.59 for seed 0 (the
-config's, run here) with its own and with the portable kernels (+28 points; seeds 1 and 2: 0.64
-and 0.44; docs/quickstart.md); the LoRA config (no
+The margin: with the stem prefilled and sampling at temperature 1, held-out accuracy went from
+0.31 to 0.60 for seed 0 (the config's, run here; +29 points; seeds 1 and 2: 0.60 and 0.63, one
+thread each, 2026-11-29; docs/quickstart.md); the LoRA config (no
 prefill, 4 steps) 0.46–0.50 from 0.17 (+29 to +33 points, seeds 0–2; docs/models.md#memory).
 After, with n = 100 at p ~ 0.5, the standard error is 0.05, so +20 points is about 2 standard
 errors below seed 0's gain, while a run where the policy did not move cannot pass.
