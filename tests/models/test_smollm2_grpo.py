@@ -2,7 +2,7 @@
 
 It is the whole `configs/smollm2_grpo.yaml` run (10 GRPO steps of 16 × 8 on sums whose replies
 are prefilled with the answer stem, greedy evaluation on 100 held-out sums before and after,
-the format-controlled baseline): about 13 minutes on 2 idle cores, too long for CI's budget,
+the format-controlled baseline): about 15 minutes on 2 idle cores, too long for CI's budget,
 so it runs only when asked (marker `long`; CI runs the 4-step cut of it,
 tests/test_smollm2_learning.py):
 
