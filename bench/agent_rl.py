@@ -54,8 +54,9 @@ def tool_calls(eval_jsonl: Path) -> float:
 
 MARGIN = 1.25
 """The control's step count is sized for this many times the RL run's training time: an SFT step's
-time varies by ~20% between runs (the seeds 0 and 1 controls, sized without it, trained 0.79 and
-0.82 times as long as their RL runs)."""
+time varies between runs (the seeds 0 and 1 controls, sized without it, trained 0.79 and 0.82
+times as long as their RL runs; seed 2's, with it, 0.93 times: its RL run's SFT steps were slowed
+by other work on the machine). A time budget in the SFT stage would match it exactly."""
 
 
 def control_steps(rl_run: Path, margin: float = MARGIN) -> int:
