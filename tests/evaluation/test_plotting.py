@@ -25,7 +25,8 @@ def _run(tmp_path, stages: list[str]) -> None:
         (tmp_path / stage / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
-def _eval_curves(monkeypatch, run_dir) -> list[tuple[list, list]]:
+def _drawn(monkeypatch, run_dir) -> list[tuple[str, list, list]]:
+    """Every line `plot_run` draws: (label, x, y), in figure order."""
     figures: list[Figure] = []
     save = Figure.savefig
 
@@ -37,12 +38,15 @@ def _eval_curves(monkeypatch, run_dir) -> list[tuple[list, list]]:
     written = plot_run(run_dir)
     assert written and all(p.is_file() and p.stat().st_size > 0 for p in written)
     return [
-        (list(line.get_xdata()), list(line.get_ydata()))
+        (line.get_label(), list(line.get_xdata()), list(line.get_ydata()))
         for fig in figures
         for ax in fig.axes
         for line in ax.get_lines()
-        if line.get_label() == "eval/accuracy"
     ]
+
+
+def _eval_curves(monkeypatch, run_dir) -> list[tuple[list, list]]:
+    return [(x, y) for label, x, y in _drawn(monkeypatch, run_dir) if label == "eval/accuracy"]
 
 
 def test_one_stage_run_draws_the_held_out_accuracy_from_step_0(tmp_path, monkeypatch):
@@ -86,21 +90,7 @@ def _write(path, rows):
 
 
 def _lines(monkeypatch, run_dir) -> dict[str, tuple[list, list]]:
-    figures: list[Figure] = []
-    save = Figure.savefig
-
-    def keep(self, *a, **k):
-        figures.append(self)
-        return save(self, *a, **k)
-
-    monkeypatch.setattr(Figure, "savefig", keep)
-    plot_run(run_dir)
-    return {
-        line.get_label(): (list(line.get_xdata()), list(line.get_ydata()))
-        for fig in figures
-        for ax in fig.axes
-        for line in ax.get_lines()
-    }
+    return {label: (x, y) for label, x, y in _drawn(monkeypatch, run_dir)}
 
 
 def _labels(monkeypatch, run_dir) -> set[str]:
