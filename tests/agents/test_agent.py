@@ -184,24 +184,62 @@ def test_shared_prompt_forward_equals_the_plain_forward(tiny_model_dir):
     batch = RolloutBatch.from_trajectories(trajs, agent.tokenizer.pad_token_id)
     sub = batch.select([5, 0, 9, 4, 11])  # a shuffled minibatch with partial groups
     assert shared_prompt_rows(sub) is not None
+    # responses of several lengths (the tiny model runs to the budget): cut rows short, as EOS would
+    P = sub.prompt_width
+    for row, length in enumerate([8, 2, 5, 1, 8]):
+        sub.attention_mask[row, P + length :] = 0
+        sub.loss_mask[row, length:] = 0
+        sub.input_ids[row, P + length :] = agent.tokenizer.pad_token_id
     results = []
-    for share in (False, True):
+    # plain; shared prompts with the default buckets; shared prompts, one bucket per length
+    for share, overhead in ((False, 32), (True, 32), (True, 0)):
         agent.model.zero_grad()
-        lp, ent = sequence_logprobs(agent.model, sub, 0.7, with_entropy=True, share_prompts=share)
+        lp, ent = sequence_logprobs(
+            agent.model, sub, 0.7, with_entropy=True, share_prompts=share, bucket_overhead=overhead
+        )
         (lp * sub.loss_mask * torch.linspace(0.5, 1.5, sub.loss_mask.shape[1])).sum().backward()
         grad = torch.cat([p.grad.flatten() for p in agent.model.parameters()])
         results.append((lp.detach() * sub.loss_mask, ent * sub.loss_mask, grad))
-    (lp0, e0, g0), (lp1, e1, g1) = results
-    torch.testing.assert_close(lp1, lp0, rtol=0, atol=1e-5)
-    torch.testing.assert_close(e1, e0, rtol=0, atol=1e-5)
-    # float32 sums in another order: compare against the gradient's own scale
-    assert float((g1 - g0).norm() / g0.norm()) < 1e-5
-    assert float((g1 - g0).abs().max() / g0.abs().max()) < 1e-5
+    lp0, e0, g0 = results[0]
+    for lp1, e1, g1 in results[1:]:
+        torch.testing.assert_close(lp1, lp0, rtol=0, atol=1e-5)
+        torch.testing.assert_close(e1, e0, rtol=0, atol=1e-5)
+        # float32 sums in another order: compare against the gradient's own scale
+        assert float((g1 - g0).norm() / g0.norm()) < 1e-5
+        assert float((g1 - g0).abs().max() / g0.abs().max()) < 1e-5
     # rows that claim one group but hold different prompts are not shared
     bad = batch.select([0, 4])
     bad.groups = torch.tensor([0, 0])
     assert shared_prompt_rows(bad) is None
     assert shared_prompt_rows(batch.select([0, 4, 8])) is None  # every group once: nothing to share
+
+
+def test_length_buckets_are_the_cheapest_contiguous_cut():
+    import itertools
+    import random
+
+    from textgym.training.shared_prompts import length_buckets
+
+    def cost(buckets, lengths, overhead):
+        return sum(len(b) * max(lengths[i] for i in b) + overhead for b in buckets)
+
+    rng = random.Random(0)
+    for _ in range(200):
+        lengths = [rng.choice([0, 1, 3, 4, 5, 12, 32]) for _ in range(rng.randint(1, 7))]
+        overhead = rng.choice([0, 4, 32])
+        got = length_buckets(lengths, overhead)
+        assert sorted(i for b in got for i in b) == list(range(len(lengths)))
+        # brute force over every cut of the sorted order
+        order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+        best = min(
+            cost([order[a:b] for a, b in itertools.pairwise((0, *cuts, len(order)))], lengths, overhead)
+            for k in range(len(order))
+            for cuts in itertools.combinations(range(1, len(order)), k)
+        )
+        assert cost(got, lengths, overhead) == best
+    # one long response among short ones gets a bucket of its own
+    assert length_buckets([4] * 15 + [32], 32) == [list(range(15)), [15]]
+    assert length_buckets([], 32) == []
 
 
 def test_shared_prefill_generation_matches_unshared(agent):

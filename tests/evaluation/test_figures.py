@@ -72,20 +72,23 @@ def test_the_variants_are_the_stems_a_one_shot_example_and_an_instruction():
 
 
 def test_format_baseline_takes_the_best_qualified_variant_and_regenerates_only_cut_answers(
-    warm_model_dir, tmp_path
+    warm_model_dir, tmp_path, monkeypatch
 ):
     """The warmed tiny model (1-digit sums, boxed) under every variant: the budget is doubled for the
     cut answers alone, the chosen variant is the most accurate one cutting <= max_cut, and its
     episodes are written with the budget they ran at."""
+    from textgym.evaluation import figures
+
     agent = LLMAgent.from_pretrained(warm_model_dir)
-    calls: list[tuple[int, int]] = []
-    generate = agent.generate
+    calls: list[tuple[int, int, list[int]]] = []  # (tasks, budget, tokens each task already had)
+    run_variant = figures._run_variant
 
-    def counting(prompts, params, **kw):
-        calls.append((len(prompts), params.max_new_tokens))
-        return generate(prompts, params, **kw)
+    def counting(agent, env_id, env_kwargs, n, variant, params, batch_size, indices=None, started=None):
+        rows = list(range(n)) if indices is None else list(indices)
+        calls.append((len(rows), params.max_new_tokens, [len((started or {}).get(i, [])) for i in rows]))
+        return run_variant(agent, env_id, env_kwargs, n, variant, params, batch_size, indices, started)
 
-    agent.generate = counting  # type: ignore[method-assign]
+    monkeypatch.setattr(figures, "_run_variant", counting)
     kwargs = {"split": "test", "operators": "+", "digits": 1}
     n = 12
     params = SamplingParams(temperature=1.0, max_new_tokens=2)  # the baseline decodes greedily anyway
@@ -99,18 +102,39 @@ def test_format_baseline_takes_the_best_qualified_variant_and_regenerates_only_c
     if qualified:
         assert out["accuracy"] == max(t["accuracy"] for t in qualified.values())
         assert table[out["variant"]]["cut_share"] <= 0.1
-    # every variant starts with all n tasks at 2 tokens; a later call redoes only the cut ones, at a
-    # doubled budget, never more prompts than the call before it cut
-    starts = [i for i, c in enumerate(calls) if c == (n, 2)]
-    assert len(starts) == len(table)
+    # every variant starts with all n tasks at 2 tokens; a later call continues only the cut ones,
+    # from the tokens they have, to a doubled budget, never more tasks than the call before it
+    starts = [i for i, c in enumerate(calls) if c[2] == [0] * n]
+    assert len(starts) == len(table) and all(calls[i][:2] == (n, 2) for i in starts)
     for a, b in itertools.pairwise(calls):
-        if b != (n, 2):
-            assert b[1] == 2 * a[1] and b[0] <= a[0]
+        if b[2] != [0] * n:
+            assert b[1] == 2 * a[1] and b[0] <= a[0] and set(b[2]) == {a[1]}, (a, b)
     rows = [json.loads(line) for line in path.read_text().splitlines()]
     assert len(rows) == n and {r["variant"] for r in rows} == {out["variant"]}
     assert sum(r["correct"] for r in rows) / n == out["accuracy"]
     assert all(r["max_new_tokens"] == table[out["variant"]]["max_new_tokens"] for r in rows)
     assert all(r["response_tokens"] <= r["max_new_tokens"] for r in rows)
+
+
+def test_a_cut_answer_continued_to_a_larger_budget_is_the_fresh_greedy_answer(warm_model_dir):
+    """`_with_budget` continues a cut answer from its tokens: the same reply as generating it afresh."""
+    from textgym.evaluation.figures import _with_budget
+
+    agent = LLMAgent.from_pretrained(warm_model_dir)
+    kwargs = {"split": "test", "operators": "+", "digits": 1}
+    variants = baseline_variants("textgym/Arithmetic-v0", kwargs, 6)
+    variant = next(v for v in variants if v.name == "instruction")
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=2)
+    rows = _with_budget(agent, "textgym/Arithmetic-v0", kwargs, 6, variant, greedy, 6, 0.0, 16)
+    assert rows[0]["max_new_tokens"] > 2  # the answers were cut at 2 tokens and continued
+    continued = [r for r in rows if r["response_tokens"] > 2]
+    assert continued
+    for r in continued:
+        prompt = agent.encode_prompt(r["messages"][:-1])
+        fresh = agent.generate([prompt], SamplingParams(temperature=0.0, max_new_tokens=r["max_new_tokens"]))
+        assert r["messages"][-1]["content"] == agent.decode(fresh[0].token_ids)
+        assert r["response_tokens"] == len(fresh[0].token_ids)
+        assert r["finish_reason"] == fresh[0].finish_reason
 
 
 def test_a_variant_prefills_its_stem_into_the_reply(warm_model_dir, tmp_path):

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -233,14 +234,19 @@ def _run_variant(
     params: SamplingParams,
     batch_size: int,
     indices: Sequence[int] | None = None,
-) -> list[dict[str, Any]]:
+    started: dict[int, list[int]] | None = None,
+) -> tuple[list[dict[str, Any]], list[list[int]]]:
     """One greedy single-turn episode per task under `variant`, each its row (cf. `evaluate`'s rows).
 
-    The tasks are 0..n−1, or `indices` when given (the rows then follow `indices`).
+    The tasks are 0..n−1, or `indices` when given (the rows then follow `indices`). `started`
+    holds, per task, reply tokens an earlier, smaller budget already generated: they are
+    appended to the prompt and the reply continues from them, up to `params.max_new_tokens`
+    in all. Returns the rows and each row's reply token ids.
     """
     env = make_env(env_id, **env_kwargs)
     tasks = env.get_wrapper_attr("tasks")
     order = list(range(n)) if indices is None else list(indices)
+    started = started or {}
     conversations, prompts = [], []
     for i in order:
         obs, _ = env.reset(options={"task_index": i})
@@ -250,13 +256,21 @@ def _run_variant(
         if stem:
             ids = ids + list(agent.tokenizer(stem, add_special_tokens=False)["input_ids"])
         conversations.append(conv)
-        prompts.append(ids)
-    gens = []
-    for c in range(0, len(order), batch_size):
-        gens += agent.generate(prompts[c : c + batch_size], params)
-    rows = []
-    for i, conv, gen in zip(order, conversations, gens, strict=True):
-        reply = variant.stem_for(i) + agent.decode(gen.token_ids)
+        prompts.append(ids + started.get(i, []))
+    # rows continued from the same number of tokens share one budget: one generate call per group
+    replies: dict[int, list[int]] = {}
+    finish: dict[int, str] = {}
+    for done in sorted({len(started.get(i, [])) for i in order}):
+        part = [k for k, i in enumerate(order) if len(started.get(i, [])) == done]
+        budget = SamplingParams(**{**params.__dict__, "max_new_tokens": params.max_new_tokens - done})
+        for c in range(0, len(part), batch_size):
+            chunk = part[c : c + batch_size]
+            for k, gen in zip(chunk, agent.generate([prompts[k] for k in chunk], budget), strict=True):
+                replies[k] = started.get(order[k], []) + list(gen.token_ids)
+                finish[k] = gen.finish_reason
+    rows, token_ids = [], []
+    for k, (i, conv) in enumerate(zip(order, conversations, strict=True)):
+        reply = variant.stem_for(i) + agent.decode(replies[k])
         env.reset(options={"task_index": i})
         _, reward, _, _, info = env.step(reply)
         terms = {k: float(v) for k, v in info.items() if k.startswith("reward/")}
@@ -270,13 +284,14 @@ def _run_variant(
                 "correct": episode_correct(terms, float(reward)),
                 "terms": terms,
                 "messages": [*conv, {"role": "assistant", "content": reply}],
-                "response_tokens": len(gen.token_ids),
-                "finish_reason": gen.finish_reason,
+                "response_tokens": len(replies[k]),
+                "finish_reason": finish[k],
                 "max_new_tokens": params.max_new_tokens,
             }
         )
+        token_ids.append(replies[k])
     env.close()
-    return rows
+    return rows, token_ids
 
 
 def _with_budget(
@@ -297,9 +312,11 @@ def _with_budget(
     best qualified variant so far) even if every cut answer came out right; or when a doubling
     ended fewer than half of the answers it was given (a model that does not stop: the variant
     stays unqualified). Greedy answers that ended within a budget are the same under a larger one,
-    so only the cut ones are generated again.
+    so only the cut ones are generated again, each continued from the tokens it already has (the
+    greedy continuation of a greedy prefix is the larger budget's greedy answer, up to float
+    rounding between a prefill and a decode step at a near-tie).
     """
-    rows = _run_variant(agent, env_id, env_kwargs, n, variant, params, batch_size)
+    rows, tokens = _run_variant(agent, env_id, env_kwargs, n, variant, params, batch_size)
     budget = params.max_new_tokens
     while cut_share(rows) > max_cut and budget < max_tokens:
         cut = [r["task_index"] for r in rows if r["finish_reason"] == "length"]
@@ -307,9 +324,10 @@ def _with_budget(
             break  # even if every cut answer came out right, the variant would not win
         budget = min(2 * budget, max_tokens)
         wider = SamplingParams(**{**params.__dict__, "max_new_tokens": budget})
-        redo = _run_variant(agent, env_id, env_kwargs, n, variant, wider, batch_size, indices=cut)
-        for i, row in zip(cut, redo, strict=True):
-            rows[i] = row
+        started = {i: tokens[i] for i in cut}
+        redo, more = _run_variant(agent, env_id, env_kwargs, n, variant, wider, batch_size, cut, started)
+        for i, row, ids in zip(cut, redo, more, strict=True):
+            rows[i], tokens[i] = row, ids
         for r in rows:
             r["max_new_tokens"] = budget
         if 2 * sum(rows[i]["finish_reason"] == "length" for i in cut) > len(cut):
@@ -353,8 +371,9 @@ def format_baseline(
         episodes_path: where to write the chosen variant's episodes (JSONL), when given.
 
     Returns:
-        `{"accuracy", "variant", "max_new_tokens", "cut_share", "stated_accuracy", "qualified",
-        "n", "variants": {name: {"accuracy", "cut_share", "max_new_tokens", "stated_accuracy"}}}`.
+        `{"accuracy", "variant", "max_new_tokens", "cut_share", "stated_accuracy", "seconds",
+        "qualified", "n", "variants": {name: {"accuracy", "cut_share", "max_new_tokens",
+        "stated_accuracy", "seconds"}}}` (`seconds`: the wall time a variant took).
 
     Raises:
         ValueError: when the env is multi-turn (its first episode does not end after one step)
@@ -364,11 +383,14 @@ def format_baseline(
     greedy = SamplingParams(temperature=0.0, max_new_tokens=params.max_new_tokens)
     chosen = list(variants) if variants is not None else baseline_variants(env_id, env_kwargs, n)
     results: dict[str, list[dict[str, Any]]] = {}
+    seconds: dict[str, float] = {}
     best_so_far = -1.0
     for v in chosen:  # the stems first: their answers are short, and a good first best prunes the rest
+        start = time.perf_counter()
         rows = _with_budget(
             agent, env_id, env_kwargs, n, v, greedy, batch_size, max_cut, max_tokens, best_so_far
         )
+        seconds[v.name] = time.perf_counter() - start
         results[v.name] = rows
         if cut_share(rows) <= max_cut:
             best_so_far = max(best_so_far, sum(bool(r["correct"]) for r in rows) / n)
@@ -378,6 +400,7 @@ def format_baseline(
             "cut_share": cut_share(rows),
             "max_new_tokens": rows[0]["max_new_tokens"],
             "stated_accuracy": stated_accuracy(rows),
+            "seconds": seconds[name],
         }
         for name, rows in results.items()
     }

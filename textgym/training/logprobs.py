@@ -30,6 +30,7 @@ from transformers import PreTrainedModel
 from textgym.agents.sampling import truncation_mask
 from textgym.algorithms.auxiliary import entropy_from_logits
 from textgym.training.batch import RolloutBatch
+from textgym.training.shared_prompts import BUCKET_OVERHEAD_TOKENS, shared_prompt_hidden
 
 CHUNK_ELEMENTS = 2**25
 """Default budget of one head chunk: tokens × vocabulary ≤ this many fp32 logits (128 MB)."""
@@ -220,6 +221,7 @@ def sequence_logprobs(
     packed: bool = False,
     top_k: int = 0,
     top_p: float = 1.0,
+    bucket_overhead: int = BUCKET_OVERHEAD_TOKENS,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probabilities of the response tokens of `batch` under `model`.
 
@@ -240,8 +242,10 @@ def sequence_logprobs(
     for each distinct prompt and gathered to every row of its group, then only the
     response columns are run. The result is the same function of the parameters (its
     gradient sums over the group through the shared cache), with about
-    `(num_groups·P + B·L) / (B·(P + L))` of the tokens. Under gradient checkpointing (in
-    training mode) HF drops the KV cache, so prompts are not shared then.
+    `(num_groups·P + B·L) / (B·(P + L))` of the tokens. The responses then run in buckets of
+    similar length (`length_buckets`), each padded only to its own longest row, so one long
+    response does not pad a whole micro-batch (`textgym.training.shared_prompts`). Under gradient
+    checkpointing (in training mode) HF drops the KV cache, so prompts are not shared then.
 
     A sharded model (FSDP) must make the same forward calls on every rank; a rank's
     micro-batch may hold repeated groups while another's does not, so `split_prompt` runs
@@ -267,6 +271,8 @@ def sequence_logprobs(
         packed: run the rows as one padding-free packed sequence (see above).
         top_k: the sampler's top-k (0: off).
         top_p: the sampler's top-p (1: off).
+        bucket_overhead: the cost of one more decoder call over the responses, in padded
+            token positions (`length_buckets`); 0 gives each distinct length its own call.
 
     Returns:
         logprobs [B, L] float32 (0 where the batch has padding — mask it), entropy [B, L] or
@@ -288,6 +294,7 @@ def sequence_logprobs(
     checkpointing = model.training and bool(getattr(model, "is_gradient_checkpointing", False))
     shared = shared_prompt_rows(batch, split_prompt) if share_prompts and not checkpointing else None
     decoder = model.get_decoder()
+    real = batch.attention_mask[:, P:].bool()  # [B, L]: response columns that are not padding
     with _autocast(model):
         if shared is None:
             out = decoder(
@@ -296,31 +303,14 @@ def sequence_logprobs(
                 position_ids=batch.position_ids,
                 use_cache=False,
             )
-            hidden = out.last_hidden_state[:, P - 1 : P + L - 1]  # [B, L, H]: P-1+t predicts P+t
+            # P-1+t predicts P+t: [B, L, H], then its real positions [N, H]
+            hidden = out.last_hidden_state[:, P - 1 : P + L - 1][real]
         else:
-            first, inverse = shared
-            prompt = decoder(
-                input_ids=batch.input_ids[first, :P],
-                attention_mask=batch.attention_mask[first, :P],
-                position_ids=batch.position_ids[first, :P],
-                use_cache=True,
-            )
-            cache = prompt.past_key_values
-            cache.batch_select_indices(inverse)  # [groups, ...] -> [B, ...], differentiable gather
-            response = decoder(
-                input_ids=batch.input_ids[:, P:],
-                attention_mask=batch.attention_mask,
-                position_ids=batch.position_ids[:, P:],
-                past_key_values=cache,
-                use_cache=True,
-            )
-            last_prompt = prompt.last_hidden_state[:, -1:][inverse]  # [B, 1, H]
-            hidden = torch.cat([last_prompt, response.last_hidden_state[:, :-1]], dim=1)  # [B, L, H]
-        real = batch.attention_mask[:, P:].bool()  # [B, L]: response columns that are not padding
+            hidden = shared_prompt_hidden(decoder, batch, shared, real, bucket_overhead)
         targets = batch.input_ids[:, P:]  # [B, L]
         lp, ent = head_logprobs(
             model.get_output_embeddings(),
-            hidden[real],
+            hidden,
             targets[real],
             temperature,
             with_entropy=with_entropy,
