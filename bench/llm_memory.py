@@ -91,7 +91,7 @@ def child(variant: str, steps: int, threads: int) -> dict:
     cfg = load_config(ROOT / "configs/smollm2_grpo.yaml")
     assert cfg.grpo is not None
     spec = VARIANTS[variant]
-    update: dict = {"steps": steps, "micro_batch_size": spec["micro"]}
+    update: dict = {"steps": steps, "micro_batch_size": spec["micro"], "micro_batch_tokens": None}
     if "lora" in spec:
         from textgym.config.base import LoraSettings
 

@@ -11,8 +11,9 @@ One run of this script measures, on this machine and in this order:
 Both sides train the same model (SmolLM2-135M-Instruct from its PyPI package), on the same
 prompts (the tasks textgym's sampler draws at seed 0, in its order; each prompt is textgym's
 text, chat template and prefilled answer stem, handed to TRL as plain text, which TRL tokenises
-to the same ids: checked), with the same batch (prompts_per_step × group_size rows, micro-batches
-of `micro_batch_size` rows, one optimizer step per batch), sampling (temperature, top-p, new-token
+to the same ids: checked), with the same batch (prompts_per_step × group_size rows, one
+optimizer step per batch; textgym's micro-batches are the config's, TRL's `micro_batch_size`
+rows or, for a token budget, two groups' rows), sampling (temperature, top-p, new-token
 budget), optimizer (AdamW at the config's learning rate with its warm-up, gradient norm clipped
 at 1.0), loss (the clipped surrogate, ε = 0.2, per-sequence token mean, group-normalised
 advantages), reward (the env's own `step`), no KL term and no reference model.
@@ -79,6 +80,7 @@ def settings(config: Path, steps: int) -> dict[str, Any]:
     cfg = load_config(config)
     assert cfg.grpo is not None, f"{config} has no grpo stage"
     rl = cfg.grpo
+    rows = rl.prompts_per_step * rl.group_size
     model_dir = resolve_model(cfg.model.name or "smollm2-135m-instruct")
     tok = load_tokenizer(model_dir)
     env = gym.make(rl.env.id, **rl.env.kwargs)
@@ -99,7 +101,9 @@ def settings(config: Path, steps: int) -> dict[str, Any]:
         "env": {"id": rl.env.id, "kwargs": dict(rl.env.kwargs)},
         "prompts_per_step": rl.prompts_per_step,
         "group_size": rl.group_size,
-        "micro_batch_size": rl.micro_batch_size or rl.prompts_per_step * rl.group_size,
+        # TRL cuts by rows only: a token budget's micro-batches (whole groups) become 2 groups' rows
+        "micro_batch_size": rl.micro_batch_size or (2 * rl.group_size if rl.micro_batch_tokens else rows),
+        "micro_batch_tokens": rl.micro_batch_tokens,
         "temperature": rl.sampling.temperature,
         "top_p": rl.sampling.top_p,
         "max_new_tokens": rl.sampling.max_new_tokens,
@@ -388,8 +392,12 @@ def main() -> None:
     N, head = model_flops(s["model_dir"])
     peak = {d: gemm_probe(s["model_dir"], d) for d in ("float32", "bfloat16")}
     rows = s["prompts_per_step"] * s["group_size"]
+    if s["micro_batch_tokens"]:
+        micro = f"≤ {s['micro_batch_tokens']} tokens (TRL: {s['micro_batch_size']} rows)"
+    else:
+        micro = f"{s['micro_batch_size']} rows"
     batch = (
-        f"{s['prompts_per_step']}×{s['group_size']} rows, micro-batches of {s['micro_batch_size']}, "
+        f"{s['prompts_per_step']}×{s['group_size']} rows, micro-batches of {micro}, "
         f"T {s['temperature']}, top-p {s['top_p']}, ≤ {s['max_new_tokens']} new tokens, "
         f"{a.steps} steps of which {a.warmup} warm-up"
     )

@@ -15,7 +15,12 @@ from textgym.offline import PAIR_SCHEMA
 from textgym.trainers.preference.offline import PreferenceTrainer
 from textgym.trainers.rl.grpo import GRPOTrainer
 from textgym.trainers.sft import SFTTrainer
-from textgym.training.batch import RolloutBatch, no_token_budget_under_torchrun, token_budget_micro_batches
+from textgym.training.batch import (
+    RolloutBatch,
+    group_token_budget_micro_batches,
+    no_token_budget_under_torchrun,
+    token_budget_micro_batches,
+)
 from textgym.training.logprobs import sequence_logprobs
 
 # (micro_batch_size, micro_batch_tokens, packing) against the whole batch in one padded pass
@@ -44,6 +49,24 @@ def test_token_budget_micro_batches_cut_sorted_lengths_under_the_budget():
     assert padded == [[4], [1, 3], [2, 0, 5]]  # 2 × 14 = 28; 3 × 7 = 21 tokens with padding
     with pytest.raises(ValueError, match="max_tokens"):
         token_budget_micro_batches(prompt, response, rows, 0, packed=True)
+
+
+def test_group_token_budget_micro_batches_keep_groups_whole_and_count_a_prompt_once():
+    # three groups of 3 rows: prompts 10, 10, 40; responses short, short, long
+    prompt = [10] * 3 + [10] * 3 + [40] * 3
+    response = [2, 3, 4, 1, 1, 2, 30, 20, 25]
+    groups = [0, 0, 0, 1, 1, 1, 2, 2, 2]
+    rows = [8, 0, 4, 1, 2, 3, 5, 6, 7]  # a shuffled minibatch
+    # group costs: 10 + 9 = 19, 10 + 4 = 14, 40 + 75 = 115 (over 60: cut into runs of its rows)
+    cut = group_token_budget_micro_batches(prompt, response, groups, rows, 60)
+    assert cut == [[0, 1, 2, 3, 4, 5], [6], [7], [8]]  # 19 + 14 = 33; then 70, 60, 65: each alone
+    assert sorted(i for m in cut for i in m) == sorted(rows)
+    assert group_token_budget_micro_batches(prompt, response, groups, rows, 10**6) == [sorted(rows)]
+    # fewer tokens per answer: more groups per micro-batch, at the same budget
+    short = group_token_budget_micro_batches(prompt, [1] * 9, groups, rows, 60)
+    assert short == [[0, 1, 2, 3, 4, 5], [6, 7, 8]]  # 13 + 13 | 43
+    with pytest.raises(ValueError, match="max_tokens"):
+        group_token_budget_micro_batches(prompt, response, groups, rows, 0)
 
 
 def test_token_budget_is_refused_under_torchrun_and_with_micro_batch_size():
@@ -75,7 +98,9 @@ def _rollout_batch(model, n=8, seed=0) -> RolloutBatch:
     return batch
 
 
-@pytest.mark.parametrize(("micro", "tokens", "packing"), LAYOUTS)
+# RL rows come in groups: a token budget cuts whole groups (40: one group each), or, under a
+# group's own cost, runs of its rows (20)
+@pytest.mark.parametrize(("micro", "tokens", "packing"), [*LAYOUTS, (None, 20, False)])
 def test_rl_update_gradient_is_the_padded_one(tiny_model_dir, tmp_path, micro, tokens, packing):
     """GRPO's update (clipped surrogate, k3 KL to the reference in the loss) on one minibatch:
     packed and/or token-budget micro-batches give the padded whole-batch gradient (rel 1e-6)."""

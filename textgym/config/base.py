@@ -49,6 +49,8 @@ class _Batching(_Strict):
     minibatch are sorted by length and cut into micro-batches of at most this many tokens
     (with `packing`, Σ lengths; without, rows × the longest row, so similar lengths share
     a micro-batch and little padding is computed); a row longer than the budget runs alone.
+    RL rollouts in groups (GRPO's samples of one task) are cut into whole groups instead, a
+    group costing its prompt once plus its responses, since its prompt runs once.
     The loss and its gradient do not depend on it (gradient accumulation). One process
     only: under torchrun ranks would make different numbers of forward calls."""
     packing: bool = False

@@ -247,6 +247,72 @@ def token_budget_micro_batches(
     return out
 
 
+def group_token_budget_micro_batches(
+    prompt_lengths: torch.Tensor | list[int],
+    response_lengths: torch.Tensor | list[int],
+    groups: torch.Tensor | list[int],
+    rows: list[int],
+    max_tokens: int,
+) -> list[list[int]]:
+    """Cut `rows` into micro-batches of whole groups, at most `max_tokens` tokens each.
+
+    For rows that share their group's prompt (`textgym.training.shared_prompts`: the prompt runs
+    once per micro-batch, each response runs in a bucket of similar lengths), a group costs its
+    prompt once plus its responses: `prompt + Σ response lengths`. Groups are taken in group
+    order and added while the micro-batch stays within the budget, so a step of short answers
+    runs in a few large micro-batches (bigger matmuls, fewer calls) and a step of long ones in
+    more, smaller ones, at the same peak of activation memory. A group over the budget by itself
+    is cut into runs of its rows that fit (each paying the prompt); a row over it alone runs
+    alone.
+
+    Args:
+        prompt_lengths: [B] real prompt tokens of every row of the batch.
+        response_lengths: [B] real response tokens of every row.
+        groups: [B] group index of every row (rows of a group share their prompt).
+        rows: the row indices to cut (a minibatch).
+        max_tokens: the budget per micro-batch, in tokens.
+
+    Returns:
+        Lists of row indices, each list's rows ordered by group; their union is `rows`.
+
+    Raises:
+        ValueError: if `max_tokens` < 1.
+    """
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+    p = [int(x) for x in prompt_lengths]
+    r = [int(x) for x in response_lengths]
+    g = [int(x) for x in groups]
+    members: dict[int, list[int]] = {}
+    for i in sorted(rows, key=lambda i: (g[i], i)):
+        members.setdefault(g[i], []).append(i)
+    pieces: list[tuple[int, list[int]]] = []  # (cost, rows): whole groups, or runs of an oversize one
+    for group in members.values():
+        cost = p[group[0]] + sum(r[i] for i in group)
+        if cost <= max_tokens:
+            pieces.append((cost, group))
+            continue
+        run: list[int] = []
+        for i in group:
+            if run and p[i] + sum(r[j] for j in run) + r[i] > max_tokens:
+                pieces.append((p[run[0]] + sum(r[j] for j in run), run))
+                run = []
+            run.append(i)
+        pieces.append((p[run[0]] + sum(r[j] for j in run), run))
+    out: list[list[int]] = []
+    cur: list[int] = []
+    total = 0
+    for cost, piece in pieces:
+        if cur and total + cost > max_tokens:
+            out.append(cur)
+            cur, total = [], 0
+        cur += piece
+        total += cost
+    if cur:
+        out.append(cur)
+    return out
+
+
 def row_lengths(batch: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor]:
     """([B] real prompt tokens, [B] real response tokens) of `batch`'s rows."""
     P = batch.prompt_width

@@ -31,7 +31,13 @@ from textgym.algorithms.correction import rollout_correction
 from textgym.algorithms.registry import PolicyLossInputs, get_policy_loss
 from textgym.config import GRPOConfig, PPOConfig
 from textgym.distributed.process_group import World
-from textgym.training.batch import RolloutBatch, chunks, row_lengths, token_budget_micro_batches
+from textgym.training.batch import (
+    RolloutBatch,
+    chunks,
+    group_token_budget_micro_batches,
+    row_lengths,
+    token_budget_micro_batches,
+)
 from textgym.training.logprobs import sequence_logprobs
 
 
@@ -414,15 +420,20 @@ class PolicyUpdate:
         one task share a micro-batch and its prompt is run once (`sequence_logprobs`'
         `share_prompts`): a shuffled minibatch's micro-batches would otherwise hold a prompt
         per row. The minibatch's gradient is the sum over its rows, so the order only moves
-        float rounding. Or token-budget ones (`micro_batch_tokens`, similar lengths together:
-        `textgym.training.batch.token_budget_micro_batches`).
+        float rounding. Or token-budget ones (`micro_batch_tokens`): whole groups up to the
+        budget, a group's prompt counted once (`group_token_budget_micro_batches`), or, when
+        packing or for ungrouped rows, similar lengths together (`token_budget_micro_batches`).
         """
         budget = self.cfg.micro_batch_tokens
         if budget is None:
             key = batch.groups[rows.to(batch.groups.device)].cpu() * (len(batch) + 1) + rows.cpu()
             return chunks(rows[torch.argsort(key).to(rows.device)], self.micro_batch_size)
         prompt, response = row_lengths(batch)
-        cut = token_budget_micro_batches(prompt, response, rows.tolist(), budget, self.cfg.packing)
+        if not self.cfg.packing and batch.groups.numel() and bool((batch.groups >= 0).all()):
+            groups = batch.groups.cpu()
+            cut = group_token_budget_micro_batches(prompt, response, groups, rows.tolist(), budget)
+        else:
+            cut = token_budget_micro_batches(prompt, response, rows.tolist(), budget, self.cfg.packing)
         return [torch.tensor(m, dtype=torch.long) for m in cut]
 
 
