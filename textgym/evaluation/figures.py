@@ -273,7 +273,7 @@ def _run_variant(
         reply = variant.stem_for(i) + agent.decode(replies[k])
         env.reset(options={"task_index": i})
         _, reward, _, _, info = env.step(reply)
-        terms = {k: float(v) for k, v in info.items() if k.startswith("reward/")}
+        terms = {name: float(v) for name, v in info.items() if name.startswith("reward/")}
         rows.append(
             {
                 "task_index": i,
